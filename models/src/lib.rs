@@ -1,0 +1,19 @@
+//! strata-models: what is trained and on what.
+//!
+//! Plain data and pure functions, no notion of time: transformer specs ([`model`]), the
+//! accelerator catalog ([`hardware`]), clusters ([`cluster`]), the parallel split and its
+//! rules ([`parallel`]), scenario files ([`scenario`]), parameter / FLOP / memory
+//! accounting ([`accounting`]), and the plan IR that both backends consume ([`plan`]).
+
+pub mod accounting;
+pub mod cluster;
+pub mod hardware;
+pub mod model;
+pub mod parallel;
+pub mod scenario;
+
+pub use cluster::{ClusterSpec, Fabric, Routing};
+pub use hardware::{GpuKind, GpuSpec};
+pub use model::{Activation, Family, ModelSpec};
+pub use parallel::{ConfigError, ParallelConfig, Recompute, Schedule, Violation};
+pub use scenario::{Dtype, Scenario, ScenarioError, TrainingConfig};

@@ -1,0 +1,205 @@
+//! Transformer specifications: the decoder-only models Strata plans, simulates and trains.
+//!
+//! Two families cover the field:
+//! - **GPT** (Radford et al. 2019, Brown et al. 2020; Megatron-LM's `GPTModel`): learned
+//!   position embeddings, LayerNorm with bias, biased linear layers, a GELU MLP of width
+//!   `ffn_hidden` (usually 4h), and the output layer tied to the input embedding;
+//! - **Llama** (Touvron et al. 2023, Llama 3 report 2024): rotary positions (no position
+//!   table), RMSNorm without bias, bias-free linear layers, a SwiGLU MLP (three matrices),
+//!   grouped-query attention (`kv_heads < heads`), and an untied output layer.
+//!
+//! A spec is plain data. Shapes follow Megatron-LM's names: `hidden` = h, `heads` = a,
+//! `ffn_hidden` = f, `seq_len` = s, `vocab` = V, `layers` = l.
+
+use serde::{Deserialize, Serialize};
+
+/// Model family: decides positions, norms, biases, MLP and embedding tying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    Gpt,
+    Llama,
+}
+
+/// The MLP's activation. `Swiglu` means three matrices (gate, up, down), `Gelu` two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Activation {
+    Gelu,
+    Swiglu,
+}
+
+/// A decoder-only transformer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub name: String,
+    pub family: Family,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    /// Key/value heads; grouped-query attention when smaller than `heads`.
+    pub kv_heads: u32,
+    pub ffn_hidden: u32,
+    pub vocab: u32,
+    pub seq_len: u32,
+    pub activation: Activation,
+}
+
+/// Names of the built-in model presets, in the order `--help` lists them.
+pub const MODEL_PRESETS: &[&str] = &[
+    "gpt2-124m",
+    "gpt2-350m",
+    "gpt3-175b",
+    "gpt-22b",
+    "gpt-530b",
+    "gpt-1t",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+    "tiny-gpt",
+    "tiny-gpt-deep",
+    "tiny-llama",
+    "small-gpt",
+];
+
+impl ModelSpec {
+    /// A built-in model by name, or `None`.
+    ///
+    /// The GPT-3-shaped models (`gpt-22b`, `gpt3-175b`, `gpt-530b`, `gpt-1t`) are the four of
+    /// Korthikanti et al. 2022 Table 3 (vocab 51,200, sequence 2,048). The Llama 3 shapes are
+    /// those of the Llama 3 report (Table 3). The `tiny-*` and `small-gpt` models are sized
+    /// for the CPU executor: byte-level vocabulary, a few layers.
+    pub fn preset(name: &str) -> Option<ModelSpec> {
+        use Activation::*;
+        use Family::*;
+        let m = |family, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, activation| ModelSpec {
+            name: name.to_string(),
+            family,
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            ffn_hidden,
+            vocab,
+            seq_len,
+            activation,
+        };
+        Some(match name {
+            "gpt2-124m" => m(Gpt, 12, 768, 12, 12, 3072, 50257, 1024, Gelu),
+            "gpt2-350m" => m(Gpt, 24, 1024, 16, 16, 4096, 50257, 1024, Gelu),
+            "gpt3-175b" => m(Gpt, 96, 12288, 96, 96, 49152, 51200, 2048, Gelu),
+            "gpt-22b" => m(Gpt, 48, 6144, 64, 64, 24576, 51200, 2048, Gelu),
+            "gpt-530b" => m(Gpt, 105, 20480, 128, 128, 81920, 51200, 2048, Gelu),
+            "gpt-1t" => m(Gpt, 128, 25600, 160, 160, 102400, 51200, 2048, Gelu),
+            "llama3-8b" => m(Llama, 32, 4096, 32, 8, 14336, 128256, 8192, Swiglu),
+            "llama3-70b" => m(Llama, 80, 8192, 64, 8, 28672, 128256, 8192, Swiglu),
+            "llama3-405b" => m(Llama, 126, 16384, 128, 8, 53248, 128256, 8192, Swiglu),
+            "tiny-gpt" => m(Gpt, 4, 64, 4, 4, 256, 256, 64, Gelu),
+            "tiny-gpt-deep" => m(Gpt, 8, 64, 4, 4, 256, 256, 32, Gelu),
+            "tiny-llama" => m(Llama, 4, 64, 4, 2, 176, 256, 64, Swiglu),
+            "small-gpt" => m(Gpt, 8, 256, 8, 8, 1024, 256, 128, Gelu),
+            _ => return None,
+        })
+    }
+
+    /// h / a: the width of one attention head.
+    pub fn head_dim(&self) -> u64 {
+        (self.hidden / self.heads) as u64
+    }
+
+    /// Width of the key (or value) projection: kv_heads · head_dim.
+    pub fn kv_dim(&self) -> u64 {
+        self.kv_heads as u64 * self.head_dim()
+    }
+
+    /// Learned position table (GPT) rather than rotary positions (Llama).
+    pub fn learned_positions(&self) -> bool {
+        self.family == Family::Gpt
+    }
+
+    /// Output layer shares the input embedding's weights (GPT) or has its own (Llama).
+    pub fn tied_embeddings(&self) -> bool {
+        self.family == Family::Gpt
+    }
+
+    /// Linear layers and norms carry biases (GPT) or not (Llama).
+    pub fn has_bias(&self) -> bool {
+        self.family == Family::Gpt
+    }
+
+    /// Parameters of one norm: LayerNorm has weight and bias (2h), RMSNorm weight only (h).
+    pub fn norm_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        if self.has_bias() { 2 * h } else { h }
+    }
+
+    /// Matrices in the MLP: 2 for GELU (up, down), 3 for SwiGLU (gate, up, down).
+    pub fn mlp_matrices(&self) -> u64 {
+        match self.activation {
+            Activation::Gelu => 2,
+            Activation::Swiglu => 3,
+        }
+    }
+
+    /// Structural checks that do not depend on the parallel split. Every message names the
+    /// values involved.
+    pub fn check(&self) -> Result<(), String> {
+        let mut bad = Vec::new();
+        for (key, v) in [
+            ("layers", self.layers),
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("ffn_hidden", self.ffn_hidden),
+            ("vocab", self.vocab),
+            ("seq_len", self.seq_len),
+        ] {
+            if v == 0 {
+                bad.push(format!("model.{key} = 0: it must be at least 1"));
+            }
+        }
+        if bad.is_empty() {
+            if self.hidden % self.heads != 0 {
+                bad.push(format!(
+                    "model.hidden = {} is not divisible by model.heads = {}: every head needs hidden/heads channels",
+                    self.hidden, self.heads
+                ));
+            }
+            if self.heads % self.kv_heads != 0 {
+                bad.push(format!(
+                    "model.heads = {} is not divisible by model.kv_heads = {}: grouped-query attention shares each key/value head among heads/kv_heads query heads",
+                    self.heads, self.kv_heads
+                ));
+            }
+        }
+        if bad.is_empty() { Ok(()) } else { Err(bad.join("\n")) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_preset_exists_and_is_consistent() {
+        for name in MODEL_PRESETS {
+            let m = ModelSpec::preset(name).unwrap_or_else(|| panic!("preset {name} missing"));
+            assert_eq!(m.name, *name);
+            m.check().unwrap();
+        }
+        assert!(ModelSpec::preset("gpt5").is_none());
+    }
+
+    #[test]
+    fn check_names_the_values() {
+        let mut m = ModelSpec::preset("tiny-gpt").unwrap();
+        m.heads = 3;
+        let e = m.check().unwrap_err();
+        assert!(e.contains("model.hidden = 64") && e.contains("model.heads = 3"), "{e}");
+        m.heads = 4;
+        m.kv_heads = 3;
+        let e = m.check().unwrap_err();
+        assert!(e.contains("model.kv_heads = 3"), "{e}");
+    }
+}

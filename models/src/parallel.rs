@@ -1,0 +1,426 @@
+//! The parallel configuration: how one training step is split over the GPUs, and the rules
+//! that make a split possible.
+//!
+//! ranks = tp · pp · dp (Megatron-LM's order: tensor-parallel ranks fastest, then data, then
+//! pipeline). The global batch B is cut into microbatches of `micro_batch` sequences; each
+//! data-parallel replica runs m = B / (micro_batch · dp) of them per step through its
+//! pipeline of pp stages, each stage holding `vpp` model chunks (interleaved 1F1B when
+//! vpp > 1, Narayanan et al. SC'21 §2.2). ZeRO stage 1/2/3 shards optimizer state /
+//! gradients / parameters over the data-parallel group (Rajbhandari et al. SC'20).
+//!
+//! Every rule is checked in [`ParallelConfig::validate`], and every violation is reported
+//! with the values involved and the rule, e.g. "parallel.tp = 3 does not divide
+//! model.heads = 32".
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ClusterSpec;
+use crate::model::ModelSpec;
+
+/// Pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Schedule {
+    /// All forwards, then all backwards (Huang et al. 2019).
+    #[serde(rename = "gpipe")]
+    Gpipe,
+    /// One-forward-one-backward (PipeDream-Flush; Narayanan et al. 2021).
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Interleaved 1F1B over `vpp` model chunks per stage (Narayanan et al. SC'21).
+    #[serde(rename = "interleaved")]
+    Interleaved,
+    /// Zero-bubble H1: backward split into input-gradient (B) and weight-gradient (W) passes,
+    /// W deferred to fill the cool-down bubble at 1F1B's memory (Qi et al. 2023).
+    #[serde(rename = "zb-h1")]
+    ZbH1,
+}
+
+impl Schedule {
+    pub const ALL: [Schedule; 4] = [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Schedule::Gpipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+            Schedule::ZbH1 => "zb-h1",
+        }
+    }
+}
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Recompute {
+    /// Keep every activation.
+    None,
+    /// Recompute only the attention core (QKᵀ, softmax, dropout, ·V) in backward.
+    Selective,
+    /// Keep only each layer's input; recompute the whole layer in backward.
+    Full,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+/// How a step is split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelConfig {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    /// Model chunks per pipeline rank.
+    pub vpp: u32,
+    pub schedule: Schedule,
+    /// Sequences per microbatch (b).
+    pub micro_batch: u32,
+    /// Sequences per step over all replicas (B).
+    pub global_batch: u32,
+    /// ZeRO stage, 0..=3.
+    pub zero: u8,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    /// Data-parallel gradient bucket size, MiB (Megatron/PyTorch DDP `bucket_cap_mb`).
+    pub grad_bucket_mb: f64,
+    /// Overlap the data-parallel gradient reduction with backward.
+    pub overlap_grad_reduce: bool,
+    /// Overlap ZeRO parameter all-gathers with compute (prefetch the next layer).
+    pub overlap_param_gather: bool,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            vpp: 1,
+            schedule: Schedule::OneFOneB,
+            micro_batch: 1,
+            global_batch: 1,
+            zero: 0,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            grad_bucket_mb: 40.0,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+        }
+    }
+}
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Short rule id, stable for tests and scripts (`tp-divides-heads`).
+    pub rule: &'static str,
+    /// The values and the rule, in words.
+    pub message: String,
+}
+
+/// Every rule a configuration broke.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .violations.iter().map(|v| v.message.as_str()).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError {
+    pub violations: Vec<Violation>,
+}
+
+impl ConfigError {
+    pub fn has(&self, rule: &str) -> bool {
+        self.violations.iter().any(|v| v.rule == rule)
+    }
+}
+
+impl ParallelConfig {
+    /// Microbatches per replica per step: m = B / (b · dp). Only meaningful once valid.
+    pub fn microbatches(&self) -> u32 {
+        self.global_batch / (self.micro_batch * self.dp).max(1)
+    }
+
+    /// Ranks in the grid: tp · pp · dp.
+    pub fn ranks(&self) -> u64 {
+        self.tp as u64 * self.pp as u64 * self.dp as u64
+    }
+
+    /// Layers in one model chunk: l / (pp · vpp).
+    pub fn layers_per_chunk(&self, model: &ModelSpec) -> u32 {
+        model.layers / (self.pp * self.vpp).max(1)
+    }
+
+    /// Checks every rule against the model and the cluster. All violations are returned,
+    /// not just the first, so a user fixes a scenario in one pass.
+    pub fn validate(&self, model: &ModelSpec, cluster: &ClusterSpec) -> Result<(), ConfigError> {
+        let p = self;
+        let zeros: Vec<Violation> = [
+            ("tp", p.tp),
+            ("pp", p.pp),
+            ("dp", p.dp),
+            ("vpp", p.vpp),
+            ("micro_batch", p.micro_batch),
+            ("global_batch", p.global_batch),
+        ]
+        .into_iter()
+        .filter(|(_, x)| *x == 0)
+        .map(|(key, _)| Violation { rule: "positive", message: format!("parallel.{key} = 0: it must be at least 1") })
+        .collect();
+        if !zeros.is_empty() {
+            return Err(ConfigError { violations: zeros });
+        }
+        let mut v = Vec::new();
+        let mut bad = |rule: &'static str, message: String| v.push(Violation { rule, message });
+        let gpus = cluster.gpus();
+        if p.ranks() != gpus {
+            bad(
+                "grid-equals-gpus",
+                format!(
+                    "parallel.tp · pp · dp = {} · {} · {} = {} but the cluster has {} GPUs ({} nodes × {}): the grid must use every GPU exactly once",
+                    p.tp,
+                    p.pp,
+                    p.dp,
+                    p.ranks(),
+                    gpus,
+                    cluster.nodes,
+                    cluster.gpus_per_node
+                ),
+            );
+        }
+        if model.heads % p.tp != 0 {
+            bad(
+                "tp-divides-heads",
+                format!(
+                    "parallel.tp = {} does not divide model.heads = {}: tensor parallelism gives each rank heads/tp whole heads",
+                    p.tp, model.heads
+                ),
+            );
+        }
+        if model.kv_heads % p.tp != 0 {
+            bad(
+                "tp-divides-kv-heads",
+                format!(
+                    "parallel.tp = {} does not divide model.kv_heads = {}: each rank needs kv_heads/tp whole key/value heads",
+                    p.tp, model.kv_heads
+                ),
+            );
+        }
+        if model.ffn_hidden % p.tp != 0 {
+            bad(
+                "tp-divides-ffn",
+                format!(
+                    "parallel.tp = {} does not divide model.ffn_hidden = {}: the column-parallel MLP splits ffn_hidden over tp",
+                    p.tp, model.ffn_hidden
+                ),
+            );
+        }
+        if p.tp > cluster.gpus_per_node && cluster.gpus_per_node > 0 {
+            bad(
+                "tp-within-node",
+                format!(
+                    "parallel.tp = {} exceeds cluster.gpus_per_node = {}: tensor-parallel groups must stay inside one NVLink domain",
+                    p.tp, cluster.gpus_per_node
+                ),
+            );
+        }
+        if model.layers % (p.pp * p.vpp) != 0 {
+            bad(
+                "layers-split",
+                format!(
+                    "model.layers = {} does not split into pp · vpp = {} · {} = {} equal chunks",
+                    model.layers,
+                    p.pp,
+                    p.vpp,
+                    p.pp * p.vpp
+                ),
+            );
+        }
+        if p.global_batch % (p.micro_batch * p.dp) != 0 {
+            bad(
+                "batch-divisible",
+                format!(
+                    "parallel.global_batch = {} is not divisible by micro_batch · dp = {} · {} = {}",
+                    p.global_batch,
+                    p.micro_batch,
+                    p.dp,
+                    p.micro_batch * p.dp
+                ),
+            );
+        }
+        let m = p.microbatches();
+        match p.schedule {
+            Schedule::Interleaved => {
+                if p.vpp < 2 {
+                    bad(
+                        "interleaved-needs-vpp",
+                        format!(
+                            "parallel.schedule = \"interleaved\" with parallel.vpp = {}: interleaving needs vpp ≥ 2 model chunks per stage",
+                            p.vpp
+                        ),
+                    );
+                }
+                if p.pp < 2 {
+                    bad(
+                        "interleaved-needs-pp",
+                        format!(
+                            "parallel.schedule = \"interleaved\" with parallel.pp = {}: interleaving needs a pipeline (pp ≥ 2)",
+                            p.pp
+                        ),
+                    );
+                }
+                if m > 0 && m % p.pp != 0 {
+                    bad(
+                        "interleaved-microbatches",
+                        format!(
+                            "parallel.schedule = \"interleaved\" needs microbatches divisible by pp: global_batch / (micro_batch · dp) = {} / ({} · {}) = {} is not a multiple of pp = {}",
+                            p.global_batch, p.micro_batch, p.dp, m, p.pp
+                        ),
+                    );
+                }
+            }
+            s => {
+                if p.vpp != 1 {
+                    bad(
+                        "vpp-needs-interleaved",
+                        format!(
+                            "parallel.vpp = {} with parallel.schedule = \"{}\": model chunks (vpp > 1) need schedule = \"interleaved\"",
+                            p.vpp,
+                            s.key()
+                        ),
+                    );
+                }
+            }
+        }
+        if p.zero > 3 {
+            bad(
+                "zero-stage",
+                format!(
+                    "parallel.zero = {}: ZeRO stages are 0 (off), 1 (optimizer), 2 (+gradients), 3 (+parameters)",
+                    p.zero
+                ),
+            );
+        }
+        if p.sequence_parallel && p.tp < 2 {
+            bad("sp-needs-tp", "parallel.sequence_parallel = true with parallel.tp = 1: sequence parallelism splits along the tensor-parallel group, so it needs tp ≥ 2".to_string());
+        }
+        if p.sequence_parallel && model.seq_len % p.tp != 0 {
+            bad(
+                "sp-divides-seq",
+                format!(
+                    "parallel.sequence_parallel = true but parallel.tp = {} does not divide model.seq_len = {}",
+                    p.tp, model.seq_len
+                ),
+            );
+        }
+        if !(p.grad_bucket_mb > 0.0 && p.grad_bucket_mb.is_finite()) {
+            bad(
+                "bucket-positive",
+                format!(
+                    "parallel.grad_bucket_mb = {}: the gradient bucket must be a positive number of MiB",
+                    p.grad_bucket_mb
+                ),
+            );
+        }
+        if v.is_empty() { Ok(()) } else { Err(ConfigError { violations: v }) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt3() -> (ModelSpec, ClusterSpec) {
+        let m = ModelSpec::preset("gpt3-175b").unwrap();
+        let mut c = ClusterSpec::preset("dgx-a100").unwrap();
+        c.nodes = 128;
+        (m, c)
+    }
+
+    fn good() -> ParallelConfig {
+        ParallelConfig { tp: 8, pp: 8, dp: 16, vpp: 1, global_batch: 1536, ..Default::default() }
+    }
+
+    fn rejects(p: ParallelConfig, rule: &str, words: &[&str]) {
+        let (m, c) = gpt3();
+        let e = p.validate(&m, &c).expect_err("must be rejected");
+        assert!(e.has(rule), "expected rule {rule}, got {e}");
+        let text = e.to_string();
+        for w in words {
+            assert!(text.contains(w), "message lacks {w:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_megatron_split_is_valid() {
+        let (m, c) = gpt3();
+        good().validate(&m, &c).unwrap();
+        assert_eq!(good().microbatches(), 96);
+    }
+
+    #[test]
+    fn every_rule_is_enforced_with_its_values() {
+        rejects(ParallelConfig { tp: 0, ..good() }, "positive", &["parallel.tp = 0"]);
+        rejects(ParallelConfig { dp: 8, ..good() }, "grid-equals-gpus", &["8 · 8 · 8 = 512", "1024 GPUs"]);
+        let (mut m, c) = gpt3();
+        m.heads = 100;
+        let e = ParallelConfig { ..good() }.validate(&m, &c).unwrap_err();
+        assert!(e.has("tp-divides-heads") && e.to_string().contains("model.heads = 100"));
+        m.heads = 96;
+        m.kv_heads = 12;
+        let e = ParallelConfig { tp: 8, ..good() }.validate(&m, &c);
+        assert!(e.is_err() && e.unwrap_err().has("tp-divides-kv-heads"));
+        m.kv_heads = 96;
+        m.ffn_hidden = 49150;
+        assert!(good().validate(&m, &c).unwrap_err().has("tp-divides-ffn"));
+        rejects(
+            ParallelConfig { tp: 16, pp: 4, dp: 16, ..good() },
+            "tp-within-node",
+            &["parallel.tp = 16", "gpus_per_node = 8"],
+        );
+        rejects(ParallelConfig { tp: 8, pp: 64, dp: 2, ..good() }, "layers-split", &["model.layers = 96", "64 · 1"]);
+        rejects(
+            ParallelConfig { global_batch: 1000, ..good() },
+            "batch-divisible",
+            &["global_batch = 1000", "1 · 16 = 16"],
+        );
+        rejects(
+            ParallelConfig { schedule: Schedule::Interleaved, vpp: 1, ..good() },
+            "interleaved-needs-vpp",
+            &["vpp = 1"],
+        );
+        rejects(
+            ParallelConfig { schedule: Schedule::Interleaved, vpp: 2, global_batch: 16 * 12, ..good() },
+            "interleaved-microbatches",
+            &["= 12 is not a multiple of pp = 8"],
+        );
+        rejects(ParallelConfig { vpp: 2, ..good() }, "vpp-needs-interleaved", &["parallel.vpp = 2"]);
+        rejects(ParallelConfig { zero: 4, ..good() }, "zero-stage", &["parallel.zero = 4"]);
+        rejects(
+            ParallelConfig { tp: 1, pp: 8, dp: 128, sequence_parallel: true, ..good() },
+            "sp-needs-tp",
+            &["tp = 1"],
+        );
+        rejects(ParallelConfig { grad_bucket_mb: 0.0, ..good() }, "bucket-positive", &["grad_bucket_mb = 0"]);
+        let (mut m, c) = gpt3();
+        m.seq_len = 2044;
+        let e = ParallelConfig { sequence_parallel: true, ..good() }.validate(&m, &c).unwrap_err();
+        assert!(e.has("sp-divides-seq"));
+        let e = ParallelConfig { schedule: Schedule::Interleaved, vpp: 2, pp: 1, dp: 128, ..good() }
+            .validate(&m, &c)
+            .unwrap_err();
+        assert!(e.has("interleaved-needs-pp"));
+    }
+
+    #[test]
+    fn all_violations_are_reported_together() {
+        let (m, c) = gpt3();
+        let e = ParallelConfig { dp: 5, zero: 7, ..good() }.validate(&m, &c).unwrap_err();
+        assert!(e.has("grid-equals-gpus") && e.has("zero-stage") && e.has("batch-divisible"), "{e}");
+    }
+}

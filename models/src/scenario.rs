@@ -1,0 +1,586 @@
+//! Scenario files: a training job as TOML — model × cluster × parallel split × training.
+//!
+//! The contract (DESIGN.md): four tables, `[model]`, `[cluster]`, `[parallel]`,
+//! `[training]`, plus an optional top-level `name`. `preset = "…"` in `[model]` or
+//! `[cluster]` starts from a built-in spec and explicit keys override it. Unknown keys are
+//! errors that name the key and the line. Command-line overrides (`--set parallel.tp=4`)
+//! are applied to the parsed document before it is resolved: the value is read as a TOML
+//! value, and a bare word is taken as a string (`--set parallel.schedule=1f1b`).
+//!
+//! Resolution turns the optional "raw" tables into a fully specified [`Scenario`] and
+//! validates it; a `Scenario` in hand is always valid.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{CLUSTER_PRESETS, ClusterSpec, Fabric, Routing};
+use crate::hardware::GpuKind;
+use crate::model::{Activation, Family, MODEL_PRESETS, ModelSpec};
+use crate::parallel::{ConfigError, ParallelConfig, Recompute, Schedule};
+
+/// Numeric format of weights and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dtype {
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+            Dtype::Fp32 => 4,
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+            Dtype::Fp32 => "fp32",
+        }
+    }
+}
+
+/// The optimisation settings of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    pub dtype: Dtype,
+    pub steps: u32,
+    pub seed: u64,
+    /// Peak learning rate of AdamW.
+    pub lr: f64,
+    /// Linear warm-up steps before the peak learning rate.
+    pub warmup_steps: u32,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0 = off).
+    pub grad_clip: f64,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            dtype: Dtype::Bf16,
+            steps: 1,
+            seed: 0,
+            lr: 3e-4,
+            warmup_steps: 0,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// A fully resolved, validated training job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scenario {
+    pub name: String,
+    pub model: ModelSpec,
+    pub cluster: ClusterSpec,
+    pub parallel: ParallelConfig,
+    pub training: TrainingConfig,
+}
+
+/// What can go wrong reading a scenario. Every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("cannot read scenario {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("scenario {origin} is not valid: {message}")]
+    Parse { origin: String, message: String },
+    #[error("scenario {origin}: unknown {section}.preset = \"{name}\"; known presets: {known}")]
+    UnknownPreset { origin: String, section: &'static str, name: String, known: String },
+    #[error("scenario {origin}: {key} is missing; set it, or start from a preset ({section}.preset = \"…\")")]
+    Missing { origin: String, section: &'static str, key: String },
+    #[error("bad override --set {spec}: {reason}")]
+    BadOverride { spec: String, reason: String },
+    #[error("scenario {origin} describes an impossible job:\n{message}")]
+    Invalid { origin: String, message: String, config: Option<ConfigError> },
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    #[serde(default)]
+    model: RawModel,
+    #[serde(default)]
+    cluster: RawCluster,
+    #[serde(default)]
+    parallel: RawParallel,
+    #[serde(default)]
+    training: RawTraining,
+}
+
+macro_rules! raw_table {
+    ($raw:ident { $($field:ident : $ty:ty),* $(,)? }) => {
+        #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $raw {
+            $(#[serde(default, skip_serializing_if = "Option::is_none")] $field: Option<$ty>,)*
+        }
+    };
+}
+
+raw_table!(RawModel {
+    preset: String,
+    name: String,
+    family: Family,
+    layers: u32,
+    hidden: u32,
+    heads: u32,
+    kv_heads: u32,
+    ffn_hidden: u32,
+    vocab: u32,
+    seq_len: u32,
+    activation: Activation,
+});
+raw_table!(RawCluster {
+    preset: String,
+    name: String,
+    gpu: String,
+    nodes: u32,
+    gpus_per_node: u32,
+    nics_per_node: u32,
+    nic_gbps: f64,
+    fabric: Fabric,
+    oversubscription: f64,
+    routing: Routing,
+    switch_radix: u32,
+    nodes_per_unit: u32,
+    switch_latency_ns: u64,
+});
+raw_table!(RawParallel {
+    tp: u32,
+    pp: u32,
+    dp: u32,
+    vpp: u32,
+    schedule: Schedule,
+    micro_batch: u32,
+    global_batch: u32,
+    zero: u8,
+    recompute: Recompute,
+    sequence_parallel: bool,
+    grad_bucket_mb: f64,
+    overlap_grad_reduce: bool,
+    overlap_param_gather: bool,
+});
+raw_table!(RawTraining {
+    dtype: Dtype,
+    steps: u32,
+    seed: u64,
+    lr: f64,
+    warmup_steps: u32,
+    weight_decay: f64,
+    grad_clip: f64,
+});
+
+impl Scenario {
+    /// Reads, overrides, resolves and validates a scenario file.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Scenario, ScenarioError> {
+        let origin = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Scenario::from_toml(&text, &origin, &stem, overrides)
+    }
+
+    /// Parses scenario text. `origin` names it in errors; `default_name` is used when the
+    /// file has no top-level `name`.
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        default_name: &str,
+        overrides: &[String],
+    ) -> Result<Scenario, ScenarioError> {
+        let parse = |message: String| ScenarioError::Parse { origin: origin.to_string(), message };
+        // First pass on the text itself, so unknown keys and type errors carry a line.
+        let mut raw: RawScenario = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        if !overrides.is_empty() {
+            let mut doc: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+            for spec in overrides {
+                apply_override(&mut doc, spec)?;
+            }
+            raw = RawScenario::deserialize(toml::Value::Table(doc)).map_err(|e| ScenarioError::BadOverride {
+                spec: overrides.join(" --set "),
+                reason: e.to_string().trim().to_string(),
+            })?;
+        }
+        resolve(raw, origin, default_name)
+    }
+
+    /// Writes the scenario back as explicit TOML (no presets), loadable by [`Scenario::from_toml`].
+    pub fn to_toml(&self) -> String {
+        let m = &self.model;
+        let c = &self.cluster;
+        let p = &self.parallel;
+        let t = &self.training;
+        let raw = RawScenario {
+            name: Some(self.name.clone()),
+            description: None,
+            model: RawModel {
+                preset: None,
+                name: Some(m.name.clone()),
+                family: Some(m.family),
+                layers: Some(m.layers),
+                hidden: Some(m.hidden),
+                heads: Some(m.heads),
+                kv_heads: Some(m.kv_heads),
+                ffn_hidden: Some(m.ffn_hidden),
+                vocab: Some(m.vocab),
+                seq_len: Some(m.seq_len),
+                activation: Some(m.activation),
+            },
+            cluster: RawCluster {
+                preset: None,
+                name: Some(c.name.clone()),
+                gpu: Some(c.gpu.key().to_string()),
+                nodes: Some(c.nodes),
+                gpus_per_node: Some(c.gpus_per_node),
+                nics_per_node: Some(c.nics_per_node),
+                nic_gbps: Some(c.nic_gbps),
+                fabric: Some(c.fabric),
+                oversubscription: Some(c.oversubscription),
+                routing: Some(c.routing),
+                switch_radix: Some(c.switch_radix),
+                nodes_per_unit: Some(c.nodes_per_unit),
+                switch_latency_ns: Some(c.switch_latency_ns),
+            },
+            parallel: RawParallel {
+                tp: Some(p.tp),
+                pp: Some(p.pp),
+                dp: Some(p.dp),
+                vpp: Some(p.vpp),
+                schedule: Some(p.schedule),
+                micro_batch: Some(p.micro_batch),
+                global_batch: Some(p.global_batch),
+                zero: Some(p.zero),
+                recompute: Some(p.recompute),
+                sequence_parallel: Some(p.sequence_parallel),
+                grad_bucket_mb: Some(p.grad_bucket_mb),
+                overlap_grad_reduce: Some(p.overlap_grad_reduce),
+                overlap_param_gather: Some(p.overlap_param_gather),
+            },
+            training: RawTraining {
+                dtype: Some(t.dtype),
+                steps: Some(t.steps),
+                seed: Some(t.seed),
+                lr: Some(t.lr),
+                warmup_steps: Some(t.warmup_steps),
+                weight_decay: Some(t.weight_decay),
+                grad_clip: Some(t.grad_clip),
+            },
+        };
+        toml::to_string(&raw).expect("a resolved scenario always serialises")
+    }
+
+    /// Validates a scenario built in code (the search does this for every candidate).
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        validate(self, &self.name)
+    }
+
+    /// Tokens processed per step: B · s.
+    pub fn tokens_per_step(&self) -> u64 {
+        self.parallel.global_batch as u64 * self.model.seq_len as u64
+    }
+}
+
+/// Sets `a.b.c = value` in a TOML document.
+fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError> {
+    let bad = |reason: String| ScenarioError::BadOverride { spec: spec.to_string(), reason };
+    let (key, value) =
+        spec.split_once('=').ok_or_else(|| bad("expected KEY=VALUE, e.g. --set parallel.tp=4".into()))?;
+    let key = key.trim();
+    let value = value.trim();
+    let path: Vec<&str> = key.split('.').collect();
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(bad(format!("key \"{key}\" has an empty part; write it as section.key, e.g. parallel.tp")));
+    }
+    // A TOML value if it parses as one (4, 1.5, true, "x", [1, 2]); otherwise a bare string.
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let (last, parents) = path.split_last().expect("split of a non-empty key");
+    let mut table = doc;
+    for part in parents {
+        let entry = table.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry.as_table_mut().ok_or_else(|| bad(format!("\"{part}\" is a value, not a table")))?;
+    }
+    table.insert(last.to_string(), parsed);
+    Ok(())
+}
+
+fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+    let missing = |section: &'static str, key: &str| ScenarioError::Missing {
+        origin: origin.to_string(),
+        section,
+        key: format!("{section}.{key}"),
+    };
+    let unknown = |section: &'static str, name: &str, known: &[&str]| ScenarioError::UnknownPreset {
+        origin: origin.to_string(),
+        section,
+        name: name.to_string(),
+        known: known.join(", "),
+    };
+
+    // Model: preset, then explicit keys.
+    let rm = raw.model;
+    let base = match &rm.preset {
+        Some(p) => Some(ModelSpec::preset(p).ok_or_else(|| unknown("model", p, MODEL_PRESETS))?),
+        None => None,
+    };
+    macro_rules! pick {
+        ($raw:expr, $base:expr, $section:literal, $field:ident) => {
+            match ($raw.$field.clone(), $base.as_ref()) {
+                (Some(v), _) => v,
+                (None, Some(b)) => b.$field.clone(),
+                (None, None) => return Err(missing($section, stringify!($field))),
+            }
+        };
+    }
+    let model = ModelSpec {
+        name: rm.name.clone().or_else(|| rm.preset.clone()).unwrap_or_else(|| "custom".into()),
+        family: pick!(rm, base, "model", family),
+        layers: pick!(rm, base, "model", layers),
+        hidden: pick!(rm, base, "model", hidden),
+        heads: pick!(rm, base, "model", heads),
+        kv_heads: rm
+            .kv_heads
+            .or(base.as_ref().map(|b| b.kv_heads))
+            .or(rm.heads)
+            .ok_or_else(|| missing("model", "kv_heads"))?,
+        ffn_hidden: rm
+            .ffn_hidden
+            .or(base.as_ref().map(|b| b.ffn_hidden))
+            .or(rm.hidden.map(|h| 4 * h))
+            .ok_or_else(|| missing("model", "ffn_hidden"))?,
+        vocab: pick!(rm, base, "model", vocab),
+        seq_len: pick!(rm, base, "model", seq_len),
+        activation: rm
+            .activation
+            .or(base.as_ref().map(|b| b.activation))
+            .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
+    };
+
+    // Cluster.
+    let rc = raw.cluster;
+    let cbase = match &rc.preset {
+        Some(p) => Some(ClusterSpec::preset(p).ok_or_else(|| unknown("cluster", p, CLUSTER_PRESETS))?),
+        None => None,
+    };
+    let gpu = match (&rc.gpu, &cbase) {
+        (Some(g), _) => GpuKind::from_key(g).ok_or_else(|| ScenarioError::Parse {
+            origin: origin.to_string(),
+            message: format!(
+                "cluster.gpu = \"{g}\" is not in the catalog; known GPUs: {}",
+                crate::hardware::GPU_KINDS.iter().map(|k| k.key()).collect::<Vec<_>>().join(", ")
+            ),
+        })?,
+        (None, Some(b)) => b.gpu,
+        (None, None) => return Err(missing("cluster", "gpu")),
+    };
+    let single = gpu == GpuKind::Cpu;
+    let cluster = ClusterSpec {
+        name: rc.name.clone().or_else(|| rc.preset.clone()).unwrap_or_else(|| "custom".into()),
+        gpu,
+        nodes: rc.nodes.or(cbase.as_ref().map(|b| b.nodes)).unwrap_or(1),
+        gpus_per_node: pick!(rc, cbase, "cluster", gpus_per_node),
+        nics_per_node: rc.nics_per_node.or(cbase.as_ref().map(|b| b.nics_per_node)).unwrap_or(if single {
+            0
+        } else {
+            8
+        }),
+        nic_gbps: rc.nic_gbps.or(cbase.as_ref().map(|b| b.nic_gbps)).unwrap_or(if single { 0.0 } else { 400.0 }),
+        fabric: rc.fabric.or(cbase.as_ref().map(|b| b.fabric)).unwrap_or(Fabric::RailOptimized),
+        oversubscription: rc.oversubscription.or(cbase.as_ref().map(|b| b.oversubscription)).unwrap_or(1.0),
+        routing: rc.routing.or(cbase.as_ref().map(|b| b.routing)).unwrap_or(Routing::Adaptive),
+        switch_radix: rc.switch_radix.or(cbase.as_ref().map(|b| b.switch_radix)).unwrap_or(64),
+        nodes_per_unit: rc.nodes_per_unit.or(cbase.as_ref().map(|b| b.nodes_per_unit)).unwrap_or(32),
+        switch_latency_ns: rc.switch_latency_ns.or(cbase.as_ref().map(|b| b.switch_latency_ns)).unwrap_or(200),
+    };
+
+    // Parallel: defaults, dp derived from the GPU count when absent.
+    let rp = raw.parallel;
+    let d = ParallelConfig::default();
+    let tp = rp.tp.unwrap_or(d.tp);
+    let pp = rp.pp.unwrap_or(d.pp);
+    let dp = match rp.dp {
+        Some(dp) => dp,
+        None => {
+            let grid = tp as u64 * pp as u64;
+            if grid == 0 || cluster.gpus() % grid != 0 {
+                return Err(ScenarioError::Invalid {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "parallel.dp is absent and cannot be derived: the cluster's {} GPUs are not divisible by tp · pp = {tp} · {pp} = {grid}; set parallel.dp or change tp/pp",
+                        cluster.gpus()
+                    ),
+                    config: None,
+                });
+            }
+            u32::try_from(cluster.gpus() / grid).unwrap_or(u32::MAX)
+        }
+    };
+    let vpp = rp.vpp.unwrap_or(d.vpp);
+    let parallel = ParallelConfig {
+        tp,
+        pp,
+        dp,
+        vpp,
+        schedule: rp.schedule.unwrap_or(if vpp > 1 { Schedule::Interleaved } else { d.schedule }),
+        micro_batch: rp.micro_batch.unwrap_or(d.micro_batch),
+        global_batch: rp.global_batch.ok_or_else(|| missing("parallel", "global_batch"))?,
+        zero: rp.zero.unwrap_or(d.zero),
+        recompute: rp.recompute.unwrap_or(d.recompute),
+        sequence_parallel: rp.sequence_parallel.unwrap_or(d.sequence_parallel),
+        grad_bucket_mb: rp.grad_bucket_mb.unwrap_or(d.grad_bucket_mb),
+        overlap_grad_reduce: rp.overlap_grad_reduce.unwrap_or(d.overlap_grad_reduce),
+        overlap_param_gather: rp.overlap_param_gather.unwrap_or(d.overlap_param_gather),
+    };
+
+    let rt = raw.training;
+    let td = TrainingConfig::default();
+    let training = TrainingConfig {
+        dtype: rt.dtype.unwrap_or(if single { Dtype::Fp32 } else { td.dtype }),
+        steps: rt.steps.unwrap_or(td.steps),
+        seed: rt.seed.unwrap_or(td.seed),
+        lr: rt.lr.unwrap_or(td.lr),
+        warmup_steps: rt.warmup_steps.unwrap_or(td.warmup_steps),
+        weight_decay: rt.weight_decay.unwrap_or(td.weight_decay),
+        grad_clip: rt.grad_clip.unwrap_or(td.grad_clip),
+    };
+    let scenario =
+        Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
+    validate(&scenario, origin)?;
+    Ok(scenario)
+}
+
+fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
+    let mut lines = Vec::new();
+    if let Err(e) = s.model.check() {
+        lines.push(e);
+    }
+    if let Err(e) = s.cluster.check() {
+        lines.push(e);
+    }
+    let t = &s.training;
+    if t.steps == 0 {
+        lines.push("training.steps = 0: a run needs at least one step".to_string());
+    }
+    if !(t.lr > 0.0 && t.lr.is_finite()) {
+        lines.push(format!("training.lr = {}: the learning rate must be a positive number", t.lr));
+    }
+    if !(t.weight_decay >= 0.0 && t.grad_clip >= 0.0) {
+        lines.push(format!(
+            "training.weight_decay = {} and training.grad_clip = {} must not be negative",
+            t.weight_decay, t.grad_clip
+        ));
+    }
+    // The split rules only make sense on a well-formed model and cluster.
+    let config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
+    if let Some(c) = &config {
+        lines.push(c.to_string());
+    }
+    if lines.is_empty() {
+        Ok(())
+    } else {
+        Err(ScenarioError::Invalid { origin: origin.to_string(), message: lines.join("\n"), config })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPT3: &str = r#"
+name = "gpt3"
+[model]
+preset = "gpt3-175b"
+[cluster]
+preset = "dgx-a100"
+nodes = 128
+[parallel]
+tp = 8
+pp = 8
+global_batch = 1536
+schedule = "1f1b"
+recompute = "selective"
+sequence_parallel = true
+"#;
+
+    #[test]
+    fn presets_resolve_and_dp_is_derived() {
+        let s = Scenario::from_toml(GPT3, "t", "t", &[]).unwrap();
+        assert_eq!(s.parallel.dp, 16);
+        assert_eq!(s.model.layers, 96);
+        assert_eq!(s.cluster.gpus(), 1024);
+        assert_eq!(s.training.dtype, Dtype::Bf16);
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_line() {
+        let text = GPT3.replace("tp = 8", "tp = 8\ntensor_parallel = 8");
+        let e = Scenario::from_toml(&text, "t.toml", "t", &[]).unwrap_err().to_string();
+        assert!(e.contains("tensor_parallel") && e.contains("line 10"), "{e}");
+    }
+
+    #[test]
+    fn overrides_parse_values_and_bare_words() {
+        let s = Scenario::from_toml(
+            GPT3,
+            "t",
+            "t",
+            &["parallel.tp=4".into(), "parallel.schedule=gpipe".into(), "parallel.dp=32".into()],
+        )
+        .unwrap();
+        assert_eq!((s.parallel.tp, s.parallel.dp, s.parallel.schedule), (4, 32, Schedule::Gpipe));
+        let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.bogus=1".into()]).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.tp".into()]).unwrap_err().to_string();
+        assert!(e.contains("KEY=VALUE"), "{e}");
+        let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.tp=four".into()]).unwrap_err().to_string();
+        assert!(e.contains("four") || e.contains("invalid type"), "{e}");
+    }
+
+    #[test]
+    fn impossible_splits_name_the_rule() {
+        let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.dp=3".into()]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("8 · 8 · 3 = 192"), "{text}");
+        match e {
+            ScenarioError::Invalid { config: Some(c), .. } => assert!(c.has("grid-equals-gpus")),
+            other => panic!("wrong error {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_presets_list_the_known_ones() {
+        let e = Scenario::from_toml("[model]\npreset = \"gpt9\"", "t", "t", &[]).unwrap_err().to_string();
+        assert!(e.contains("gpt9") && e.contains("llama3-8b"), "{e}");
+        let e = Scenario::from_toml(&GPT3.replace("a100-80gb", "x").replace("dgx-a100", "dgx-z"), "t", "t", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dgx-z") && e.contains("dgx-h100"), "{e}");
+    }
+
+    #[test]
+    fn missing_keys_say_what_to_set() {
+        let e = Scenario::from_toml("[model]\nlayers = 2\n", "t", "t", &[]).unwrap_err().to_string();
+        assert!(e.contains("model.family") && e.contains("preset"), "{e}");
+    }
+
+    #[test]
+    fn to_toml_round_trips() {
+        let s = Scenario::from_toml(GPT3, "t", "t", &[]).unwrap();
+        let back = Scenario::from_toml(&s.to_toml(), "t", "t", &[]).unwrap();
+        assert_eq!(s, back);
+    }
+}

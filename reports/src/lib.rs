@@ -1,0 +1,1 @@
+//! strata-reports: CSV, traces, plots and the HTML report.

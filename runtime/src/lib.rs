@@ -1,0 +1,1 @@
+//! strata-runtime: a GPT trained for real under a plan.
