@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod hardware;
 pub mod model;
 pub mod parallel;
+pub mod plan;
 pub mod scenario;
 
 pub use cluster::{ClusterSpec, Fabric, Routing};

@@ -1,3 +1,6 @@
 //! strata-sim: how long a plan takes on a cluster.
 //!
-//! The deterministic discrete-event simulator. Filled in by the simulator issues.
+//! A deterministic discrete-event simulator: the event engine, the compute model, the
+//! memory timeline, and the network behind one trait ([`net::Network`]).
+
+pub mod net;

@@ -1,0 +1,398 @@
+//! The plan IR: one training step, rank by rank, as ordered ops on streams.
+//!
+//! This is the contract between `models` (which lowers a scenario to a plan), `sim` (which
+//! costs it) and `runtime` (which executes it). A [`Program`] is the op list of one rank.
+//! Ops on one [`Stream`] run in program order; an op may also wait on earlier ops of
+//! other streams of the same rank (`deps`). Groups and peers are *relative* (the rank's TP
+//! group, its next pipeline stage), so every rank of a pipeline stage runs the same
+//! program: a plan stores one program per stage, not one per rank.
+//!
+//! Conventions:
+//! - bytes of a collective follow nccl-tests: the total buffer S (for all-gather and
+//!   reduce-scatter, the per-rank count × group size);
+//! - FLOPs are counted as 2·m·n·k per GEMM;
+//! - buffer sizes are per rank, in bytes.
+//!
+//! Everything here is plain serde data; a plan saved as JSON loads back equal.
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::Dtype;
+
+/// Index of an op within its program.
+pub type OpId = u32;
+/// Index of a buffer within its program.
+pub type BufId = u32;
+/// Index into [`crate::plan::Plan::costs`].
+pub type CostId = u32;
+
+/// Where an op runs on its rank. Each stream is an in-order queue (a CUDA stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stream {
+    Compute,
+    /// Tensor-parallel collectives.
+    Tp,
+    /// Data-parallel (and ZeRO, embedding-group, world) collectives.
+    Dp,
+    /// Pipeline sends and receives.
+    Pp,
+}
+
+impl Stream {
+    pub const ALL: [Stream; 4] = [Stream::Compute, Stream::Tp, Stream::Dp, Stream::Pp];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Stream::Compute => "compute",
+            Stream::Tp => "tp",
+            Stream::Dp => "dp",
+            Stream::Pp => "pp",
+        }
+    }
+}
+
+/// A piece of the model: the unit a `Compute` op runs. Per transformer layer, in forward
+/// order: `AttnIn` (a = LN1(r)), `Attn` (QKV, attention core, output projection; partial
+/// sum under TP), `MlpIn` (r += attention output; m = LN2(r)), `Mlp` (FC1, activation, FC2;
+/// partial sum under TP), `LayerOut` (r += MLP output). Around the layers: `Embed` on the
+/// first stage, `FinalNorm`, `Logits` (output layer and per-token loss statistics) and
+/// `Loss` on the last, and the `Optimizer` step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Piece {
+    Embed,
+    AttnIn,
+    Attn,
+    MlpIn,
+    Mlp,
+    LayerOut,
+    FinalNorm,
+    Logits,
+    Loss,
+    Optimizer,
+}
+
+impl Piece {
+    pub fn key(self) -> &'static str {
+        match self {
+            Piece::Embed => "embed",
+            Piece::AttnIn => "attn-in",
+            Piece::Attn => "attn",
+            Piece::MlpIn => "mlp-in",
+            Piece::Mlp => "mlp",
+            Piece::LayerOut => "layer-out",
+            Piece::FinalNorm => "final-norm",
+            Piece::Logits => "logits",
+            Piece::Loss => "loss",
+            Piece::Optimizer => "optimizer",
+        }
+    }
+
+    /// Pieces that belong to a transformer layer (carry a layer index).
+    pub fn in_layer(self) -> bool {
+        matches!(self, Piece::AttnIn | Piece::Attn | Piece::MlpIn | Piece::Mlp | Piece::LayerOut)
+    }
+}
+
+/// Which pass of a piece an op runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Forward,
+    /// Gradient with respect to the piece's input (ZB's "B").
+    BackwardInput,
+    /// Gradient with respect to the piece's weights (ZB's "W").
+    BackwardWeight,
+    /// Forward re-run in backward (activation recomputation).
+    Recompute,
+    /// The optimizer update.
+    Step,
+}
+
+impl Phase {
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Forward => "fwd",
+            Phase::BackwardInput => "bwd-in",
+            Phase::BackwardWeight => "bwd-w",
+            Phase::Recompute => "recompute",
+            Phase::Step => "step",
+        }
+    }
+}
+
+/// One GEMM (or a batch of identical ones): C(m,n) = A(m,k)·B(k,n), 2·m·n·k·batch FLOPs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Gemm {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+}
+
+impl Gemm {
+    pub fn flops(&self) -> u64 {
+        2 * self.m * self.n * self.k * self.batch
+    }
+}
+
+/// The attention core of one piece: softmax(Q·Kᵀ/√d)·V over `batch_heads` independent
+/// (seq_q × seq_k) problems. Its GEMM FLOPs are listed separately in `ComputeCost::gemms`;
+/// this shape lets a cost model treat the softmax and masking (memory-bound on s² elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttnShape {
+    pub batch_heads: u64,
+    pub seq_q: u64,
+    pub seq_k: u64,
+    pub head_dim: u64,
+    pub causal: bool,
+}
+
+/// What a compute op costs, in hardware-independent terms.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ComputeCost {
+    /// Total FLOPs executed (GEMMs and element-wise work).
+    pub flops: u64,
+    /// The matrix multiplications, with their shapes (for tile and wave quantisation).
+    pub gemms: Vec<Gemm>,
+    /// Softmax-attention core, if the piece has one.
+    pub attention: Option<AttnShape>,
+    /// Bytes read and written by the memory-bound (element-wise) work, excluding GEMM
+    /// operands.
+    pub mem_bytes: u64,
+    /// Number of kernels launched (for launch overhead).
+    pub kernels: u32,
+}
+
+/// A piece of the model for one microbatch and model chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ComputeOp {
+    pub piece: Piece,
+    pub phase: Phase,
+    /// Microbatch index within the step (0 for the optimizer).
+    pub mb: u32,
+    /// Model chunk on this stage (0..vpp); the virtual stage is chunk · pp + stage.
+    pub chunk: u32,
+    /// Global layer index for layer pieces, 0 otherwise.
+    pub layer: u32,
+    pub cost: CostId,
+}
+
+/// Collective operations (NCCL's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollKind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    AllToAll,
+}
+
+impl CollKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "all-reduce",
+            CollKind::ReduceScatter => "reduce-scatter",
+            CollKind::AllGather => "all-gather",
+            CollKind::Broadcast => "broadcast",
+            CollKind::AllToAll => "all-to-all",
+        }
+    }
+
+    /// nccl-tests' bus-bandwidth factor for a group of n: busbw = algbw · factor.
+    pub fn bus_factor(self, n: u64) -> f64 {
+        let n = n.max(1) as f64;
+        match self {
+            CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+            CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll => (n - 1.0) / n,
+            CollKind::Broadcast => 1.0,
+        }
+    }
+}
+
+/// Which group of the rank grid a collective runs on, relative to the issuing rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupKind {
+    /// The rank's tensor-parallel group (same dp and pp coordinates).
+    Tp,
+    /// The rank's data-parallel group (same tp and pp coordinates); ZeRO shards over it.
+    Dp,
+    /// First and last pipeline stage with the same tp and dp coordinates: the two copies of
+    /// a tied input/output embedding.
+    Embedding,
+    /// Every rank (global gradient norm).
+    World,
+}
+
+impl GroupKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            GroupKind::Tp => "tp",
+            GroupKind::Dp => "dp",
+            GroupKind::Embedding => "embedding",
+            GroupKind::World => "world",
+        }
+    }
+}
+
+/// Where a tensor-parallel collective sits relative to its piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpSite {
+    /// Reduce the piece's partial-sum output (all-reduce, or reduce-scatter under sequence
+    /// parallelism). In backward: the partial input gradient.
+    Reduce,
+    /// Gather the piece's input before it runs (sequence parallelism); in backward, gather
+    /// the incoming output gradient.
+    Gather,
+    /// Gather the piece's saved, sequence-sharded input again for its weight gradient.
+    GatherSaved,
+    /// Gather per-token loss statistics across the vocabulary shards.
+    LossStats,
+}
+
+/// What a collective moves, so the runtime knows which tensor it reduces or gathers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollPurpose {
+    /// Tensor parallelism around a piece.
+    Tp { site: TpSite, piece: Piece, phase: Phase, mb: u32, chunk: u32, layer: u32 },
+    /// Reduce a gradient bucket over the data-parallel group: all-reduce (ZeRO-0) or
+    /// reduce-scatter into the owner's shard (ZeRO ≥ 1). `mb` is the microbatch whose
+    /// backward completed it (ZeRO-2/3 reduce every microbatch, ZeRO-0/1 only the last).
+    GradBucket { chunk: u32, bucket: u32, mb: u32 },
+    /// All-gather updated parameter shards of a bucket after the optimizer step (ZeRO-1/2).
+    ParamBucket { chunk: u32, bucket: u32 },
+    /// ZeRO-3: gather the full parameters of a bucket before a piece uses them.
+    ParamGather { chunk: u32, bucket: u32, mb: u32, phase: Phase },
+    /// Sum the gradients of the two copies of a tied embedding (first and last stage).
+    TiedEmbeddingGrad,
+    /// Sum of squared gradient norms over all ranks, for clipping.
+    GradNorm,
+}
+
+/// A collective on one of the rank's groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CollectiveOp {
+    pub kind: CollKind,
+    pub group: GroupKind,
+    /// nccl-tests' S: the whole buffer (per-rank count × group size for AG / RS).
+    pub bytes: u64,
+    pub dtype: Dtype,
+    pub purpose: CollPurpose,
+}
+
+/// The neighbouring pipeline stage, in ring order (stage pp−1's next is stage 0, which
+/// interleaved schedules use to pass a microbatch to the next model chunk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Peer {
+    Next,
+    Prev,
+}
+
+/// What a point-to-point message carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum P2pKind {
+    /// Forward activations, sent to the next stage.
+    Activation,
+    /// Input gradients, sent to the previous stage.
+    Gradient,
+}
+
+/// A pipeline send or receive. A send on stage s to `Next` matches the receive from `Prev`
+/// on stage s+1 (mod pp) with the same tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct P2pOp {
+    pub peer: Peer,
+    pub kind: P2pKind,
+    pub mb: u32,
+    /// The virtual stage (chunk · pp + stage) that receives an activation, or that sends a
+    /// gradient: the boundary is between `vstage − 1` and `vstage` either way.
+    pub vstage: u32,
+    pub bytes: u64,
+}
+
+/// What a buffer holds (the memory timeline's categories).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BufClass {
+    Params,
+    Grads,
+    OptimizerState,
+    Activations,
+    Workspace,
+    CommBuffer,
+}
+
+impl BufClass {
+    pub const ALL: [BufClass; 6] = [
+        BufClass::Params,
+        BufClass::Grads,
+        BufClass::OptimizerState,
+        BufClass::Activations,
+        BufClass::Workspace,
+        BufClass::CommBuffer,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            BufClass::Params => "params",
+            BufClass::Grads => "grads",
+            BufClass::OptimizerState => "optimizer",
+            BufClass::Activations => "activations",
+            BufClass::Workspace => "workspace",
+            BufClass::CommBuffer => "comm",
+        }
+    }
+}
+
+/// Allocation of a named buffer. Buffers never freed are persistent (live across steps).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AllocOp {
+    pub buf: BufId,
+    pub class: BufClass,
+    pub bytes: u64,
+    /// Human-readable name, e.g. `act L3 mb1` — for traces and verifier messages.
+    pub name: String,
+}
+
+/// What an op does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpKind {
+    Compute(ComputeOp),
+    Collective(CollectiveOp),
+    Send(P2pOp),
+    Recv(P2pOp),
+    Alloc(AllocOp),
+    Free { buf: BufId },
+}
+
+/// One op of a rank's program.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Op {
+    pub stream: Stream,
+    /// Earlier ops (of any stream of this rank) that must finish before this one starts.
+    /// The previous op of the same stream is implied and not listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deps: Vec<OpId>,
+    /// Buffers this op reads or writes; each must be allocated and not yet freed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bufs: Vec<BufId>,
+    pub kind: OpKind,
+}
+
+/// The ops of every rank of one pipeline stage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Program {
+    pub ops: Vec<Op>,
+}
