@@ -1,0 +1,313 @@
+//! Analytic memory per rank of each pipeline stage: model states and activations.
+//!
+//! **Model states** (Rajbhandari et al. SC'20, "ZeRO"): mixed-precision Adam keeps 2Ψ bytes
+//! of 16-bit weights, 2Ψ of 16-bit gradients and KΨ of fp32 optimizer state (master
+//! weights, momentum, variance; K = 12). ZeRO-1 shards the optimizer state over the N_d
+//! data-parallel ranks (4Ψ + KΨ/N_d), ZeRO-2 the gradients too (2Ψ + (2 + K)Ψ/N_d), ZeRO-3
+//! the weights too ((4 + K)Ψ/N_d). In fp32 training (the CPU executor) weights and
+//! gradients take 4 bytes each and K = 8 (momentum and variance; the weights are the
+//! master copy).
+//!
+//! **Activations** (Korthikanti et al. 2022, §4 and Table 2), bytes per layer and
+//! microbatch with 16-bit activations and 1-byte dropout masks: s·b·h·(34 + 5·a·s/h) with
+//! no parallelism; tensor parallelism divides the 24·sbh of QKV/MLP internals and the
+//! 5·a·s²·b of attention scores by t; sequence parallelism divides the remaining 10·sbh by
+//! t too; selective recomputation drops the 5·a·s²·b; full recomputation keeps only the
+//! layer input, 2·sbh. The general form below counts the same tensors for any shape
+//! (grouped-query attention, SwiGLU, no dropout for Llama) and reproduces Table 2 for GPT.
+//!
+//! **In flight**: GPipe holds all m microbatches; 1F1B (and ZB-H1) holds p − i on stage i;
+//! interleaved 1F1B holds (p − i − 1)·2 + (v − 1)·p + 1 microbatch-chunks of l/(p·v) layers
+//! (Megatron-LM's warm-up count plus one), which on the first stage is Korthikanti's factor
+//! (1 + (p − 1)/(p·v)) over 1F1B.
+
+use serde::Serialize;
+
+use crate::accounting::params::stage_params;
+use crate::model::{Family, ModelSpec};
+use crate::parallel::{ParallelConfig, Recompute, Schedule};
+use crate::scenario::{Dtype, Scenario};
+
+/// Bytes of model state per parameter: (weights, gradients, optimizer state).
+pub fn state_bytes_per_param(dtype: Dtype) -> (u64, u64, u64) {
+    match dtype {
+        Dtype::Bf16 | Dtype::Fp16 => (2, 2, 12),
+        Dtype::Fp32 => (4, 4, 8),
+    }
+}
+
+/// Model-state bytes of Ψ parameters under a ZeRO stage: (weights, gradients, optimizer).
+pub fn model_state_bytes(psi: u64, dtype: Dtype, zero: u8, dp: u32) -> (f64, f64, f64) {
+    let (w, g, k) = state_bytes_per_param(dtype);
+    let psi = psi as f64;
+    let n = dp.max(1) as f64;
+    let weights = if zero >= 3 { w as f64 * psi / n } else { w as f64 * psi };
+    let grads = if zero >= 2 { g as f64 * psi / n } else { g as f64 * psi };
+    let optim = if zero >= 1 { k as f64 * psi / n } else { k as f64 * psi };
+    (weights, grads, optim)
+}
+
+/// Whether the model family applies dropout (GPT: Megatron's default 0.1; Llama: none).
+pub fn has_dropout(m: &ModelSpec) -> bool {
+    m.family == Family::Gpt
+}
+
+/// Activation bytes saved for backward by one transformer layer for one microbatch, split
+/// the way Korthikanti's Table 2 splits them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LayerActivations {
+    /// Norm inputs, attention and MLP inputs, dropout masks on the residual path: held whole
+    /// by every tp rank unless sequence parallel (Korthikanti's 10·sbh).
+    pub replicated: f64,
+    /// QKV, attention context, MLP internals: split over tp (Korthikanti's 24·sbh).
+    pub sharded: f64,
+    /// Attention scores, probabilities and their dropout: split over tp, dropped by selective
+    /// recomputation (Korthikanti's 5·a·s²·b).
+    pub scores: f64,
+}
+
+/// The parts of [`LayerActivations`] before any parallelism or recomputation.
+pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype) -> LayerActivations {
+    let e = dtype.bytes() as f64;
+    let sb = m.seq_len as f64 * micro_batch as f64;
+    let h = m.hidden as f64;
+    let kv = m.kv_dim() as f64;
+    let f = m.ffn_hidden as f64;
+    let a = m.heads as f64;
+    let s = m.seq_len as f64;
+    let mask = if has_dropout(m) { 1.0 } else { 0.0 };
+    // LN1 input, QKV input, LN2 input, FC1 input; dropout masks after attention and MLP.
+    let replicated = sb * h * (4.0 * e + 2.0 * mask);
+    // Q, K, V; attention context (projection input); MLP internals (2 or 3 tensors of f).
+    let mlp_tensors = match m.activation {
+        crate::model::Activation::Gelu => 2.0,
+        crate::model::Activation::Swiglu => 3.0,
+    };
+    let sharded = sb * e * (h + 2.0 * kv + h + mlp_tensors * f);
+    // Softmax output, and with dropout its mask and output.
+    let scores = a * s * sb * (e + mask * (1.0 + e));
+    LayerActivations { replicated, sharded, scores }
+}
+
+/// Activation bytes one tp rank saves per layer and microbatch.
+pub fn layer_activation_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool, recompute: Recompute) -> f64 {
+    let t = tp.max(1) as f64;
+    let parts = layer_activation_parts(m, micro_batch, dtype);
+    let replicated = if sp { parts.replicated / t } else { parts.replicated };
+    match recompute {
+        Recompute::None => replicated + parts.sharded / t + parts.scores / t,
+        Recompute::Selective => replicated + parts.sharded / t,
+        Recompute::Full => layer_input_bytes(m, micro_batch, dtype, tp, sp),
+    }
+}
+
+/// The residual-stream input of a layer (what full recomputation keeps, and what a pipeline
+/// stage sends): s·b·h elements, split over tp under sequence parallelism.
+pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool) -> f64 {
+    let b = m.seq_len as f64 * micro_batch as f64 * m.hidden as f64 * dtype.bytes() as f64;
+    if sp { b / tp.max(1) as f64 } else { b }
+}
+
+/// Microbatch-chunks whose activations a stage holds at its peak, and the layers in each.
+pub fn in_flight(p: &ParallelConfig, stage: u32, layers: u32) -> (u64, u32) {
+    let m = p.microbatches() as u64;
+    let pp = p.pp as u64;
+    let i = stage as u64;
+    match p.schedule {
+        Schedule::Gpipe => (m, layers / p.pp),
+        Schedule::OneFOneB | Schedule::ZbH1 => ((pp - i).min(m), layers / p.pp),
+        Schedule::Interleaved => {
+            let v = p.vpp as u64;
+            (((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v), layers / (p.pp * p.vpp))
+        }
+    }
+}
+
+/// Memory of one rank of a pipeline stage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageMemory {
+    pub stage: u32,
+    /// Parameters one rank of this stage holds (before ZeRO sharding).
+    pub params: u64,
+    pub weights_bytes: f64,
+    pub grads_bytes: f64,
+    pub optimizer_bytes: f64,
+    /// Saved activations of the transformer layers at the schedule's peak.
+    pub activations_bytes: f64,
+    /// Embedding output (first stage) and logits / output-layer buffers (last stage).
+    pub embedding_logits_bytes: f64,
+    /// Largest transient working set on top (a recomputed layer under full recomputation;
+    /// a gathered layer under ZeRO-3).
+    pub transient_bytes: f64,
+}
+
+impl StageMemory {
+    pub fn total_bytes(&self) -> f64 {
+        self.weights_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.embedding_logits_bytes
+            + self.transient_bytes
+    }
+}
+
+/// Analytic memory of every pipeline stage.
+pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
+    let m = &s.model;
+    let p = &s.parallel;
+    let dtype = s.training.dtype;
+    let e = dtype.bytes() as f64;
+    let t = p.tp as f64;
+    let b = p.micro_batch;
+    let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
+    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute);
+    stage_params(m, p)
+        .into_iter()
+        .map(|sp| {
+            let psi = sp.per_rank();
+            let (weights_bytes, grads_bytes, optimizer_bytes) = model_state_bytes(psi, dtype, p.zero, p.dp);
+            let (chunks, layers_per_chunk) = in_flight(p, sp.stage, m.layers);
+            let activations_bytes = chunks as f64 * layers_per_chunk as f64 * per_layer;
+            let first = sp.stage == 0;
+            let last = sp.stage == p.pp - 1;
+            // Microbatches in flight on this stage (for the embedding and logits buffers).
+            let mbs_in_flight = match p.schedule {
+                Schedule::Gpipe => p.microbatches() as f64,
+                _ => ((p.pp - sp.stage) as f64).min(p.microbatches() as f64),
+            };
+            let mut embedding_logits_bytes = 0.0;
+            if first && has_dropout(m) {
+                // Dropout mask on the embedding output, per microbatch in flight.
+                let shard = if p.sequence_parallel { t } else { 1.0 };
+                embedding_logits_bytes += mbs_in_flight * sbh / shard;
+            }
+            if last {
+                // Final-norm input and output (16-bit), and fp32 logits of the vocabulary shard,
+                // held from the head's forward to its backward: one microbatch under 1F1B, all
+                // of them under GPipe.
+                let held = if p.schedule == Schedule::Gpipe { p.microbatches() as f64 } else { 1.0 };
+                let logits = 4.0 * m.seq_len as f64 * b as f64 * m.vocab as f64 / t;
+                embedding_logits_bytes += held * (2.0 * e * sbh / if p.sequence_parallel { t } else { 1.0 } + logits);
+            }
+            let mut transient_bytes = 0.0;
+            if p.recompute == Recompute::Full {
+                transient_bytes += layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None);
+            } else if p.recompute == Recompute::Selective {
+                transient_bytes += layer_activation_parts(m, b, dtype).scores / t;
+            }
+            if p.zero >= 3 {
+                // One layer's weights gathered whole (plus the next one prefetched).
+                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp) as f64;
+                let prefetch = if p.overlap_param_gather { 2.0 } else { 1.0 };
+                transient_bytes += prefetch * layer * state_bytes_per_param(dtype).0 as f64;
+            }
+            StageMemory {
+                stage: sp.stage,
+                params: psi,
+                weights_bytes,
+                grads_bytes,
+                optimizer_bytes,
+                activations_bytes,
+                embedding_logits_bytes,
+                transient_bytes,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gb(x: f64) -> f64 {
+        x / 1e9
+    }
+
+    /// Korthikanti et al. 2022 Table 2, in units of s·b·h bytes, for a GPT shape.
+    fn table2(m: &ModelSpec, t: f64) -> [(bool, Recompute, bool, f64); 6] {
+        let a = m.heads as f64;
+        let s = m.seq_len as f64;
+        let h = m.hidden as f64;
+        [
+            // (tp > 1, recompute, sp, expected / sbh)
+            (false, Recompute::None, false, 34.0 + 5.0 * a * s / h),
+            (true, Recompute::None, false, 10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+            (true, Recompute::None, true, 34.0 / t + 5.0 * a * s / (h * t)),
+            (true, Recompute::Selective, false, 10.0 + 24.0 / t),
+            (true, Recompute::Selective, true, 34.0 / t),
+            (false, Recompute::Full, false, 2.0),
+        ]
+    }
+
+    #[test]
+    fn korthikanti_table2_for_four_model_shapes() {
+        for name in ["gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"] {
+            let m = ModelSpec::preset(name).unwrap();
+            let sbh = m.seq_len as f64 * 2.0 * m.hidden as f64;
+            for (tp_on, rc, sp, expected) in table2(&m, 8.0) {
+                let tp = if tp_on { 8 } else { 1 };
+                let ours = layer_activation_bytes(&m, 2, Dtype::Bf16, tp, sp, rc) / sbh;
+                assert!((ours - expected).abs() < 1e-9, "{name} tp{tp} {rc:?} sp={sp}: {ours} vs {expected}");
+            }
+        }
+    }
+
+    #[test]
+    fn selective_recompute_saves_70_and_65_percent() {
+        // Korthikanti §5: selective recomputation cuts activation memory by 70% for GPT-3
+        // and 65% for MT-NLG (tp = 8, with sequence parallelism as in their runs).
+        for (name, saving) in [("gpt3-175b", 0.70), ("gpt-530b", 0.65)] {
+            let m = ModelSpec::preset(name).unwrap();
+            let full = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::None);
+            let sel = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::Selective);
+            let ours = 1.0 - sel / full;
+            assert!((ours - saving).abs() < 0.01, "{name}: {ours:.3} vs {saving}");
+        }
+    }
+
+    #[test]
+    fn zero_table1_all_54_cells() {
+        // Rajbhandari et al. SC'20 Table 1 (models/tests/data/zero_sc20_table1.csv):
+        // model-state GB per device for Ψ = 7.5 B, 128 B, 1 T at N_d = 1 … 1024, K = 12.
+        let text = include_str!("../../tests/data/zero_sc20_table1.csv");
+        let mut cells = 0;
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split(',').collect();
+            let nd: u32 = f[0].parse().unwrap();
+            for (i, psi) in [7.5e9, 128e9, 1e12].iter().enumerate() {
+                for stage in 1..=3u8 {
+                    let published: f64 = f[1 + i * 3 + (stage as usize - 1)].parse().unwrap();
+                    let (w, g, o) = model_state_bytes(*psi as u64, Dtype::Bf16, stage, nd);
+                    let ours = gb(w + g + o);
+                    // The table rounds to 3 significant digits (and 0.12 / 0.47 / 1.88 to 2 decimals).
+                    let tol = (published * 0.005).max(0.006);
+                    assert!((ours - published).abs() <= tol, "Ψ={psi} N_d={nd} stage {stage}: {ours} vs {published}");
+                    cells += 1;
+                }
+            }
+        }
+        assert_eq!(cells, 54);
+    }
+
+    #[test]
+    fn interleaving_multiplies_first_stage_activations_by_korthikanti_factor() {
+        let m = ModelSpec::preset("gpt3-175b").unwrap();
+        let base = ParallelConfig { tp: 8, pp: 8, dp: 1, global_batch: 64, ..Default::default() };
+        let (c1, l1) = in_flight(&base, 0, m.layers);
+        let inter = ParallelConfig { vpp: 3, schedule: Schedule::Interleaved, ..base.clone() };
+        let (c3, l3) = in_flight(&inter, 0, m.layers);
+        let ratio = (c3 * l3 as u64) as f64 / (c1 * l1 as u64) as f64;
+        let expected = 1.0 + (8.0 - 1.0) / (8.0 * 3.0);
+        assert!((ratio - expected).abs() < 1e-12, "{ratio} vs {expected}");
+    }
+
+    #[test]
+    fn one_f_one_b_holds_p_minus_i_and_gpipe_holds_m() {
+        let p = ParallelConfig { pp: 4, global_batch: 8, ..Default::default() };
+        assert_eq!(in_flight(&p, 0, 8), (4, 2));
+        assert_eq!(in_flight(&p, 3, 8), (1, 2));
+        let g = ParallelConfig { schedule: Schedule::Gpipe, ..p };
+        assert_eq!(in_flight(&g, 3, 8), (8, 2));
+    }
+}
