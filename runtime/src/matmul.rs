@@ -36,7 +36,10 @@ pub struct MatMut<'a> {
 fn check_view(len: usize, rows: usize, cols: usize, row_stride: usize, what: &str) {
     assert!(row_stride >= cols, "{what}: row stride {row_stride} is smaller than its {cols} columns");
     let needed = if rows == 0 || cols == 0 { 0 } else { (rows - 1) * row_stride + cols };
-    assert!(len >= needed, "{what}: a ({rows}, {cols}) view with row stride {row_stride} needs {needed} elements, got {len}");
+    assert!(
+        len >= needed,
+        "{what}: a ({rows}, {cols}) view with row stride {row_stride} needs {needed} elements, got {len}"
+    );
 }
 
 impl<'a> MatRef<'a> {
@@ -99,12 +102,7 @@ pub fn matmul(a: MatRef<'_>, b: MatRef<'_>, c: MatMut<'_>, trans: Transpose, alp
     let (m, k) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
     let (kb, n) = if tb { (b.cols, b.rows) } else { (b.rows, b.cols) };
     assert_eq!(k, kb, "matmul: op(A) is ({m}, {k}) but op(B) is ({kb}, {n})");
-    assert!(
-        c.rows == m && c.cols == n,
-        "matmul: op(A)·op(B) is ({m}, {n}) but C is ({}, {})",
-        c.rows,
-        c.cols
-    );
+    assert!(c.rows == m && c.cols == n, "matmul: op(A)·op(B) is ({m}, {n}) but C is ({}, {})", c.rows, c.cols);
     if m == 0 || n == 0 {
         return;
     }
@@ -155,7 +153,9 @@ mod tests {
     }
 
     fn filled(n: usize, salt: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(salt) >> 8) % 1000) as f32 / 500.0 - 1.0).collect()
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(salt) >> 8) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
     }
 
     #[test]

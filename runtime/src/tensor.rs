@@ -63,6 +63,18 @@ impl Tensor {
         self.shape.extend_from_slice(shape);
     }
 
+    /// Keeps only rows `rows` (along the first dimension) and frees the rest: how a
+    /// sequence-parallel rank keeps its slice of a gathered activation.
+    pub fn keep_rows(&mut self, rows: std::ops::Range<usize>) {
+        let n = self.shape.first().copied().unwrap_or(0);
+        assert!(rows.start <= rows.end && rows.end <= n, "rows {rows:?} of a tensor with {n}");
+        let width = self.data.len() / n.max(1);
+        self.data.truncate(rows.end * width);
+        self.data.drain(..rows.start * width);
+        self.data.shrink_to_fit();
+        self.shape[0] = rows.len();
+    }
+
     /// Releases the memory: the tensor becomes empty with shape [0].
     pub fn release(&mut self) {
         self.data = Vec::new();
@@ -99,6 +111,9 @@ mod tests {
         assert_eq!(t.shape(), &[3, 1]);
         assert_eq!(&t[..], &[0.0; 3]);
         assert!(t.capacity_bytes() >= 24, "reset must keep the allocation");
+        t.assign(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]);
+        t.keep_rows(1..2);
+        assert_eq!((t.shape(), &t[..]), (&[1, 2][..], &[3.0, 4.0][..]));
         t.assign(&[4.0, 5.0], &[2]);
         assert_eq!(&t[..], &[4.0, 5.0]);
         t.release();

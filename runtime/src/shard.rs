@@ -1,0 +1,163 @@
+//! What one tensor-parallel rank holds of a GPT model (Megatron-LM, Shoeybi et al. 2019).
+//!
+//! With t tensor-parallel ranks, rank r of t holds:
+//! - QKV (column-parallel): heads/t whole heads, D = (a/t)·d columns of each of Q, K, V;
+//! - attention projection (row-parallel): the matching D input rows; output is a partial sum;
+//! - FC1 (column-parallel): F = f/t columns; FC2 (row-parallel): the matching F input rows;
+//! - word embedding / output layer (vocab-parallel): rows [r·V/t, (r+1)·V/t) of the table;
+//! - everything else (norms, row-parallel biases, the position table): a full replica.
+//!
+//! Worked example, h = 64, a = 4, f = 256, V = 256, t = 2: each rank holds 2 heads
+//! (D = 32), F = 128 FC1 columns and 128 vocabulary rows; rank 1's vocabulary is 128..256.
+
+use strata_models::{Activation, Family, ModelSpec};
+
+use crate::error::RuntimeError;
+
+/// Rank `rank` of a tensor-parallel group of `size` ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpRank {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl TpRank {
+    /// The unsharded model: rank 0 of 1.
+    pub const SINGLE: TpRank = TpRank { rank: 0, size: 1 };
+
+    pub fn new(rank: usize, size: usize) -> Result<TpRank, RuntimeError> {
+        if size == 0 || rank >= size {
+            return Err(RuntimeError::TpSplit(format!(
+                "rank {rank} of a group of {size}: ranks run from 0 to size − 1"
+            )));
+        }
+        Ok(TpRank { rank, size })
+    }
+}
+
+/// The sizes one tensor-parallel rank works with, validated against the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardDims {
+    /// Hidden size h (never split).
+    pub hidden: usize,
+    /// Local attention heads a/t.
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Local FFN width F = f/t.
+    pub ffn: usize,
+    /// Local vocabulary rows V/t.
+    pub vocab: usize,
+    /// First vocabulary id of this rank's rows: r·V/t.
+    pub vocab_start: usize,
+    /// Full vocabulary V.
+    pub vocab_total: usize,
+    /// Rows of the position table: the longest sequence the model accepts.
+    pub max_seq: usize,
+    pub tp: TpRank,
+}
+
+impl ShardDims {
+    /// Checks that the CPU executor implements `model` (GPT family: learned positions,
+    /// LayerNorm, biases, GELU, tied embeddings, no grouped-query attention) and that `tp`
+    /// splits heads, FFN and vocabulary evenly. Every problem is reported at once.
+    pub fn new(model: &ModelSpec, tp: TpRank) -> Result<ShardDims, RuntimeError> {
+        model.check().map_err(|reason| RuntimeError::UnsupportedModel { model: model.name.clone(), reason })?;
+        let mut bad = Vec::new();
+        if model.family != Family::Gpt {
+            bad.push(format!("model.family = {:?}; only the GPT family is implemented", model.family));
+        }
+        if model.activation != Activation::Gelu {
+            bad.push(format!("model.activation = {:?}; only gelu is implemented", model.activation));
+        }
+        if model.kv_heads != model.heads {
+            bad.push(format!(
+                "model.kv_heads = {} differs from model.heads = {}; grouped-query attention is not implemented",
+                model.kv_heads, model.heads
+            ));
+        }
+        if !bad.is_empty() {
+            return Err(RuntimeError::UnsupportedModel { model: model.name.clone(), reason: bad.join("; ") });
+        }
+        let t = tp.size;
+        for (key, v) in [("heads", model.heads), ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)] {
+            if !(v as usize).is_multiple_of(t) {
+                bad.push(format!("tp = {t} does not divide model.{key} = {v}"));
+            }
+        }
+        if !bad.is_empty() {
+            return Err(RuntimeError::TpSplit(format!("{}; choose a tp that divides them", bad.join("; "))));
+        }
+        let vocab = model.vocab as usize / t;
+        Ok(ShardDims {
+            hidden: model.hidden as usize,
+            heads: model.heads as usize / t,
+            head_dim: model.head_dim() as usize,
+            ffn: model.ffn_hidden as usize / t,
+            vocab,
+            vocab_start: tp.rank * vocab,
+            vocab_total: model.vocab as usize,
+            max_seq: model.seq_len as usize,
+            tp,
+        })
+    }
+
+    /// Local attention channels D = (a/t)·d.
+    pub fn attn_channels(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The same model on one rank (t = 1).
+    pub fn unsharded(&self) -> ShardDims {
+        let t = self.tp.size;
+        ShardDims {
+            heads: self.heads * t,
+            ffn: self.ffn * t,
+            vocab: self.vocab_total,
+            vocab_start: 0,
+            tp: TpRank::SINGLE,
+            ..self.clone()
+        }
+    }
+}
+
+/// One microbatch's shape: `batch` sequences of `seq` tokens, flattened to T = batch·seq
+/// rows; row i holds position i mod seq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Micro {
+    pub batch: usize,
+    pub seq: usize,
+}
+
+impl Micro {
+    pub fn tokens(&self) -> usize {
+        self.batch * self.seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worked_example_of_the_module_comment() {
+        let mut m = ModelSpec::preset("tiny-gpt").unwrap();
+        m.vocab = 256;
+        let d = ShardDims::new(&m, TpRank::new(1, 2).unwrap()).unwrap();
+        assert_eq!((d.heads, d.attn_channels(), d.ffn, d.vocab, d.vocab_start), (2, 32, 128, 128, 128));
+        assert_eq!(d.unsharded(), ShardDims::new(&m, TpRank::SINGLE).unwrap());
+    }
+
+    #[test]
+    fn errors_name_every_factor() {
+        let m = ModelSpec::preset("tiny-gpt").unwrap();
+        let e = ShardDims::new(&m, TpRank::new(0, 3).unwrap()).unwrap_err().to_string();
+        assert!(
+            e.contains("model.heads = 4") && e.contains("model.ffn_hidden = 256") && e.contains("model.vocab = 256"),
+            "{e}"
+        );
+        let llama = ModelSpec::preset("tiny-llama").unwrap();
+        let e = ShardDims::new(&llama, TpRank::SINGLE).unwrap_err().to_string();
+        assert!(e.contains("family") && e.contains("swiglu") || e.contains("Swiglu"), "{e}");
+        assert!(TpRank::new(2, 2).is_err());
+    }
+}
