@@ -16,7 +16,8 @@
 //! layer input, 2·sbh. The general form below counts the same tensors for any shape
 //! (grouped-query attention, SwiGLU, no dropout for Llama) and reproduces Table 2 for GPT.
 //!
-//! **In flight**: GPipe holds all m microbatches; 1F1B (and ZB-H1) holds p − i on stage i;
+//! **In flight**: GPipe holds all m microbatches; 1F1B holds p − i on stage i, ZB-H1 up to p
+//! on every stage (its deferred weight passes keep inputs alive; 1F1B's first-stage peak);
 //! interleaved 1F1B holds (p − i − 1)·2 + (v − 1)·p + 1 microbatch-chunks of l/(p·v) layers
 //! (Megatron-LM's warm-up count plus one), which on the first stage is Korthikanti's factor
 //! (1 + (p − 1)/(p·v)) over 1F1B.
@@ -90,7 +91,14 @@ pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype) -> 
 }
 
 /// Activation bytes one tp rank saves per layer and microbatch.
-pub fn layer_activation_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool, recompute: Recompute) -> f64 {
+pub fn layer_activation_bytes(
+    m: &ModelSpec,
+    micro_batch: u32,
+    dtype: Dtype,
+    tp: u32,
+    sp: bool,
+    recompute: Recompute,
+) -> f64 {
     let t = tp.max(1) as f64;
     let parts = layer_activation_parts(m, micro_batch, dtype);
     let replicated = if sp { parts.replicated / t } else { parts.replicated };
@@ -115,7 +123,9 @@ pub fn in_flight(p: &ParallelConfig, stage: u32, layers: u32) -> (u64, u32) {
     let i = stage as u64;
     match p.schedule {
         Schedule::Gpipe => (m, layers / p.pp),
-        Schedule::OneFOneB | Schedule::ZbH1 => ((pp - i).min(m), layers / p.pp),
+        Schedule::OneFOneB => ((pp - i).min(m), layers / p.pp),
+        // Deferred weight passes keep up to p microbatches on every stage (1F1B's peak).
+        Schedule::ZbH1 => (pp.min(m), layers / p.pp),
         Schedule::Interleaved => {
             let v = p.vpp as u64;
             (((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v), layers / (p.pp * p.vpp))

@@ -169,8 +169,7 @@ mod tests {
     fn llama3_totals_match_the_published_sizes() {
         // Published sizes as the Hugging Face model pages of Meta-Llama-3(.1) round them:
         // 8.03 B, 70.6 B, 406 B parameters.
-        for (name, published) in [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 406e9)]
-        {
+        for (name, published) in [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 406e9)] {
             let ours = total_params(&preset(name)) as f64;
             assert!((ours / published - 1.0).abs() < 0.005, "{name}: {ours} vs {published}");
         }
@@ -190,7 +189,15 @@ mod tests {
                 assert_eq!(sum, total_params(&m), "{name} tp{tp} pp{pp}");
                 // Per-rank counts times tp cover the stage, replicated tensors counted tp times.
                 for s in &stages {
-                    assert!(s.per_rank() * tp as u64 >= s.stage_total - if m.tied_embeddings() && pp > 1 && s.stage == pp - 1 { m.vocab as u64 * m.hidden as u64 } else { 0 });
+                    assert!(
+                        s.per_rank() * tp as u64
+                            >= s.stage_total
+                                - if m.tied_embeddings() && pp > 1 && s.stage == pp - 1 {
+                                    m.vocab as u64 * m.hidden as u64
+                                } else {
+                                    0
+                                }
+                    );
                 }
             }
         }

@@ -2,10 +2,21 @@
 //!
 //! This is the contract between `models` (which lowers a scenario to a plan), `sim` (which
 //! costs it) and `runtime` (which executes it). A [`Program`] is the op list of one rank.
-//! Ops on one [`Stream`] run in program order; an op may also wait on earlier ops of
-//! other streams of the same rank (`deps`). Groups and peers are *relative* (the rank's TP
-//! group, its next pipeline stage), so every rank of a pipeline stage runs the same
-//! program: a plan stores one program per stage, not one per rank.
+//! Groups and peers are *relative* (the rank's TP group, its next pipeline stage), so every
+//! rank of a pipeline stage runs the same program: a plan stores one program per stage, not
+//! one per rank.
+//!
+//! Execution semantics (both backends implement exactly these):
+//! - ops of one [`Stream`] start in program order, each after the previous op of its stream
+//!   is done and after every op in its `deps` is done;
+//! - `Compute`, `Alloc` take time (or none) and then are done;
+//! - a `Collective` starts when every member of its group has reached it (members issue the
+//!   same sequence of collectives on a group) and is done when the transfer ends;
+//! - a `Send` only *posts* its message: the next op of its stream may start at once; the
+//!   send is done when the message is delivered, which starts when the matching `Recv` (same
+//!   peer, kind, microbatch, virtual stage) is posted too; a `Recv` is done on delivery;
+//! - a `Free` never holds up its stream: it is posted at once and takes effect (is done) when
+//!   every op in its `deps` is done.
 //!
 //! Conventions:
 //! - bytes of a collective follow nccl-tests: the total buffer S (for all-gather and

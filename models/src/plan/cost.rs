@@ -1,0 +1,180 @@
+//! Hardware-independent cost of each model piece: its GEMM shapes, attention core and
+//! bytes of element-wise traffic, per tensor-parallel rank and microbatch.
+//!
+//! Shapes (T = b·s tokens, t = tp, R = T/t rows for norm and residual pieces under sequence
+//! parallelism else T, h_t = h/t, kv_t = kv/t, f_t = f/t, V_t = V/t, a_t = a/t):
+//! - `Attn` fwd: QKV (T × (h_t + 2kv_t) × h), QKᵀ and P·V (b·a_t batches of s × s × d and
+//!   s × d × s), projection (T × h × h_t); bwd-in: the transposed data-gradient GEMMs and
+//!   the four attention-core GEMMs; bwd-w: the weight-gradient GEMMs (h × n × T);
+//! - `Mlp` fwd: FC1 (T × f_t·(1|2) × h), FC2 (T × h × f_t); likewise backward;
+//! - `Logits` fwd: T × V_t × h; backward likewise; the embedding lookup has no GEMM.
+//!
+//! FLOPs count GEMMs only (2·m·n·k), the Megatron-LM papers' convention, so the FLOPs of a
+//! plan's compute ops summed over all ranks equal [`crate::accounting::flops::step_flops`].
+//! Element-wise work (norms, softmax, dropout, activations, residual adds, optimizer) is
+//! carried as bytes read and written, with `e` bytes per activation element.
+
+use crate::model::{Activation, ModelSpec};
+use crate::parallel::ParallelConfig;
+use crate::plan::ir::{AttnShape, ComputeCost, Gemm, Phase, Piece};
+use crate::scenario::Dtype;
+
+fn gemm(m: u64, n: u64, k: u64) -> Gemm {
+    Gemm { m, n, k, batch: 1 }
+}
+
+fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
+    ComputeCost { flops: gemms.iter().map(Gemm::flops).sum(), gemms, attention, mem_bytes, kernels }
+}
+
+/// Shapes shared by every piece of one configuration.
+struct Dims {
+    t: u64,
+    tokens: u64,
+    rows: u64,
+    b: u64,
+    s: u64,
+    h: u64,
+    d: u64,
+    q_t: u64,
+    kv_t: u64,
+    f_t: u64,
+    v_t: u64,
+    a_t: u64,
+    e: u64,
+    swiglu: bool,
+    dropout: bool,
+}
+
+fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
+    let t = p.tp as u64;
+    let b = p.micro_batch as u64;
+    let s = m.seq_len as u64;
+    let tokens = b * s;
+    Dims {
+        t,
+        tokens,
+        rows: if p.sequence_parallel { tokens / t } else { tokens },
+        b,
+        s,
+        h: m.hidden as u64,
+        d: m.head_dim(),
+        q_t: m.hidden as u64 / t,
+        kv_t: m.kv_dim() / t,
+        f_t: m.ffn_hidden as u64 / t,
+        v_t: (m.vocab as u64).div_ceil(t),
+        a_t: m.heads as u64 / t,
+        e: dtype.bytes(),
+        swiglu: m.activation == Activation::Swiglu,
+        dropout: crate::accounting::memory::has_dropout(m),
+    }
+}
+
+/// The cost of one piece in one phase, for one microbatch on one tensor-parallel rank.
+/// `Recompute` costs what the recomputation runs: the attention core alone for `Attn`
+/// under selective recomputation, the full forward otherwise.
+pub fn piece_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, piece: Piece, phase: Phase) -> ComputeCost {
+    let x = dims(m, p, dtype);
+    let selective = phase == Phase::Recompute && p.recompute == crate::parallel::Recompute::Selective;
+    let phase = if phase == Phase::Recompute && !selective { Phase::Forward } else { phase };
+    let mask = u64::from(x.dropout);
+    let rh = x.rows * x.h;
+    let qkv_n = x.q_t + 2 * x.kv_t;
+    let fc1_n = x.f_t * if x.swiglu { 2 } else { 1 };
+    let core = AttnShape { batch_heads: x.b * x.a_t, seq_q: x.s, seq_k: x.s, head_dim: x.d, causal: true };
+    let core_gemms = |backward: bool| {
+        let bh = x.b * x.a_t;
+        let g = |m, n, k| Gemm { m, n, k, batch: bh };
+        if backward {
+            vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s), g(x.s, x.d, x.s), g(x.s, x.d, x.s)]
+        } else {
+            vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s)]
+        }
+    };
+    let scores = x.b * x.a_t * x.s * x.s;
+    // Softmax reads scores and writes probabilities; dropout writes a mask and its output.
+    let softmax_fwd_bytes = scores * (2 * x.e + mask * (1 + 2 * x.e));
+    let norm_bytes = 2 * rh * x.e + 2 * x.h * x.e;
+    match (piece, phase) {
+        (Piece::Attn, Phase::Recompute) => cost(core_gemms(false), Some(core), softmax_fwd_bytes, 4),
+        (Piece::Embed, Phase::Forward) => cost(vec![], None, 3 * x.tokens * x.h * x.e, 2),
+        (Piece::Embed, _) => cost(vec![], None, x.tokens * x.h * (x.e + 4), 1),
+        (Piece::AttnIn | Piece::FinalNorm, Phase::Forward) => cost(vec![], None, norm_bytes, 1),
+        (Piece::AttnIn | Piece::FinalNorm, _) => cost(vec![], None, 2 * norm_bytes, 2),
+        (Piece::MlpIn, Phase::Forward) => cost(vec![], None, 3 * rh * x.e + mask * rh + norm_bytes, 2),
+        (Piece::MlpIn, _) => cost(vec![], None, 2 * norm_bytes + 2 * rh * x.e + mask * rh, 3),
+        (Piece::LayerOut, Phase::Forward) => cost(vec![], None, 3 * rh * x.e + mask * rh, 1),
+        (Piece::LayerOut, _) => cost(vec![], None, rh * x.e + mask * rh, 1),
+        (Piece::Attn, Phase::Forward) => {
+            let mut g = vec![gemm(x.tokens, qkv_n, x.h)];
+            g.extend(core_gemms(false));
+            g.push(gemm(x.tokens, x.h, x.q_t));
+            cost(g, Some(core), 2 * x.tokens * qkv_n * x.e + softmax_fwd_bytes, 7)
+        }
+        (Piece::Attn, Phase::BackwardInput) => {
+            let mut g = vec![gemm(x.tokens, x.q_t, x.h)];
+            g.extend(core_gemms(true));
+            g.push(gemm(x.tokens, x.h, qkv_n));
+            // Softmax backward reads P and dP and writes dS; dropout backward reads its mask.
+            let bytes = scores * (3 * x.e + mask * (1 + 2 * x.e)) + 2 * x.tokens * qkv_n * x.e;
+            cost(g, Some(core), bytes, 8)
+        }
+        (Piece::Attn, _) => {
+            let g = vec![gemm(x.h, qkv_n, x.tokens), gemm(x.q_t, x.h, x.tokens)];
+            cost(g, None, x.tokens * qkv_n * x.e, 3)
+        }
+        (Piece::Mlp, Phase::Forward) => {
+            let g = vec![gemm(x.tokens, fc1_n, x.h), gemm(x.tokens, x.h, x.f_t)];
+            let act = if x.swiglu { 3 } else { 2 } * x.tokens * x.f_t * x.e;
+            cost(g, None, act, 3)
+        }
+        (Piece::Mlp, Phase::BackwardInput) => {
+            let g = vec![gemm(x.tokens, x.f_t, x.h), gemm(x.tokens, x.h, fc1_n)];
+            let act = if x.swiglu { 5 } else { 3 } * x.tokens * x.f_t * x.e;
+            cost(g, None, act, 3)
+        }
+        (Piece::Mlp, _) => {
+            let g = vec![gemm(x.h, fc1_n, x.tokens), gemm(x.f_t, x.h, x.tokens)];
+            cost(g, None, x.tokens * (fc1_n + x.h) * x.e, 3)
+        }
+        (Piece::Logits, Phase::Forward) => cost(vec![gemm(x.tokens, x.v_t, x.h)], None, 2 * x.tokens * x.v_t * 4, 2),
+        (Piece::Logits, Phase::BackwardInput) => {
+            cost(vec![gemm(x.tokens, x.h, x.v_t)], None, x.tokens * x.v_t * (4 + x.e), 2)
+        }
+        (Piece::Logits, _) => cost(vec![gemm(x.v_t, x.h, x.tokens)], None, x.tokens * x.v_t * x.e, 1),
+        (Piece::Loss, _) => cost(vec![], None, x.tokens * 3 * 4 * x.t, 1),
+        (Piece::Optimizer, _) => cost(vec![], None, 0, 0),
+    }
+}
+
+/// The optimizer step over `params` parameters (the rank's shard under ZeRO ≥ 1): AdamW
+/// reads and writes fp32 master weights, momentum and variance, reads the gradient and
+/// writes the working-precision weights — 28 bytes per parameter in mixed precision and
+/// in fp32 alike (where the weights are the master copy but the gradient is 4 bytes).
+pub fn optimizer_cost(params: u64) -> ComputeCost {
+    cost(vec![], None, 28 * params, 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_gemm_flops_match_the_accounting() {
+        // One layer, one microbatch, summed over tp ranks: forward 2·T·(layer flops per token),
+        // backward (input + weight) twice that.
+        let m = ModelSpec::preset("llama3-8b").unwrap();
+        for tp in [1, 2, 8] {
+            let p = ParallelConfig { tp, micro_batch: 2, ..Default::default() };
+            let f = |piece, phase| piece_cost(&m, &p, Dtype::Bf16, piece, phase).flops * tp as u64;
+            let tokens = 2 * m.seq_len as u64;
+            let per_token = crate::accounting::flops::layer_forward_flops_per_token(&m);
+            assert_eq!(f(Piece::Attn, Phase::Forward) + f(Piece::Mlp, Phase::Forward), tokens * per_token);
+            let bwd = f(Piece::Attn, Phase::BackwardInput)
+                + f(Piece::Attn, Phase::BackwardWeight)
+                + f(Piece::Mlp, Phase::BackwardInput)
+                + f(Piece::Mlp, Phase::BackwardWeight);
+            assert_eq!(bwd, 2 * tokens * per_token);
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The rank grid: tp × dp × pp ranks, ordered `tp-dp-pp` (tensor-parallel rank fastest,
+//! then data, then pipeline, as Megatron-LM orders them), every process group a slice of it,
+//! and the placement of ranks on nodes.
+//!
+//! rank = tp_rank + tp · (dp_rank + dp · pp_rank).
+//!
+//! Worked example, tp = 2, dp = 2, pp = 2 (8 ranks): 4 tensor-parallel groups [0, 1],
+//! [2, 3], [4, 5], [6, 7]; 4 data-parallel groups [0, 2], [1, 3], [4, 6], [5, 7]; pipelines
+//! [0, 4], [1, 5], [2, 6], [3, 7]. Placement is contiguous: rank r runs on node
+//! r / gpus_per_node, local GPU r mod gpus_per_node, so tensor-parallel groups (tp ≤
+//! gpus_per_node) never leave a node and local GPU i drives rail i.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::ir::{GroupKind, Peer};
+
+/// Coordinates of a rank in the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Coord {
+    pub tp: u32,
+    pub dp: u32,
+    pub pp: u32,
+}
+
+/// The rank grid and its placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankGrid {
+    pub tp: u32,
+    pub dp: u32,
+    pub pp: u32,
+    pub gpus_per_node: u32,
+}
+
+impl RankGrid {
+    pub fn new(tp: u32, dp: u32, pp: u32, gpus_per_node: u32) -> RankGrid {
+        assert!(tp > 0 && dp > 0 && pp > 0 && gpus_per_node > 0, "grid {tp}×{dp}×{pp} on {gpus_per_node}-GPU nodes");
+        RankGrid { tp, dp, pp, gpus_per_node }
+    }
+
+    pub fn ranks(&self) -> u32 {
+        self.tp * self.dp * self.pp
+    }
+
+    pub fn coord(&self, rank: u32) -> Coord {
+        debug_assert!(rank < self.ranks());
+        Coord { tp: rank % self.tp, dp: (rank / self.tp) % self.dp, pp: rank / (self.tp * self.dp) }
+    }
+
+    pub fn rank(&self, c: Coord) -> u32 {
+        debug_assert!(c.tp < self.tp && c.dp < self.dp && c.pp < self.pp);
+        c.tp + self.tp * (c.dp + self.dp * c.pp)
+    }
+
+    /// The members of `rank`'s group of a kind, in group order (the order NCCL ranks them).
+    pub fn group(&self, rank: u32, kind: GroupKind) -> Vec<u32> {
+        let c = self.coord(rank);
+        match kind {
+            GroupKind::Tp => (0..self.tp).map(|tp| self.rank(Coord { tp, ..c })).collect(),
+            GroupKind::Dp => (0..self.dp).map(|dp| self.rank(Coord { dp, ..c })).collect(),
+            GroupKind::Embedding => {
+                let mut g = vec![self.rank(Coord { pp: 0, ..c })];
+                if self.pp > 1 {
+                    g.push(self.rank(Coord { pp: self.pp - 1, ..c }));
+                }
+                g
+            }
+            GroupKind::World => (0..self.ranks()).collect(),
+        }
+    }
+
+    /// Number of distinct groups of a kind, and the index of `rank`'s group among them.
+    pub fn group_id(&self, rank: u32, kind: GroupKind) -> (u32, u32) {
+        let c = self.coord(rank);
+        match kind {
+            GroupKind::Tp => (self.dp * self.pp, c.dp + self.dp * c.pp),
+            GroupKind::Dp => (self.tp * self.pp, c.tp + self.tp * c.pp),
+            GroupKind::Embedding => (self.tp * self.dp, c.tp + self.tp * c.dp),
+            GroupKind::World => (1, 0),
+        }
+    }
+
+    /// Position of `rank` within its group of a kind.
+    pub fn position(&self, rank: u32, kind: GroupKind) -> u32 {
+        let c = self.coord(rank);
+        match kind {
+            GroupKind::Tp => c.tp,
+            GroupKind::Dp => c.dp,
+            GroupKind::Embedding => u32::from(c.pp != 0),
+            GroupKind::World => rank,
+        }
+    }
+
+    /// The neighbouring pipeline rank, in ring order over stages.
+    pub fn peer(&self, rank: u32, peer: Peer) -> u32 {
+        let c = self.coord(rank);
+        let pp = match peer {
+            Peer::Next => (c.pp + 1) % self.pp,
+            Peer::Prev => (c.pp + self.pp - 1) % self.pp,
+        };
+        self.rank(Coord { pp, ..c })
+    }
+
+    /// (node, local GPU) of a rank.
+    pub fn placement(&self, rank: u32) -> (u32, u32) {
+        (rank / self.gpus_per_node, rank % self.gpus_per_node)
+    }
+
+    /// `TP(2)-PP(2)-DP(4)-rank(3)`.
+    pub fn label(&self, rank: u32) -> String {
+        format!("TP({})-PP({})-DP({})-rank({})", self.tp, self.pp, self.dp, rank)
+    }
+}
+
+impl std::fmt::Display for RankGrid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TP({})-PP({})-DP({})", self.tp, self.pp, self.dp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_order_and_groups() {
+        let g = RankGrid::new(2, 2, 2, 8);
+        assert_eq!(g.group(3, GroupKind::Tp), vec![2, 3]);
+        assert_eq!(g.group(3, GroupKind::Dp), vec![1, 3]);
+        assert_eq!(g.group(1, GroupKind::Embedding), vec![1, 5]);
+        assert_eq!(g.peer(1, Peer::Next), 5);
+        assert_eq!(g.peer(1, Peer::Prev), 5);
+        assert_eq!(g.coord(6), Coord { tp: 0, dp: 1, pp: 1 });
+        assert_eq!(g.label(3), "TP(2)-PP(2)-DP(2)-rank(3)");
+        for r in 0..8 {
+            assert_eq!(g.rank(g.coord(r)), r);
+            for kind in [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding] {
+                let members = g.group(r, kind);
+                assert_eq!(members[g.position(r, kind) as usize], r);
+                // Every member of a group agrees on the group's id.
+                let id = g.group_id(r, kind);
+                assert!(members.iter().all(|m| g.group_id(*m, kind) == id));
+            }
+        }
+    }
+
+    #[test]
+    fn groups_partition_the_ranks() {
+        let g = RankGrid::new(4, 3, 2, 8);
+        for kind in [GroupKind::Tp, GroupKind::Dp] {
+            let (count, _) = g.group_id(0, kind);
+            let mut seen = vec![0; g.ranks() as usize];
+            for r in 0..g.ranks() {
+                seen[r as usize] += 1;
+                assert!(g.group_id(r, kind).1 < count);
+            }
+            assert!(seen.iter().all(|s| *s == 1));
+        }
+        assert_eq!(g.placement(13), (1, 5));
+    }
+}
