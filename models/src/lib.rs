@@ -12,6 +12,7 @@ pub mod model;
 pub mod parallel;
 pub mod plan;
 pub mod scenario;
+pub mod trace;
 
 pub use cluster::{ClusterSpec, Fabric, Routing};
 pub use hardware::{GpuKind, GpuSpec};
