@@ -151,9 +151,26 @@ impl ParallelConfig {
         self.tp as u64 * self.pp as u64 * self.dp as u64
     }
 
-    /// Layers in one model chunk: l / (pp · vpp).
-    pub fn layers_per_chunk(&self, model: &ModelSpec) -> u32 {
-        model.layers / (self.pp * self.vpp).max(1)
+    /// The layers of virtual stage `vstage` (model chunk `vstage / pp` of pipeline stage
+    /// `vstage % pp`). The l layers are split as evenly as pp · vpp chunks allow; when they do
+    /// not divide, the chunks at the two ends of the pipeline — which also carry the
+    /// embedding and the output layer — get one layer fewer, alternately first and last, as
+    /// the Llama 3 report does for 126 layers over 16 stages.
+    pub fn chunk_layers(&self, model: &ModelSpec, vstage: u32) -> std::ops::Range<u32> {
+        let v = self.pp * self.vpp;
+        assert!(vstage < v, "virtual stage {vstage} of {v}");
+        let q = model.layers / v;
+        let short = if model.layers % v == 0 { 0 } else { v - model.layers % v };
+        // Chunk i is short if it is among the first ⌈short/2⌉ or the last ⌊short/2⌋ chunks.
+        let is_short = |i: u32| i < short.div_ceil(2) || i >= v - short / 2;
+        let start: u32 = (0..vstage).map(|i| q + 1 - u32::from(is_short(i))).sum();
+        let len = if short == 0 { q } else { q + 1 - u32::from(is_short(vstage)) };
+        start..start + len
+    }
+
+    /// Layers held by pipeline stage `stage` over all its chunks.
+    pub fn stage_layers(&self, model: &ModelSpec, stage: u32) -> u32 {
+        (0..self.vpp).map(|c| self.chunk_layers(model, c * self.pp + stage).len() as u32).sum()
     }
 
     /// Checks every rule against the model and the cluster. All violations are returned,
@@ -229,11 +246,11 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.layers % (p.pp * p.vpp) != 0 {
+        if model.layers < p.pp * p.vpp {
             bad(
                 "layers-split",
                 format!(
-                    "model.layers = {} does not split into pp · vpp = {} · {} = {} equal chunks",
+                    "model.layers = {} cannot fill pp · vpp = {} · {} = {} model chunks: every chunk needs at least one layer",
                     model.layers,
                     p.pp,
                     p.vpp,
@@ -383,7 +400,7 @@ mod tests {
             "tp-within-node",
             &["parallel.tp = 16", "gpus_per_node = 8"],
         );
-        rejects(ParallelConfig { tp: 8, pp: 64, dp: 2, ..good() }, "layers-split", &["model.layers = 96", "64 · 1"]);
+        rejects(ParallelConfig { tp: 1, pp: 128, dp: 8, ..good() }, "layers-split", &["model.layers = 96", "128 · 1"]);
         rejects(
             ParallelConfig { global_batch: 1000, ..good() },
             "batch-divisible",
@@ -415,6 +432,21 @@ mod tests {
             .validate(&m, &c)
             .unwrap_err();
         assert!(e.has("interleaved-needs-pp"));
+    }
+
+    #[test]
+    fn uneven_layers_go_short_at_both_ends() {
+        let m = ModelSpec::preset("llama3-405b").unwrap();
+        let p =
+            ParallelConfig { tp: 8, pp: 16, dp: 128, vpp: 2, schedule: Schedule::Interleaved, ..Default::default() };
+        let sizes: Vec<u32> = (0..32).map(|v| p.chunk_layers(&m, v).len() as u32).collect();
+        assert_eq!(sizes.iter().sum::<u32>(), 126);
+        assert_eq!((sizes[0], sizes[31]), (3, 3));
+        assert!(sizes[1..31].iter().all(|s| *s == 4));
+        assert_eq!(p.chunk_layers(&m, 31), 123..126);
+        let even = ParallelConfig { pp: 8, vpp: 1, ..p };
+        let g = ModelSpec::preset("gpt3-175b").unwrap();
+        assert!((0..8).all(|v| even.chunk_layers(&g, v) == (v * 12..(v + 1) * 12)));
     }
 
     #[test]

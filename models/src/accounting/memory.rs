@@ -116,19 +116,19 @@ pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32,
     if sp { b / tp.max(1) as f64 } else { b }
 }
 
-/// Microbatch-chunks whose activations a stage holds at its peak, and the layers in each.
-pub fn in_flight(p: &ParallelConfig, stage: u32, layers: u32) -> (u64, u32) {
+/// Microbatch-chunks whose activations a stage holds at its peak.
+pub fn in_flight(p: &ParallelConfig, stage: u32) -> u64 {
     let m = p.microbatches() as u64;
     let pp = p.pp as u64;
     let i = stage as u64;
     match p.schedule {
-        Schedule::Gpipe => (m, layers / p.pp),
-        Schedule::OneFOneB => ((pp - i).min(m), layers / p.pp),
+        Schedule::Gpipe => m,
+        Schedule::OneFOneB => (pp - i).min(m),
         // Deferred weight passes keep up to p microbatches on every stage (1F1B's peak).
-        Schedule::ZbH1 => (pp.min(m), layers / p.pp),
+        Schedule::ZbH1 => pp.min(m),
         Schedule::Interleaved => {
             let v = p.vpp as u64;
-            (((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v), layers / (p.pp * p.vpp))
+            ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v)
         }
     }
 }
@@ -177,8 +177,10 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
         .map(|sp| {
             let psi = sp.per_rank();
             let (weights_bytes, grads_bytes, optimizer_bytes) = model_state_bytes(psi, dtype, p.zero, p.dp);
-            let (chunks, layers_per_chunk) = in_flight(p, sp.stage, m.layers);
-            let activations_bytes = chunks as f64 * layers_per_chunk as f64 * per_layer;
+            // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
+            // average out).
+            let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
+            let activations_bytes = in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer;
             let first = sp.stage == 0;
             let last = sp.stage == p.pp - 1;
             // Microbatches in flight on this stage (for the embedding and logits buffers).
@@ -304,10 +306,11 @@ mod tests {
     fn interleaving_multiplies_first_stage_activations_by_korthikanti_factor() {
         let m = ModelSpec::preset("gpt3-175b").unwrap();
         let base = ParallelConfig { tp: 8, pp: 8, dp: 1, global_batch: 64, ..Default::default() };
-        let (c1, l1) = in_flight(&base, 0, m.layers);
+        let layers = |p: &ParallelConfig| p.chunk_layers(&m, 0).len() as u64;
+        let c1 = in_flight(&base, 0) * layers(&base);
         let inter = ParallelConfig { vpp: 3, schedule: Schedule::Interleaved, ..base.clone() };
-        let (c3, l3) = in_flight(&inter, 0, m.layers);
-        let ratio = (c3 * l3 as u64) as f64 / (c1 * l1 as u64) as f64;
+        let c3 = in_flight(&inter, 0) * layers(&inter);
+        let ratio = c3 as f64 / c1 as f64;
         let expected = 1.0 + (8.0 - 1.0) / (8.0 * 3.0);
         assert!((ratio - expected).abs() < 1e-12, "{ratio} vs {expected}");
     }
@@ -315,9 +318,9 @@ mod tests {
     #[test]
     fn one_f_one_b_holds_p_minus_i_and_gpipe_holds_m() {
         let p = ParallelConfig { pp: 4, global_batch: 8, ..Default::default() };
-        assert_eq!(in_flight(&p, 0, 8), (4, 2));
-        assert_eq!(in_flight(&p, 3, 8), (1, 2));
+        assert_eq!(in_flight(&p, 0), 4);
+        assert_eq!(in_flight(&p, 3), 1);
         let g = ParallelConfig { schedule: Schedule::Gpipe, ..p };
-        assert_eq!(in_flight(&g, 3, 8), (8, 2));
+        assert_eq!(in_flight(&g, 3), 8);
     }
 }

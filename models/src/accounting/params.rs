@@ -104,10 +104,10 @@ impl StageParams {
 pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> Vec<StageParams> {
     let lp = layer_params(m);
     let t = p.tp as u64;
-    let layers = m.layers / p.pp.max(1);
     let (word, pos) = embedding_params(m);
     (0..p.pp)
         .map(|stage| {
+            let layers = p.stage_layers(m, stage);
             let first = stage == 0;
             let last = stage == p.pp - 1;
             let embedding_params = if first { word / t + pos } else { 0 };

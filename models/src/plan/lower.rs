@@ -213,7 +213,6 @@ pub fn lower(s: &Scenario) -> Result<Plan, ScenarioError> {
 fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
     let m = &s.model;
     let p = &s.parallel;
-    let lc = p.layers_per_chunk(m);
     let last_vs = p.pp * p.vpp - 1;
     let grad_bytes = state_bytes_per_param(s.training.dtype).1;
     let cap = (p.grad_bucket_mb * 1024.0 * 1024.0) as u64;
@@ -231,7 +230,7 @@ fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
             }
             units.push(Unit::FinalNorm);
         }
-        units.extend((vs * lc..(vs + 1) * lc).rev().map(Unit::Layer));
+        units.extend(p.chunk_layers(m, vs).rev().map(Unit::Layer));
         if vs == 0 {
             if m.learned_positions() {
                 units.push(Unit::PosEmbedding);
@@ -400,9 +399,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     }
 
     fn layers(&self, chunk: u32) -> std::ops::Range<u32> {
-        let lc = self.s().parallel.layers_per_chunk(&self.s().model);
-        let vs = self.vstage(chunk);
-        vs * lc..(vs + 1) * lc
+        self.s().parallel.chunk_layers(&self.s().model, self.vstage(chunk))
     }
 
     /// Bytes of the residual stream of one microbatch on one rank (a pipeline message).
