@@ -163,9 +163,9 @@ impl ParallelConfig {
         let short = if model.layers % v == 0 { 0 } else { v - model.layers % v };
         // Chunk i is short if it is among the first ⌈short/2⌉ or the last ⌊short/2⌋ chunks.
         let is_short = |i: u32| i < short.div_ceil(2) || i >= v - short / 2;
-        let start: u32 = (0..vstage).map(|i| q + 1 - u32::from(is_short(i))).sum();
-        let len = if short == 0 { q } else { q + 1 - u32::from(is_short(vstage)) };
-        start..start + len
+        let len = |i: u32| if short == 0 { q } else { q + 1 - u32::from(is_short(i)) };
+        let start: u32 = (0..vstage).map(len).sum();
+        start..start + len(vstage)
     }
 
     /// Layers held by pipeline stage `stage` over all its chunks.
