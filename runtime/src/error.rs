@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-#[derive(Debug, Error, Clone, PartialEq)]
+#[derive(Debug, Error)]
 pub enum RuntimeError {
     /// The model is outside what this executor implements.
     #[error("model `{model}` is not supported by the CPU executor: {reason}")]
@@ -22,6 +22,10 @@ pub enum RuntimeError {
     /// A batch does not have the shape the model or the trainer expects.
     #[error("batch shape: {0}")]
     BatchShape(String),
+
+    /// The training data could not be loaded or does not fit the model.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
 
     /// A training setting is out of range.
     #[error("training setting: {0}")]

@@ -1,6 +1,59 @@
 //! strata-runtime: a GPT trained for real under a plan.
+//!
+//! This crate holds the CPU numerical core of the executor: f32 tensors, one GEMM wrapper,
+//! hand-written forward and backward passes of the GPT family cut into the pieces the plan
+//! IR names, each working on a Megatron-LM tensor-parallel shard, AdamW on ZeRO shards, a
+//! single-rank reference trainer built from the same pieces, and training data.
+//!
+//! Module map:
+//! - [`tensor`], [`matmul`], [`kernels`], [`attention`]: buffers and numerical kernels;
+//! - [`shard`]: what tensor-parallel rank r of t holds ([`shard::ShardDims`]);
+//! - [`params`]: the flat per-chunk parameter buffer, its fixed order, views, init, sharding;
+//! - [`embed`], [`layer`], [`head`]: the model pieces and what each saves for backward;
+//! - [`optim`]: AdamW on an (offset, size) ZeRO shard, gradient clipping in two halves;
+//! - [`reference`]: the single-rank trainer, the oracle for parallel runs;
+//! - [`data`]: a Markov corpus of known entropy rate and a byte-level text loader.
+//!
+//! How a plan's `Compute` op maps to a call (`strata_models::plan::{Piece, Phase}`):
+//!
+//! ```text
+//! Embed      Forward         embed::embed_forward            → partial (T,h); caller reduces
+//!            BackwardWeight  embed::embed_backward           ← full dR (T,h)
+//! AttnIn     Forward         layer::attn_in_forward          rows: T or T/t (sequence parallel)
+//!            BackwardInput   layer::attn_in_backward
+//! Attn       Forward         layer::attn_forward             → partial (T,h); caller reduces
+//!            Recompute       layer::attn_recompute_probs     (selective) or attn_forward (full)
+//!            BackwardInput   layer::attn_backward_input      → partial da (T,h); caller reduces
+//!            BackwardWeight  layer::attn_backward_weight
+//! MlpIn      Forward         layer::mlp_in_forward           rows: T or T/t
+//!            BackwardInput   layer::mlp_in_backward
+//! Mlp        Forward         layer::mlp_forward              → partial (T,h); caller reduces
+//!            BackwardInput   layer::mlp_backward_input       → partial dm (T,h); caller reduces
+//!            BackwardWeight  layer::mlp_backward_weight
+//! LayerOut   Forward         layer::layer_out_forward        rows: T or T/t
+//!            BackwardInput   layer::layer_out_backward
+//! FinalNorm  Forward         head::final_norm_forward        rows: T or T/t
+//!            BackwardInput   head::final_norm_backward
+//! Logits     Forward         head::logits_forward            → stats (T,3); caller all-gathers
+//!            BackwardInput   head::logits_backward_input     → partial dhn (T,h); caller reduces
+//!            BackwardWeight  head::logits_backward_weight
+//! Loss       Forward         head::loss_forward              ← gathered stats (t,T,3)
+//! Optimizer  Step            optim::AdamW::update            (after params::ParamLayout::grad_sq_sum,
+//!                                                             optim::clip_scale, optim::scale_in_place)
+//! ```
+//!
+//! `Recompute` of the other pieces (full recomputation) is their `Forward` again, from the
+//! layer input kept in `layer::LayerActs::r_in`. `parity.rs` (a test) runs a whole chunk on
+//! t = 2 and 4 shards with the collectives done by hand: a worked example of the data flow.
+//!
+//! Invariants: f32 only; no threads inside a rank (each rank is one thread); the same
+//! inputs give bit-identical outputs; weight gradients accumulate (`+=`) over microbatches
+//! and are zeroed by the caller once per step; shape errors in the pieces are caller bugs
+//! and panic with the sizes, while user inputs (model specs, settings, token ids, files)
+//! are checked and reported as [`error::RuntimeError`] / [`data::DataError`] values.
 
 pub mod attention;
+pub mod data;
 pub mod embed;
 pub mod error;
 pub mod head;
@@ -9,8 +62,13 @@ pub mod layer;
 pub mod matmul;
 pub mod optim;
 pub mod params;
+pub mod reference;
 pub mod shard;
 pub mod tensor;
 
+pub use error::RuntimeError;
+
 #[cfg(test)]
 mod gradcheck;
+#[cfg(test)]
+mod parity;

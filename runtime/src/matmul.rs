@@ -185,7 +185,7 @@ mod tests {
         // a (2, 4) matrix whose other columns must stay untouched.
         let wide = filled(10, 4);
         let b = filled(6, 5);
-        let mut out = vec![9.0f32; 8];
+        let mut out = [9.0f32; 8];
         matmul(
             MatRef::strided(&wide[1..], 2, 3, 5),
             MatRef::new(&b, 3, 2),

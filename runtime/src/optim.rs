@@ -148,6 +148,7 @@ pub fn scale_in_place(grads: &mut [f32], s: f32) {
 }
 
 #[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)] // decay lists of one range
 mod tests {
     use super::*;
 

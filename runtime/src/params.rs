@@ -253,7 +253,7 @@ pub type EmbedGrads<'a> = EmbedTensors<&'a mut [f32]>;
 pub type HeadParams<'a> = HeadTensors<&'a [f32]>;
 pub type HeadGrads<'a> = HeadTensors<&'a mut [f32]>;
 
-fn split<'a, const N: usize>(mut buf: &'a [f32], sizes: [usize; N]) -> [&'a [f32]; N] {
+fn split<const N: usize>(mut buf: &[f32], sizes: [usize; N]) -> [&[f32]; N] {
     sizes.map(|n| {
         let (head, tail) = buf.split_at(n);
         buf = tail;
@@ -261,7 +261,7 @@ fn split<'a, const N: usize>(mut buf: &'a [f32], sizes: [usize; N]) -> [&'a [f32
     })
 }
 
-fn split_mut<'a, const N: usize>(mut buf: &'a mut [f32], sizes: [usize; N]) -> [&'a mut [f32]; N] {
+fn split_mut<const N: usize>(mut buf: &mut [f32], sizes: [usize; N]) -> [&mut [f32]; N] {
     sizes.map(|n| {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(n);
         buf = tail;
@@ -449,6 +449,7 @@ impl ParamLayout {
     }
 
     /// Ranges of the unsharded tensor that make up this rank's shard, in shard order.
+    #[allow(clippy::single_range_in_vec_init)] // lists of ranges that may hold just one
     fn local_ranges(&self, e: &ParamEntry) -> Vec<Range<usize>> {
         let TpRank { rank: r, size: t } = self.dims.tp;
         let cols = *e.full_shape.last().unwrap_or(&1);
