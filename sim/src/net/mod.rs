@@ -11,9 +11,39 @@
 //! - time is integer nanoseconds; `advance(now)` is called with non-decreasing `now`, never
 //!   past `next_completion_ns()`;
 //! - completions are returned in a deterministic order (by completion time, then by id);
-//! - no randomness except from the seed given at construction.
+//! - no randomness except from the seed given at construction;
+//! - `next_completion_ns()` is the next instant at which the model must be advanced. For the
+//!   closed-form model that is always a completion; the fabric model may also report an
+//!   internal instant (a collective's latency phase ending and its transfer joining the
+//!   link sharing), at which `advance` returns an empty list. A caller that advances to
+//!   every reported instant and handles an empty result needs nothing else.
+//!
+//! Code map: [`node`] (what a node offers the network: effective NVLink / NIC bandwidth,
+//! rank placement), [`nccl_graph`] and [`nccl`] (NCCL's topology-search outcome and its
+//! tuning model, pinned to v2.30.7), [`closed_form`] (the contention-free model),
+//! [`topology`] and [`routing`] (the switch fabric as a graph, paths through it),
+//! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
+//! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
+//! [`bench`] (solver throughput).
 
+use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
+
+pub mod bench;
+pub mod closed_form;
+pub mod collbench;
+pub mod fabric;
+pub mod layout;
+pub mod maxmin;
+pub mod nccl;
+pub mod nccl_graph;
+pub mod node;
+pub mod routing;
+pub mod topology;
+
+pub use closed_form::ClosedFormNetwork;
+pub use fabric::FabricNetwork;
+pub use nccl::NcclEnv;
 
 /// Identifies one started communication, assigned in start order from 0.
 pub type CommId = u64;
@@ -63,4 +93,55 @@ pub trait Network {
     fn advance(&mut self, now_ns: u64) -> Vec<CommId>;
     /// The algorithm, protocol and channels the request would use.
     fn choice(&self, req: &CommRequest) -> CommChoice;
+}
+
+/// Which [`Network`] implementation to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkKind {
+    /// [`ClosedFormNetwork`]: per link class latency + bytes / bandwidth, no contention.
+    ClosedForm,
+    /// [`FabricNetwork`]: NCCL's choice laid onto the fabric, max-min link sharing.
+    Fabric,
+}
+
+/// Why a network could not be built for a cluster.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NetError {
+    #[error("invalid cluster for the network model: {0}")]
+    Cluster(String),
+    #[error(
+        "the fabric cannot hold {endpoints} NIC ports with switch radix {radix}: at most {max} fit in \
+         three tiers; raise cluster.switch_radix or use fewer nodes"
+    )]
+    TooLarge { endpoints: u64, radix: u32, max: u64 },
+}
+
+/// Builds the network model of `kind` for `cluster`, with NCCL's default environment.
+/// `seed` drives everything random in the model (static ECMP hashing); the same seed gives
+/// identical completion times.
+///
+/// ```
+/// use strata_models::ClusterSpec;
+/// use strata_sim::net::{self, NetworkKind};
+/// let mut cluster = ClusterSpec::preset("dgx-h100").unwrap();
+/// cluster.nodes = 4;
+/// let net = net::build(&cluster, 7, NetworkKind::Fabric).unwrap();
+/// assert_eq!(net.name(), "fabric");
+/// ```
+pub fn build(cluster: &ClusterSpec, seed: u64, kind: NetworkKind) -> Result<Box<dyn Network>, NetError> {
+    build_with(cluster, seed, kind, &NcclEnv::default())
+}
+
+/// [`build`] with an explicit NCCL environment (forced algorithm / protocol, NVLS off …).
+pub fn build_with(
+    cluster: &ClusterSpec,
+    seed: u64,
+    kind: NetworkKind,
+    env: &NcclEnv,
+) -> Result<Box<dyn Network>, NetError> {
+    Ok(match kind {
+        NetworkKind::ClosedForm => Box::new(ClosedFormNetwork::new(cluster, env.clone())?),
+        NetworkKind::Fabric => Box::new(FabricNetwork::new(cluster, seed, env.clone())?),
+    })
 }

@@ -1,0 +1,296 @@
+//! The fabric network: NCCL's choice laid onto the topology as one max-min variable per
+//! active collective (network-and-collectives.md §6.1).
+//!
+//! A request of S bytes starts at t₀. NCCL's tuning model ([`super::nccl`]) picks
+//! (algorithm, protocol, channels) and predicts t = α + S/B_alg. The request then
+//! 1. waits its latency α (NCCL's latency term, µs → ns, rounded up), and
+//! 2. joins the solver as a variable of S progress bytes with rate bound B_alg (NCCL's
+//!    algorithm bandwidth, so protocol and SM limits stay in) and coefficients a_l =
+//!    bytes on link l per progress byte ([`super::layout`]). It completes when its bytes
+//!    are done.
+//!
+//! Alone on an idle fabric the links never bind below B_alg for the layouts NCCL's
+//! bandwidths come from, so the time is NCCL's α + S/B_alg (to the ns); concurrent
+//! requests slow each other exactly where their coefficients share a link. Send/recv and
+//! all-to-all are not tuned by NCCL: α = baseLat + hwLat of Ring/Simple (11.8 µs over
+//! NVLink, 22.4 µs over the network, as SimAI's per-flow delay) plus the path's switch
+//! latency; their rate is bounded by the links alone (send/recv also by one NIC or the
+//! GPU's NVLink).
+//!
+//! Multiplicity m: a request stands for m identical copies on other GPUs. Each copy has its
+//! own GPUs, NVLinks and NIC ports, so those coefficients count once; the switch fabric
+//! (every switch-to-switch link and trunk) is assumed shared by all copies, so its
+//! coefficients are multiplied by m — exact when the copies' traffic crosses the same
+//! spine/core links (copies on the same rails and units), pessimistic when the copies sit
+//! on other rails with their own leaves. The rate bound and the weight stay those of one
+//! copy, so each copy gets one fair share.
+//!
+//! Units: ns (u64) at the interface, bytes and bytes/s inside.
+
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+
+use strata_models::ClusterSpec;
+use strata_models::plan::CollKind;
+
+use super::layout::{self, Plan};
+use super::maxmin::{CnstId, MaxMin, SolverStats, VarId};
+use super::nccl::{Func, NcclEnv, Selection, Tuner};
+use super::nccl_graph;
+use super::node::CommShape;
+use super::routing::Router;
+use super::topology::{ResId, Topology};
+use super::{CommChoice, CommId, CommKind, CommRequest, NetError, Network};
+
+/// NCCL's Ring/Simple base + hop latency for p2p, µs (tuning.cc): NVLink, network.
+const P2P_LATENCY_US: [f64; 2] = [8.4 + 3.4, 8.4 + 14.0];
+
+/// How a started request is carried.
+#[derive(Clone, Debug)]
+struct Comm {
+    bytes: u64,
+    bound_bytes_per_s: f64,
+    elems: Rc<[(ResId, f64)]>,
+    multiplicity: u32,
+    var: Option<VarId>,
+}
+
+/// Key of the layout cache: the request's shape and the plan.
+type LayoutKey = (CommKind, Vec<u32>, u8, u32, u32);
+
+/// The contention-aware fabric model.
+pub struct FabricNetwork {
+    topo: Topology,
+    router: Router,
+    solver: MaxMin,
+    env: NcclEnv,
+    /// Solver constraint of each resource, created on first use (`u32::MAX`: none yet).
+    res_cnst: Vec<CnstId>,
+    tuners: HashMap<CommShape, Rc<Tuner>>,
+    layouts: HashMap<LayoutKey, Rc<[(ResId, f64)]>>,
+    comms: Vec<Comm>,
+    var_comm: Vec<CommId>,
+    /// Requests in their latency phase: (activation ns, id).
+    pending: BTreeSet<(u64, CommId)>,
+    next_id: CommId,
+}
+
+impl FabricNetwork {
+    /// The fabric of `cluster`; `seed` salts static routing.
+    pub fn new(cluster: &ClusterSpec, seed: u64, env: NcclEnv) -> Result<FabricNetwork, NetError> {
+        let topo = Topology::new(cluster)?;
+        let router = Router::new(&topo, cluster.routing, seed);
+        let n_res = topo.resources.len();
+        Ok(FabricNetwork {
+            topo,
+            router,
+            solver: MaxMin::new(),
+            env,
+            res_cnst: vec![u32::MAX; n_res],
+            tuners: HashMap::new(),
+            layouts: HashMap::new(),
+            comms: Vec::new(),
+            var_comm: Vec::new(),
+            pending: BTreeSet::new(),
+            next_id: 0,
+        })
+    }
+
+    /// The topology (for reports and tests).
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// Solver counters (for benchmarks).
+    pub fn solver_stats(&self) -> SolverStats {
+        self.solver.stats
+    }
+
+    /// Current progress rate of a started request, bytes/s (0 in its latency phase or done).
+    pub fn rate_bytes_per_s(&self, id: CommId) -> f64 {
+        self.comms[id as usize].var.map_or(0.0, |v| if self.solver.is_active(v) { self.solver.rate(v) } else { 0.0 })
+    }
+
+    fn tuner(&mut self, ranks: &[u32]) -> Rc<Tuner> {
+        let shape = self.topo.node.shape(ranks);
+        if let Some(t) = self.tuners.get(&shape) {
+            return t.clone();
+        }
+        let node = &self.topo.node;
+        let graphs = nccl_graph::search(node, &shape);
+        let t = Rc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env));
+        self.tuners.insert(shape, t.clone());
+        t
+    }
+
+    /// NCCL's selection for a tuned collective, or `None` for send/recv and all-to-all.
+    fn selection(&mut self, req: &CommRequest) -> Option<(Selection, u32)> {
+        let func = match req.kind {
+            CommKind::Collective(CollKind::AllReduce) => Func::AllReduce,
+            CommKind::Collective(CollKind::AllGather) => Func::AllGather,
+            CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
+            CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
+            _ => return None,
+        };
+        let tuner = self.tuner(&req.ranks);
+        let sel = tuner.select(func, req.bytes);
+        let g = tuner.graphs();
+        let graph_channels = match sel.algo {
+            super::nccl::Algo::Ring => g.ring.n_channels,
+            super::nccl::Algo::Nvls | super::nccl::Algo::NvlsTree => g.nvls.map_or(1, |n| n.n_channels),
+            _ => g.tree.n_channels,
+        };
+        Some((sel, graph_channels))
+    }
+
+    /// Latency (ns), rate bound (bytes/s) and plan of a request.
+    fn plan(&mut self, req: &CommRequest) -> (u64, f64, Plan) {
+        if let Some((sel, graph_channels)) = self.selection(req) {
+            let plan = Plan { algo: sel.algo, channels: sel.n_channels, graph_channels };
+            return (sel.latency_ns(), sel.algbw_gb_per_s * 1e9, plan);
+        }
+        let node = &self.topo.node;
+        let shape = node.shape(&req.ranks);
+        let multi = shape.n_nodes > 1;
+        let mut latency_ns = (P2P_LATENCY_US[multi as usize] * 1e3).ceil() as u64;
+        let nvlink = node.nvlink_gb_per_s * 1e9;
+        let bound = match req.kind {
+            CommKind::SendRecv => {
+                let (a, b) = (req.ranks[0], req.ranks[1]);
+                if multi && node.nics_per_node > 0 {
+                    let rail = node.rail_of_local(node.local_of(b));
+                    let (s, d) = (self.topo.endpoint(node.node_of(a), rail), self.topo.endpoint(node.node_of(b), rail));
+                    let p = self.router.route(&self.topo, s, d, 0);
+                    latency_ns += self.router.path(p).latency_ns;
+                    node.nic_gb_per_s * 1e9
+                } else {
+                    nvlink
+                }
+            }
+            _ => nvlink * shape.n_ranks as f64,
+        };
+        let plan = Plan { algo: super::nccl::Algo::Ring, channels: 2, graph_channels: 1 };
+        (latency_ns, bound, plan)
+    }
+
+    fn coefficients(&mut self, req: &CommRequest, plan: &Plan) -> Rc<[(ResId, f64)]> {
+        let key: LayoutKey = (req.kind, req.ranks.clone(), plan.algo as u8, plan.channels, plan.graph_channels);
+        if let Some(e) = self.layouts.get(&key) {
+            return e.clone();
+        }
+        let e: Rc<[(ResId, f64)]> = layout::coefficients(&self.topo, &mut self.router, req, plan).into();
+        self.layouts.insert(key, e.clone());
+        e
+    }
+
+    fn cnst(&mut self, r: ResId) -> CnstId {
+        let slot = &mut self.res_cnst[r as usize];
+        if *slot == u32::MAX {
+            *slot = self.solver.add_constraint(self.topo.resources[r as usize].cap_bytes_per_s);
+        }
+        *slot
+    }
+
+    fn activate(&mut self, now_ns: u64, id: CommId) {
+        let c = self.comms[id as usize].clone();
+        let m = c.multiplicity.max(1) as f64;
+        let elems: Vec<(CnstId, f64)> = c
+            .elems
+            .iter()
+            .map(|&(r, a)| {
+                let scale = if self.topo.resources[r as usize].kind.is_fabric() { m } else { 1.0 };
+                (self.cnst(r), a * scale)
+            })
+            .collect();
+        let var = self.solver.add_var(now_ns, c.bytes as f64, c.bound_bytes_per_s, 1.0, &elems);
+        debug_assert_eq!(var as usize, self.var_comm.len());
+        self.var_comm.push(id);
+        self.comms[id as usize].var = Some(var);
+    }
+
+    /// The next instant with work: a latency phase ending or a transfer completing.
+    fn next_event_ns(&self) -> Option<u64> {
+        let p = self.pending.first().map(|&(t, _)| t);
+        let s = self.solver.next_completion().map(|(t, _)| t);
+        match (p, s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Network for FabricNetwork {
+    fn name(&self) -> &'static str {
+        "fabric"
+    }
+
+    fn start(&mut self, now_ns: u64, req: &CommRequest) -> CommId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let trivial = req.ranks.len() <= 1 || (req.kind == CommKind::SendRecv && req.ranks[0] == req.ranks[1]);
+        let (latency_ns, bound, elems) = if trivial {
+            (0, 1.0, Rc::from(Vec::new()))
+        } else {
+            let (latency_ns, bound, plan) = self.plan(req);
+            (latency_ns, bound, self.coefficients(req, &plan))
+        };
+        let bytes = if trivial { 0 } else { req.bytes };
+        self.comms.push(Comm { bytes, bound_bytes_per_s: bound, elems, multiplicity: req.multiplicity, var: None });
+        self.pending.insert((now_ns + latency_ns, id));
+        id
+    }
+
+    fn next_completion_ns(&self) -> Option<u64> {
+        self.next_event_ns()
+    }
+
+    fn advance(&mut self, now_ns: u64) -> Vec<CommId> {
+        let mut done: Vec<(u64, CommId)> = Vec::new();
+        while let Some(t) = self.next_event_ns() {
+            if t > now_ns {
+                break;
+            }
+            while let Some(v) = self.solver.pop_completed(t) {
+                self.solver.remove_var(v);
+                done.push((t, self.var_comm[v as usize]));
+            }
+            while let Some(&(ta, id)) = self.pending.first() {
+                if ta > t {
+                    break;
+                }
+                self.pending.pop_first();
+                if self.comms[id as usize].bytes == 0 {
+                    done.push((t, id));
+                } else {
+                    self.activate(t, id);
+                }
+            }
+            self.solver.solve(t);
+        }
+        done.sort_unstable();
+        done.into_iter().map(|(_, id)| id).collect()
+    }
+
+    fn choice(&self, req: &CommRequest) -> CommChoice {
+        let func = match req.kind {
+            CommKind::Collective(CollKind::AllReduce) => Func::AllReduce,
+            CommKind::Collective(CollKind::AllGather) => Func::AllGather,
+            CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
+            CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
+            CommKind::Collective(CollKind::AllToAll) => {
+                return CommChoice { algorithm: "direct".into(), protocol: "Simple".into(), channels: 2 };
+            }
+            CommKind::SendRecv => {
+                return CommChoice { algorithm: "p2p".into(), protocol: "Simple".into(), channels: 2 };
+            }
+        };
+        let node = &self.topo.node;
+        let shape = node.shape(&req.ranks);
+        let tuner = match self.tuners.get(&shape) {
+            Some(t) => t.clone(),
+            None => Rc::new(Tuner::new(node.arch, node.cpu, shape, nccl_graph::search(node, &shape), &self.env)),
+        };
+        let sel = tuner.select(func, req.bytes);
+        CommChoice { algorithm: sel.algo.key().into(), protocol: sel.proto.key().into(), channels: sel.n_channels }
+    }
+}

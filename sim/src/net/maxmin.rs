@@ -1,0 +1,504 @@
+//! Flow-level bandwidth sharing: weighted max-min fairness by progressive filling.
+//!
+//! Variables v (a flow, or a whole collective) have a weight w_v, a rate bound b_v and
+//! coefficients a_{v,c} on constraints c (bytes on that link per byte of progress).
+//! Capacities C_c bound Σ_v a_{v,c}·r_v ≤ C_c. Progressive filling raises a common level λ
+//! with r_v = w_v·λ for every unfrozen v; the first constraint to fill (least
+//! remaining/Σ a·w) or bound to be reached (least b_v/w_v) freezes its variables; repeat
+//! (SimGrid lmm, Bertsekas & Gallager §6.5). A heap keyed by each constraint's fill level
+//! makes one solve O(E log E) for E variable–constraint elements.
+//!
+//! Incremental: a start or an end marks its constraints dirty; only the connected component
+//! of variables and *shared* constraints reachable from them is re-solved (SimGrid's
+//! selective update; exact, because components are independent). A constraint used by one
+//! variable only is folded into that variable's bound as C_c/a_{v,c} and never enters the
+//! heap. Remaining bytes are updated lazily: only when a variable's rate changes. Completion
+//! times are rounded up to whole ns; ties are broken by variable id (creation order).
+//!
+//! Determinism: variables and constraints live in `Vec`s indexed by creation order; the
+//! heap orders by (`total_cmp` level, kind, id); no hash container is iterated.
+//!
+//! Units: bytes, bytes/s, ns.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+/// Index of a variable, in creation order.
+pub type VarId = u32;
+/// Index of a constraint, in creation order.
+pub type CnstId = u32;
+
+#[derive(Clone, Debug)]
+struct Cnst {
+    cap: f64,
+    /// Active variables on this constraint and their coefficients, in variable-id order.
+    vars: Vec<(VarId, f64)>,
+    remaining: f64,
+    usage: f64,
+    unfrozen: u32,
+    version: u32,
+    mark: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Var {
+    active: bool,
+    weight: f64,
+    bound: f64,
+    elems: Vec<(CnstId, f64)>,
+    rate: f64,
+    remaining: f64,
+    last_ns: u64,
+    done_ns: u64,
+    version: u32,
+    frozen: bool,
+    mark: u32,
+}
+
+/// A heap key with a total order on the level.
+#[derive(Clone, Copy, Debug)]
+struct Level(f64, u8, u32, u32);
+
+impl PartialEq for Level {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Level {}
+impl PartialOrd for Level {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Level {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1)).then(self.2.cmp(&o.2)).then(self.3.cmp(&o.3))
+    }
+}
+
+/// Counters for benchmarks and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SolverStats {
+    pub solves: u64,
+    pub vars_solved: u64,
+    pub elems_solved: u64,
+}
+
+/// The max-min solver with lazy progress.
+#[derive(Clone, Debug, Default)]
+pub struct MaxMin {
+    cnsts: Vec<Cnst>,
+    vars: Vec<Var>,
+    dirty: Vec<CnstId>,
+    dirty_vars: Vec<VarId>,
+    done: BinaryHeap<Reverse<(u64, VarId, u32)>>,
+    epoch: u32,
+    pub stats: SolverStats,
+}
+
+impl MaxMin {
+    pub fn new() -> MaxMin {
+        MaxMin::default()
+    }
+
+    /// A constraint of capacity `cap_bytes_per_s` (> 0).
+    pub fn add_constraint(&mut self, cap_bytes_per_s: f64) -> CnstId {
+        assert!(cap_bytes_per_s > 0.0 && cap_bytes_per_s.is_finite(), "capacity {cap_bytes_per_s}");
+        self.cnsts.push(Cnst {
+            cap: cap_bytes_per_s,
+            vars: Vec::new(),
+            remaining: 0.0,
+            usage: 0.0,
+            unfrozen: 0,
+            version: 0,
+            mark: 0,
+        });
+        (self.cnsts.len() - 1) as CnstId
+    }
+
+    pub fn constraints(&self) -> usize {
+        self.cnsts.len()
+    }
+
+    /// Adds a variable at `now_ns` with `bytes` to move, rate ≤ `bound_bytes_per_s`, and
+    /// coefficients `elems` (duplicates are summed, zeros dropped). Takes effect at the next
+    /// [`MaxMin::solve`].
+    pub fn add_var(
+        &mut self,
+        now_ns: u64,
+        bytes: f64,
+        bound_bytes_per_s: f64,
+        weight: f64,
+        elems: &[(CnstId, f64)],
+    ) -> VarId {
+        assert!(bound_bytes_per_s > 0.0 && bound_bytes_per_s.is_finite(), "bound {bound_bytes_per_s}");
+        assert!(weight > 0.0 && bytes >= 0.0);
+        let mut e: Vec<(CnstId, f64)> = elems.iter().copied().filter(|&(_, a)| a > 0.0).collect();
+        e.sort_by_key(|&(c, _)| c);
+        e.dedup_by(|b, a| {
+            if a.0 == b.0 {
+                a.1 += b.1;
+                true
+            } else {
+                false
+            }
+        });
+        let id = self.vars.len() as VarId;
+        for &(c, a) in &e {
+            self.cnsts[c as usize].vars.push((id, a));
+            self.dirty.push(c);
+        }
+        self.vars.push(Var {
+            active: true,
+            weight,
+            bound: bound_bytes_per_s,
+            elems: e,
+            rate: 0.0,
+            remaining: bytes,
+            last_ns: now_ns,
+            done_ns: u64::MAX,
+            version: 0,
+            frozen: false,
+            mark: 0,
+        });
+        self.dirty_vars.push(id);
+        id
+    }
+
+    /// Removes an active variable; its component is re-solved at the next [`MaxMin::solve`].
+    pub fn remove_var(&mut self, id: VarId) {
+        let v = &mut self.vars[id as usize];
+        assert!(v.active, "variable {id} removed twice");
+        v.active = false;
+        v.version += 1;
+        v.rate = 0.0;
+        let elems = std::mem::take(&mut v.elems);
+        for &(c, _) in &elems {
+            self.cnsts[c as usize].vars.retain(|&(x, _)| x != id);
+            self.dirty.push(c);
+        }
+        self.vars[id as usize].elems = elems;
+    }
+
+    /// Current rate of a variable, bytes/s.
+    pub fn rate(&self, id: VarId) -> f64 {
+        self.vars[id as usize].rate
+    }
+
+    /// Bytes left at `now_ns` (no earlier than the last solve).
+    pub fn remaining(&self, id: VarId, now_ns: u64) -> f64 {
+        let v = &self.vars[id as usize];
+        (v.remaining - v.rate * (now_ns.saturating_sub(v.last_ns)) as f64 * 1e-9).max(0.0)
+    }
+
+    pub fn is_active(&self, id: VarId) -> bool {
+        self.vars[id as usize].active
+    }
+
+    /// Re-solves the components touched since the last solve, at `now_ns`.
+    pub fn solve(&mut self, now_ns: u64) {
+        if self.dirty.is_empty() && self.dirty_vars.is_empty() {
+            return;
+        }
+        let (vars, cnsts) = self.component();
+        self.fill(&vars, &cnsts, now_ns);
+        self.clean_top();
+    }
+
+    /// Solves every component from scratch (for tests and checks).
+    pub fn solve_all(&mut self, now_ns: u64) {
+        self.dirty_vars.extend((0..self.vars.len() as VarId).filter(|&v| self.vars[v as usize].active));
+        self.solve(now_ns);
+    }
+
+    /// Earliest (completion ns, variable) among active variables.
+    pub fn next_completion(&self) -> Option<(u64, VarId)> {
+        self.done.peek().map(|Reverse((t, v, _))| (*t, *v))
+    }
+
+    /// Pops the variable completing at `next_completion` if it is ≤ `now_ns`; the caller
+    /// removes it with [`MaxMin::remove_var`].
+    pub fn pop_completed(&mut self, now_ns: u64) -> Option<VarId> {
+        match self.done.peek() {
+            Some(&Reverse((t, v, _))) if t <= now_ns => {
+                self.done.pop();
+                self.clean_top();
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
+    fn clean_top(&mut self) {
+        while let Some(&Reverse((_, v, ver))) = self.done.peek() {
+            let var = &self.vars[v as usize];
+            if var.active && var.version == ver {
+                break;
+            }
+            self.done.pop();
+        }
+    }
+
+    /// Variables and shared constraints reachable from the dirty set, sorted by id.
+    fn component(&mut self) -> (Vec<VarId>, Vec<CnstId>) {
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        let epoch = self.epoch;
+        let mut vars = Vec::new();
+        let mut cnsts = Vec::new();
+        let mut stack_c: Vec<CnstId> = std::mem::take(&mut self.dirty);
+        for v in std::mem::take(&mut self.dirty_vars) {
+            let var = &mut self.vars[v as usize];
+            if var.active && var.mark != epoch {
+                var.mark = epoch;
+                vars.push(v);
+                stack_c.extend(var.elems.iter().map(|&(c, _)| c));
+            }
+        }
+        while let Some(c) = stack_c.pop() {
+            let cn = &mut self.cnsts[c as usize];
+            if cn.mark == epoch {
+                continue;
+            }
+            cn.mark = epoch;
+            if cn.vars.len() >= 2 {
+                cnsts.push(c);
+            }
+            for &(v, _) in &self.cnsts[c as usize].vars {
+                let var = &mut self.vars[v as usize];
+                if var.mark != epoch {
+                    var.mark = epoch;
+                    vars.push(v);
+                    for &(c2, _) in &var.elems {
+                        if self.cnsts[c2 as usize].mark != epoch && self.cnsts[c2 as usize].vars.len() >= 2 {
+                            stack_c.push(c2);
+                        }
+                    }
+                }
+            }
+        }
+        vars.sort_unstable();
+        cnsts.sort_unstable();
+        (vars, cnsts)
+    }
+
+    /// Progressive filling over one set of variables and their shared constraints.
+    fn fill(&mut self, vars: &[VarId], cnsts: &[CnstId], now_ns: u64) {
+        self.stats.solves += 1;
+        self.stats.vars_solved += vars.len() as u64;
+        let mut heap: BinaryHeap<Reverse<Level>> = BinaryHeap::with_capacity(vars.len() + cnsts.len());
+        let mut new_rate = vec![0.0f64; vars.len()];
+        for (i, &v) in vars.iter().enumerate() {
+            let var = &self.vars[v as usize];
+            let mut bound = var.bound;
+            for &(c, a) in &var.elems {
+                let cn = &self.cnsts[c as usize];
+                if cn.vars.len() == 1 {
+                    bound = bound.min(cn.cap / a);
+                }
+            }
+            self.stats.elems_solved += var.elems.len() as u64;
+            new_rate[i] = bound; // the folded bound, until frozen
+            heap.push(Reverse(Level(bound / var.weight, 1, i as u32, 0)));
+        }
+        for &c in cnsts {
+            let cn = &mut self.cnsts[c as usize];
+            cn.remaining = cn.cap;
+            cn.usage = 0.0;
+            cn.unfrozen = 0;
+            cn.version = cn.version.wrapping_add(1);
+            for &(v, a) in &cn.vars {
+                cn.usage += a * self.vars[v as usize].weight;
+                cn.unfrozen += 1;
+            }
+            heap.push(Reverse(Level(cn.remaining / cn.usage, 0, c, cn.version)));
+        }
+        for &v in vars {
+            self.vars[v as usize].frozen = false;
+        }
+        while let Some(Reverse(Level(level, kind, id, ver))) = heap.pop() {
+            if kind == 1 {
+                let v = vars[id as usize];
+                if !self.vars[v as usize].frozen {
+                    let rate = new_rate[id as usize];
+                    self.freeze(v, rate, &mut heap);
+                }
+                continue;
+            }
+            let cn = &self.cnsts[id as usize];
+            if cn.version != ver || cn.unfrozen == 0 {
+                continue;
+            }
+            let members: Vec<VarId> =
+                cn.vars.iter().map(|&(v, _)| v).filter(|&v| !self.vars[v as usize].frozen).collect();
+            for v in members {
+                let i = vars.binary_search(&v).expect("component holds every variable of its constraints");
+                let rate = self.vars[v as usize].weight * level.max(0.0);
+                new_rate[i] = rate;
+                self.freeze(v, rate, &mut heap);
+            }
+        }
+        for (i, &v) in vars.iter().enumerate() {
+            self.set_rate(v, new_rate[i], now_ns);
+        }
+    }
+
+    fn freeze(&mut self, v: VarId, rate: f64, heap: &mut BinaryHeap<Reverse<Level>>) {
+        let var = &mut self.vars[v as usize];
+        var.frozen = true;
+        let w = var.weight;
+        for &(c, a) in &var.elems {
+            let cn = &mut self.cnsts[c as usize];
+            if cn.vars.len() < 2 {
+                continue;
+            }
+            cn.remaining -= a * rate;
+            cn.usage -= a * w;
+            cn.unfrozen -= 1;
+            cn.version = cn.version.wrapping_add(1);
+            if cn.unfrozen > 0 {
+                let level = cn.remaining.max(0.0) / cn.usage.max(f64::MIN_POSITIVE);
+                heap.push(Reverse(Level(level, 0, c, cn.version)));
+            }
+        }
+    }
+
+    /// Applies a new rate: brings `remaining` up to date first (lazy update), then re-keys
+    /// the completion time. An unchanged rate leaves the variable untouched.
+    fn set_rate(&mut self, v: VarId, rate: f64, now_ns: u64) {
+        let var = &mut self.vars[v as usize];
+        if var.rate.to_bits() == rate.to_bits() && var.done_ns != u64::MAX {
+            return;
+        }
+        let dt = now_ns.saturating_sub(var.last_ns) as f64 * 1e-9;
+        var.remaining = (var.remaining - var.rate * dt).max(0.0);
+        var.last_ns = now_ns;
+        var.rate = rate;
+        var.version = var.version.wrapping_add(1);
+        var.done_ns = if var.remaining <= 0.0 {
+            now_ns
+        } else if rate > 0.0 {
+            now_ns.saturating_add((var.remaining / rate * 1e9).ceil() as u64)
+        } else {
+            u64::MAX
+        };
+        if var.done_ns != u64::MAX {
+            self.done.push(Reverse((var.done_ns, v, var.version)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn two_flows_on_one_link_get_half_each() {
+        let mut m = MaxMin::new();
+        let l = m.add_constraint(100e9);
+        let a = m.add_var(0, 1e9, 1e12, 1.0, &[(l, 1.0)]);
+        let b = m.add_var(0, 1e9, 1e12, 1.0, &[(l, 1.0)]);
+        m.solve(0);
+        assert_eq!((m.rate(a), m.rate(b)), (50e9, 50e9));
+        // 1 GB at 50 GB/s = 20 ms; both finish together, lower id first.
+        assert_eq!(m.pop_completed(20_000_000), Some(a));
+        m.remove_var(a);
+        assert_eq!(m.pop_completed(20_000_000), Some(b));
+    }
+
+    #[test]
+    fn bounds_and_weights_and_private_links() {
+        let mut m = MaxMin::new();
+        let shared = m.add_constraint(90.0);
+        let private = m.add_constraint(20.0);
+        let a = m.add_var(0, 1.0, 1e9, 1.0, &[(shared, 1.0), (private, 1.0)]);
+        let b = m.add_var(0, 1.0, 1e9, 2.0, &[(shared, 1.0)]);
+        m.solve(0);
+        // a is held to 20 by its private link; b takes the rest.
+        assert_eq!((m.rate(a), m.rate(b)), (20.0, 70.0));
+        let c = m.add_var(0, 1.0, 1e9, 1.0, &[(shared, 1.0)]);
+        m.solve(0);
+        // Weighted: b gets twice c, a still 20 → c = 70/3.
+        assert!((m.rate(b) - 140.0 / 3.0).abs() < 1e-9 && (m.rate(c) - 70.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn finishing_flow_speeds_up_the_other_lazily() {
+        let mut m = MaxMin::new();
+        let l = m.add_constraint(1e9);
+        let a = m.add_var(0, 1e9, 1e12, 1.0, &[(l, 1.0)]);
+        let b = m.add_var(0, 0.5e9, 1e12, 1.0, &[(l, 1.0)]);
+        m.solve(0);
+        assert_eq!(m.next_completion(), Some((1_000_000_000, b)));
+        assert_eq!(m.pop_completed(1_000_000_000), Some(b));
+        m.remove_var(b);
+        m.solve(1_000_000_000);
+        // a moved 0.5 GB in the first second, then has the link alone: done at 1.5 s.
+        assert_eq!(m.next_completion(), Some((1_500_000_000, a)));
+    }
+
+    /// A random instance: constraints, then a sequence of adds and removes.
+    #[test]
+    fn incremental_equals_from_scratch_on_random_sets() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2024);
+        for _case in 0..40 {
+            let mut inc = MaxMin::new();
+            let n_c = rng.random_range(1..12);
+            let caps: Vec<f64> = (0..n_c).map(|_| rng.random_range(1.0..100.0)).collect();
+            for &c in &caps {
+                inc.add_constraint(c);
+            }
+            let mut specs: Vec<Option<(f64, f64, Vec<(CnstId, f64)>)>> = Vec::new();
+            for step in 0..30u64 {
+                let live: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].is_some()).collect();
+                if !live.is_empty() && rng.random_range(0..3) == 0 {
+                    let i = live[rng.random_range(0..live.len())];
+                    inc.remove_var(i as VarId);
+                    specs[i] = None;
+                } else {
+                    let k = rng.random_range(1..4);
+                    let elems: Vec<(CnstId, f64)> =
+                        (0..k).map(|_| (rng.random_range(0..n_c) as CnstId, rng.random_range(0.1..3.0))).collect();
+                    let bound = rng.random_range(1.0..200.0);
+                    let w = rng.random_range(0.5..2.0);
+                    inc.add_var(step, 1e3, bound, w, &elems);
+                    specs.push(Some((bound, w, elems)));
+                }
+                inc.solve(step);
+                let mut scratch = MaxMin::new();
+                for &c in &caps {
+                    scratch.add_constraint(c);
+                }
+                let ids: Vec<Option<VarId>> =
+                    specs.iter().map(|s| s.as_ref().map(|(b, w, e)| scratch.add_var(step, 1e3, *b, *w, e))).collect();
+                scratch.solve_all(step);
+                for (i, id) in ids.iter().enumerate() {
+                    if let Some(id) = id {
+                        let (x, y) = (inc.rate(i as VarId), scratch.rate(*id));
+                        assert!((x - y).abs() <= 1e-9 * y.max(1.0), "var {i}: {x} vs {y}");
+                    }
+                }
+                // Feasibility and max-min: every var is at its bound or on a full constraint.
+                check_feasible_and_saturated(&inc, &caps);
+            }
+        }
+    }
+
+    fn check_feasible_and_saturated(m: &MaxMin, caps: &[f64]) {
+        let mut load = vec![0.0; caps.len()];
+        for v in m.vars.iter().filter(|v| v.active) {
+            for &(c, a) in &v.elems {
+                load[c as usize] += a * v.rate;
+            }
+        }
+        for (c, &cap) in caps.iter().enumerate() {
+            assert!(load[c] <= cap * (1.0 + 1e-9), "constraint {c} over: {} > {cap}", load[c]);
+        }
+        for v in m.vars.iter().filter(|v| v.active) {
+            let at_bound = v.rate >= v.bound * (1.0 - 1e-9);
+            let on_full = v.elems.iter().any(|&(c, _)| load[c as usize] >= caps[c as usize] * (1.0 - 1e-9));
+            assert!(at_bound || on_full, "variable could grow: {v:?}");
+        }
+    }
+}
