@@ -27,138 +27,15 @@
 
 use std::ops::Range;
 
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use strata_models::ModelSpec;
 
 use crate::error::RuntimeError;
 use crate::shard::{ShardDims, TpRank};
 
-/// Standard deviation of GPT-2's weight initialisation.
-pub const INIT_STD: f32 = 0.02;
+mod kind;
 
-/// Every parameter tensor of the GPT family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ParamKind {
-    Wte,
-    Wpe,
-    Ln1W,
-    Ln1B,
-    QkvW,
-    QkvB,
-    ProjW,
-    ProjB,
-    Ln2W,
-    Ln2B,
-    Fc1W,
-    Fc1B,
-    Fc2W,
-    Fc2B,
-    LnfW,
-    LnfB,
-}
-
-/// The tensors of one layer, in buffer order.
-pub const LAYER_KINDS: [ParamKind; 12] = [
-    ParamKind::Ln1W,
-    ParamKind::Ln1B,
-    ParamKind::QkvW,
-    ParamKind::QkvB,
-    ParamKind::ProjW,
-    ParamKind::ProjB,
-    ParamKind::Ln2W,
-    ParamKind::Ln2B,
-    ParamKind::Fc1W,
-    ParamKind::Fc1B,
-    ParamKind::Fc2W,
-    ParamKind::Fc2B,
-];
-
-/// How a tensor is cut over the tensor-parallel group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TpSplit {
-    /// Every rank holds all of it.
-    Replicated,
-    /// Rank r holds rows [r·R/t, (r+1)·R/t) (row-parallel weights, vocabulary tables).
-    Rows,
-    /// The last dimension is `groups` equal blocks (Q, K, V); rank r holds the r-th t-th of
-    /// every block (column-parallel weights and their biases).
-    Cols { groups: usize },
-}
-
-enum Init {
-    Normal(f32),
-    Zeros,
-    Ones,
-}
-
-impl ParamKind {
-    pub fn name(self) -> &'static str {
-        use ParamKind::*;
-        match self {
-            Wte => "wte",
-            Wpe => "wpe",
-            Ln1W => "ln1_w",
-            Ln1B => "ln1_b",
-            QkvW => "qkv_w",
-            QkvB => "qkv_b",
-            ProjW => "proj_w",
-            ProjB => "proj_b",
-            Ln2W => "ln2_w",
-            Ln2B => "ln2_b",
-            Fc1W => "fc1_w",
-            Fc1B => "fc1_b",
-            Fc2W => "fc2_w",
-            Fc2B => "fc2_b",
-            LnfW => "lnf_w",
-            LnfB => "lnf_b",
-        }
-    }
-
-    /// Unsharded shape for a model of hidden h, heads·d = h, FFN f, vocabulary V, s positions.
-    fn full_shape(self, d: &ShardDims) -> Vec<usize> {
-        use ParamKind::*;
-        let full = d.unsharded();
-        let (h, a, f, v) = (full.hidden, full.attn_channels(), full.ffn, full.vocab);
-        match self {
-            Wte => vec![v, h],
-            Wpe => vec![full.max_seq, h],
-            Ln1W | Ln1B | Ln2W | Ln2B | LnfW | LnfB | ProjB | Fc2B => vec![h],
-            QkvW => vec![h, 3 * a],
-            QkvB => vec![3 * a],
-            ProjW => vec![a, h],
-            Fc1W => vec![h, f],
-            Fc1B => vec![f],
-            Fc2W => vec![f, h],
-        }
-    }
-
-    pub fn split(self) -> TpSplit {
-        use ParamKind::*;
-        match self {
-            Wte | ProjW | Fc2W => TpSplit::Rows,
-            QkvW | QkvB => TpSplit::Cols { groups: 3 },
-            Fc1W | Fc1B => TpSplit::Cols { groups: 1 },
-            _ => TpSplit::Replicated,
-        }
-    }
-
-    fn init(self, layers: usize) -> Init {
-        use ParamKind::*;
-        match self {
-            Wte | Wpe | QkvW | Fc1W => Init::Normal(INIT_STD),
-            ProjW | Fc2W => Init::Normal(INIT_STD / (2.0 * layers as f32).sqrt()),
-            Ln1W | Ln2W | LnfW => Init::Ones,
-            _ => Init::Zeros,
-        }
-    }
-
-    /// Matrices and tables get weight decay; biases and norm parameters do not (GPT-2).
-    pub fn decays(self) -> bool {
-        use ParamKind::*;
-        matches!(self, Wte | Wpe | QkvW | ProjW | Fc1W | Fc2W)
-    }
-}
+pub use kind::{INIT_STD, LAYER_KINDS, ParamKind, TpSplit};
+use kind::{Init, local_shape, normal_vec, stream_id};
 
 /// Which part of the model a chunk holds. `layers` are global layer indices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -527,43 +404,6 @@ impl ParamLayout {
         }
         total
     }
-}
-
-fn local_shape(full: &[usize], split: TpSplit, t: usize) -> Vec<usize> {
-    let mut shape = full.to_vec();
-    match split {
-        TpSplit::Replicated => {}
-        TpSplit::Rows => shape[0] /= t,
-        TpSplit::Cols { .. } => *shape.last_mut().expect("tensors have at least one dimension") /= t,
-    }
-    shape
-}
-
-/// The ChaCha stream of one tensor: tensors outside layers use their kind's index, layer
-/// tensors 64 + 64·layer + kind, so no two tensors of a model share a stream.
-fn stream_id(kind: ParamKind, layer: Option<usize>) -> u64 {
-    match layer {
-        None => kind as u64,
-        Some(l) => 64 + 64 * l as u64 + kind as u64,
-    }
-}
-
-/// n draws of N(0, std²) by the Box–Muller transform (rand 0.10 ships no normal distribution).
-fn normal_vec(n: usize, std: f32, seed: u64, stream: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        // u1 in (0, 1] keeps ln(u1) finite.
-        let u1 = 1.0 - rng.random::<f64>();
-        let u2 = rng.random::<f64>();
-        let radius = (-2.0 * u1.ln()).sqrt();
-        let angle = std::f64::consts::TAU * u2;
-        out.push((std as f64 * radius * angle.cos()) as f32);
-        out.push((std as f64 * radius * angle.sin()) as f32);
-    }
-    out.truncate(n);
-    out
 }
 
 #[cfg(test)]
