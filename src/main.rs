@@ -1,1 +1,63 @@
-fn main() {}
+//! `strata`: plan, simulate and run 3D-parallel + ZeRO LLM training.
+//!
+//! The CLI is thin: one module per subcommand under `cmd/`, each turning arguments into
+//! calls on the library crates and their results into text or `--json`. Errors are values;
+//! a user never sees a panic: bad input exits with code 2 and one message that says what
+//! to do, a failed run (a rank died, a job diverged) with code 1.
+
+mod cmd;
+mod common;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Plan, simulate and run 3D-parallel (data × tensor × pipeline) + ZeRO training of
+/// large language models.
+///
+/// A scenario file (TOML) describes a job: the model, the cluster, the parallel split and
+/// the training settings. Strata tells you what it costs (`inspect`), lowers it to per-rank
+/// programs (`plan`), simulates a step on the cluster (`simulate`), searches the best
+/// split (`search`), trains it for real on CPU ranks (`train`), and compares predicted with
+/// measured (`report`).
+///
+/// With no subcommand, Strata runs its main job on the embedded default scenario.
+#[derive(Parser, Debug)]
+#[command(name = "strata", version, about, long_about, propagate_version = true)]
+#[command(
+    after_help = "Examples:\n  strata inspect scenarios/gpt3-175b-1024xa100.toml\n  strata inspect scenarios/gpt3-175b-1024xa100.toml --set parallel.tp=4 --set parallel.pp=16\n  strata plan scenarios/tiny-gpt-cpu.toml --rank 3\n  strata presets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// What a job costs before anything runs: parameters, FLOPs, memory per stage.
+    Inspect(cmd::inspect::Args),
+    /// Lower a scenario to per-rank programs and print one rank's ops (or the whole plan as JSON).
+    Plan(cmd::plan::Args),
+    /// Check a saved plan (JSON): group consistency, send/receive matching, no deadlock, buffer lifetimes.
+    Verify(cmd::verify::Args),
+    /// List the built-in models, GPUs and clusters.
+    Presets(cmd::presets::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => cmd::inspect::run(cmd::inspect::Args::default_job()),
+        Some(Command::Inspect(a)) => cmd::inspect::run(a),
+        Some(Command::Plan(a)) => cmd::plan::run(a),
+        Some(Command::Verify(a)) => cmd::verify::run(a),
+        Some(Command::Presets(a)) => cmd::presets::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(common::exit_code(&e))
+        }
+    }
+}

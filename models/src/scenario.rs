@@ -59,6 +59,9 @@ pub struct TrainingConfig {
     pub weight_decay: f64,
     /// Global gradient-norm clip (0 = off).
     pub grad_clip: f64,
+    /// Fused attention (FlashAttention, Dao et al. 2022): the s×s scores are never stored
+    /// and are recomputed inside the backward kernel.
+    pub flash_attention: bool,
 }
 
 impl Default for TrainingConfig {
@@ -71,6 +74,7 @@ impl Default for TrainingConfig {
             warmup_steps: 0,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            flash_attention: false,
         }
     }
 }
@@ -180,6 +184,7 @@ raw_table!(RawTraining {
     warmup_steps: u32,
     weight_decay: f64,
     grad_clip: f64,
+    flash_attention: bool,
 });
 
 impl Scenario {
@@ -276,6 +281,7 @@ impl Scenario {
                 warmup_steps: Some(t.warmup_steps),
                 weight_decay: Some(t.weight_decay),
                 grad_clip: Some(t.grad_clip),
+                flash_attention: Some(t.flash_attention),
             },
         };
         toml::to_string(&raw).expect("a resolved scenario always serialises")
@@ -456,6 +462,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         warmup_steps: rt.warmup_steps.unwrap_or(td.warmup_steps),
         weight_decay: rt.weight_decay.unwrap_or(td.weight_decay),
         grad_clip: rt.grad_clip.unwrap_or(td.grad_clip),
+        flash_attention: rt.flash_attention.unwrap_or(td.flash_attention),
     };
     let scenario =
         Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };

@@ -59,6 +59,18 @@ pub fn step_flops(m: &ModelSpec, global_batch: u64, recompute: Recompute) -> Ste
     StepFlops { model, hardware: model + extra }
 }
 
+/// FLOPs of one step of a scenario: [`step_flops`] plus, with fused (flash) attention,
+/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·h per token and layer).
+pub fn scenario_step_flops(s: &crate::scenario::Scenario) -> StepFlops {
+    let m = &s.model;
+    let mut f = step_flops(m, s.parallel.global_batch as u64, s.parallel.recompute);
+    if s.training.flash_attention {
+        let tokens = s.tokens_per_step() as f64;
+        f.hardware += tokens * m.layers as f64 * attention_core_forward_flops_per_token(m) as f64 / 2.0;
+    }
+    f
+}
+
 /// Korthikanti et al. 2022 Appendix A, model FLOPs: 72·B·l·s·h²·(1 + s/(6h) + V/(12·h·l)).
 pub fn korthikanti_model_flops(b: f64, l: f64, s: f64, h: f64, v: f64) -> f64 {
     72.0 * b * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l))

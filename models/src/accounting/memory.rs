@@ -67,8 +67,9 @@ pub struct LayerActivations {
     pub scores: f64,
 }
 
-/// The parts of [`LayerActivations`] before any parallelism or recomputation.
-pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype) -> LayerActivations {
+/// The parts of [`LayerActivations`] before any parallelism or recomputation. With fused
+/// (flash) attention the scores are never stored: only the per-row log-sum-exp (fp32).
+pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype, flash: bool) -> LayerActivations {
     let e = dtype.bytes() as f64;
     let sb = m.seq_len as f64 * micro_batch as f64;
     let h = m.hidden as f64;
@@ -86,7 +87,7 @@ pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype) -> 
     };
     let sharded = sb * e * (h + 2.0 * kv + h + mlp_tensors * f);
     // Softmax output, and with dropout its mask and output.
-    let scores = a * s * sb * (e + mask * (1.0 + e));
+    let scores = if flash { a * sb * 4.0 } else { a * s * sb * (e + mask * (1.0 + e)) };
     LayerActivations { replicated, sharded, scores }
 }
 
@@ -98,9 +99,10 @@ pub fn layer_activation_bytes(
     tp: u32,
     sp: bool,
     recompute: Recompute,
+    flash: bool,
 ) -> f64 {
     let t = tp.max(1) as f64;
-    let parts = layer_activation_parts(m, micro_batch, dtype);
+    let parts = layer_activation_parts(m, micro_batch, dtype, flash);
     let replicated = if sp { parts.replicated / t } else { parts.replicated };
     match recompute {
         Recompute::None => replicated + parts.sharded / t + parts.scores / t,
@@ -171,7 +173,8 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let t = p.tp as f64;
     let b = p.micro_batch;
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
-    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute);
+    let flash = s.training.flash_attention;
+    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash);
     stage_params(m, p)
         .into_iter()
         .map(|sp| {
@@ -204,9 +207,10 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             }
             let mut transient_bytes = 0.0;
             if p.recompute == Recompute::Full {
-                transient_bytes += layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None);
-            } else if p.recompute == Recompute::Selective {
-                transient_bytes += layer_activation_parts(m, b, dtype).scores / t;
+                transient_bytes +=
+                    layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash);
+            } else if p.recompute == Recompute::Selective && !flash {
+                transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t;
             }
             if p.zero >= 3 {
                 // One layer's weights gathered whole (plus the next one prefetched).
@@ -259,7 +263,7 @@ mod tests {
             let sbh = m.seq_len as f64 * 2.0 * m.hidden as f64;
             for (tp_on, rc, sp, expected) in table2(&m, 8.0) {
                 let tp = if tp_on { 8 } else { 1 };
-                let ours = layer_activation_bytes(&m, 2, Dtype::Bf16, tp, sp, rc) / sbh;
+                let ours = layer_activation_bytes(&m, 2, Dtype::Bf16, tp, sp, rc, false) / sbh;
                 assert!((ours - expected).abs() < 1e-9, "{name} tp{tp} {rc:?} sp={sp}: {ours} vs {expected}");
             }
         }
@@ -271,8 +275,8 @@ mod tests {
         // and 65% for MT-NLG (tp = 8, with sequence parallelism as in their runs).
         for (name, saving) in [("gpt3-175b", 0.70), ("gpt-530b", 0.65)] {
             let m = ModelSpec::preset(name).unwrap();
-            let full = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::None);
-            let sel = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::Selective);
+            let full = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::None, false);
+            let sel = layer_activation_bytes(&m, 1, Dtype::Bf16, 8, true, Recompute::Selective, false);
             let ours = 1.0 - sel / full;
             assert!((ours - saving).abs() < 0.01, "{name}: {ours:.3} vs {saving}");
         }

@@ -73,7 +73,16 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
 /// The cost of one piece in one phase, for one microbatch on one tensor-parallel rank.
 /// `Recompute` costs what the recomputation runs: the attention core alone for `Attn`
 /// under selective recomputation, the full forward otherwise.
-pub fn piece_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, piece: Piece, phase: Phase) -> ComputeCost {
+/// With `flash` (fused attention) the s×s scores never travel through memory, and the
+/// backward kernel recomputes QKᵀ: five core GEMMs instead of four.
+pub fn piece_cost(
+    m: &ModelSpec,
+    p: &ParallelConfig,
+    dtype: Dtype,
+    flash: bool,
+    piece: Piece,
+    phase: Phase,
+) -> ComputeCost {
     let x = dims(m, p, dtype);
     let selective = phase == Phase::Recompute && p.recompute == crate::parallel::Recompute::Selective;
     let phase = if phase == Phase::Recompute && !selective { Phase::Forward } else { phase };
@@ -86,14 +95,18 @@ pub fn piece_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, piece: Piece,
         let bh = x.b * x.a_t;
         let g = |m, n, k| Gemm { m, n, k, batch: bh };
         if backward {
-            vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s), g(x.s, x.d, x.s), g(x.s, x.d, x.s)]
+            let mut v = vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s), g(x.s, x.d, x.s), g(x.s, x.d, x.s)];
+            if flash {
+                v.push(g(x.s, x.s, x.d));
+            }
+            v
         } else {
             vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s)]
         }
     };
     let scores = x.b * x.a_t * x.s * x.s;
     // Softmax reads scores and writes probabilities; dropout writes a mask and its output.
-    let softmax_fwd_bytes = scores * (2 * x.e + mask * (1 + 2 * x.e));
+    let softmax_fwd_bytes = if flash { 0 } else { scores * (2 * x.e + mask * (1 + 2 * x.e)) };
     let norm_bytes = 2 * rh * x.e + 2 * x.h * x.e;
     match (piece, phase) {
         (Piece::Attn, Phase::Recompute) => cost(core_gemms(false), Some(core), softmax_fwd_bytes, 4),
@@ -116,7 +129,8 @@ pub fn piece_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, piece: Piece,
             g.extend(core_gemms(true));
             g.push(gemm(x.tokens, x.h, qkv_n));
             // Softmax backward reads P and dP and writes dS; dropout backward reads its mask.
-            let bytes = scores * (3 * x.e + mask * (1 + 2 * x.e)) + 2 * x.tokens * qkv_n * x.e;
+            let softmax_bwd = if flash { 0 } else { scores * (3 * x.e + mask * (1 + 2 * x.e)) };
+            let bytes = softmax_bwd + 2 * x.tokens * qkv_n * x.e;
             cost(g, Some(core), bytes, 8)
         }
         (Piece::Attn, _) => {
@@ -166,7 +180,7 @@ mod tests {
         let m = ModelSpec::preset("llama3-8b").unwrap();
         for tp in [1, 2, 8] {
             let p = ParallelConfig { tp, micro_batch: 2, ..Default::default() };
-            let f = |piece, phase| piece_cost(&m, &p, Dtype::Bf16, piece, phase).flops * tp as u64;
+            let f = |piece, phase| piece_cost(&m, &p, Dtype::Bf16, false, piece, phase).flops * tp as u64;
             let tokens = 2 * m.seq_len as u64;
             let per_token = crate::accounting::flops::layer_forward_flops_per_token(&m);
             assert_eq!(f(Piece::Attn, Phase::Forward) + f(Piece::Mlp, Phase::Forward), tokens * per_token);

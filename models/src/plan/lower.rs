@@ -157,7 +157,7 @@ impl<'a> Planner<'a> {
         for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
             for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
                 cost_ids.insert((piece, phase), costs.len() as CostId);
-                costs.push(piece_cost(&s.model, p, s.training.dtype, piece, phase));
+                costs.push(piece_cost(&s.model, p, s.training.dtype, s.training.flash_attention, piece, phase));
             }
         }
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
@@ -654,8 +654,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     fn layer_act_bytes(&self) -> u64 {
         let s = self.s();
         let p = &s.parallel;
-        layer_activation_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, p.sequence_parallel, p.recompute).ceil()
-            as u64
+        let flash = s.training.flash_attention;
+        layer_activation_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, p.sequence_parallel, p.recompute, flash)
+            .ceil() as u64
     }
 
     /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
@@ -839,6 +840,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 p.tp,
                 p.sequence_parallel,
                 Recompute::None,
+                s.training.flash_attention,
             )
             .ceil() as u64;
             let (buf, _) =
@@ -859,9 +861,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         for (piece, norm) in [(Piece::Mlp, Piece::MlpIn), (Piece::Attn, Piece::AttnIn)] {
             let mut wait = Vec::new();
             let mut scores = None;
-            if piece == Piece::Attn && p.recompute == Recompute::Selective {
+            // Selective recomputation re-runs the attention core; fused attention already
+            // recomputes its scores inside the backward kernel.
+            if piece == Piece::Attn && p.recompute == Recompute::Selective && !self.s().training.flash_attention {
                 let s = self.s();
-                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.dtype).scores / p.tp as f64)
+                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.dtype, false).scores
+                    / p.tp as f64)
                     .ceil() as u64;
                 let (buf, _) =
                     self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("scores L{layer} mb{mb}"));

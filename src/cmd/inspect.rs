@@ -1,0 +1,194 @@
+//! `strata inspect`: what a job costs before anything is simulated — parameters, FLOPs and
+//! tokens per step, and the analytic memory of each pipeline stage against the GPU.
+
+use serde::Serialize;
+use strata_models::Scenario;
+use strata_models::accounting::{flops, memory, params};
+
+use crate::common::{self, ScenarioArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Args {
+    /// The main job until the full loop exists: inspect the embedded default.
+    pub fn default_job() -> Args {
+        Args { scenario: ScenarioArgs::default(), json: false }
+    }
+}
+
+#[derive(Serialize)]
+struct StageReport {
+    stage: u32,
+    layers: u32,
+    params_per_rank: u64,
+    #[serde(flatten)]
+    memory: memory::StageMemory,
+    total_bytes: f64,
+    fits: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    scenario: &'a Scenario,
+    ranks: u64,
+    microbatches: u32,
+    total_params: u64,
+    tokens_per_step: u64,
+    model_flops_per_step: f64,
+    hardware_flops_per_step: f64,
+    gpu_memory_bytes: u64,
+    stages: Vec<StageReport>,
+    fits: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let s = args.scenario.load()?;
+    let report = build(&s);
+    if args.json {
+        return common::print_json(&report);
+    }
+    print!("{}", text(&report));
+    Ok(())
+}
+
+fn build(s: &Scenario) -> Report<'_> {
+    let p = &s.parallel;
+    let f = flops::scenario_step_flops(s);
+    let hbm = s.cluster.gpu.spec().hbm_bytes;
+    let stage_params = params::stage_params(&s.model, p);
+    let stages: Vec<StageReport> = memory::stage_memory(s)
+        .into_iter()
+        .zip(&stage_params)
+        .map(|(m, sp)| {
+            let total = m.total_bytes();
+            StageReport {
+                stage: m.stage,
+                layers: sp.layers,
+                params_per_rank: sp.per_rank(),
+                memory: m,
+                total_bytes: total,
+                fits: total <= hbm as f64,
+            }
+        })
+        .collect();
+    let fits = stages.iter().all(|st| st.fits);
+    Report {
+        scenario: s,
+        ranks: p.ranks(),
+        microbatches: p.microbatches(),
+        total_params: params::total_params(&s.model),
+        tokens_per_step: s.tokens_per_step(),
+        model_flops_per_step: f.model,
+        hardware_flops_per_step: f.hardware,
+        gpu_memory_bytes: hbm,
+        stages,
+        fits,
+    }
+}
+
+fn text(r: &Report) -> String {
+    use std::fmt::Write;
+    let s = r.scenario;
+    let m = &s.model;
+    let c = &s.cluster;
+    let p = &s.parallel;
+    let mut o = String::new();
+    let _ = writeln!(o, "Scenario  {}", s.name);
+    let _ = writeln!(
+        o,
+        "Model     {}: {:?}, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}, {:?} — {} parameters",
+        m.name,
+        m.family,
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.kv_heads,
+        m.ffn_hidden,
+        m.vocab,
+        m.seq_len,
+        m.activation,
+        common::count(r.total_params as f64)
+    );
+    let _ = writeln!(
+        o,
+        "Cluster   {}: {} nodes × {} {} = {} GPUs, {} × {} Gb/s NICs per node, {:?} fabric",
+        c.name,
+        c.nodes,
+        c.gpus_per_node,
+        c.gpu,
+        c.gpus(),
+        c.nics_per_node,
+        c.nic_gbps,
+        c.fabric
+    );
+    let _ = writeln!(
+        o,
+        "Split     TP({})-PP({})-DP({}), {} schedule{}, {} microbatches of {} = global batch {}, ZeRO-{}, recompute {}, sequence parallel {}",
+        p.tp,
+        p.pp,
+        p.dp,
+        p.schedule.key(),
+        if p.vpp > 1 { format!(" with {} chunks per stage", p.vpp) } else { String::new() },
+        r.microbatches,
+        p.micro_batch,
+        p.global_batch,
+        p.zero,
+        p.recompute.key(),
+        if p.sequence_parallel { "on" } else { "off" }
+    );
+    let recompute_pct = 100.0 * (r.hardware_flops_per_step / r.model_flops_per_step - 1.0);
+    let _ = writeln!(
+        o,
+        "Compute   {} tokens per step; {} model FLOPs per step, {} executed (+{recompute_pct:.1}% recomputation); {} per GPU",
+        common::count(r.tokens_per_step as f64),
+        common::flops(r.model_flops_per_step),
+        common::flops(r.hardware_flops_per_step),
+        common::flops(r.hardware_flops_per_step / r.ranks as f64),
+    );
+    let _ = writeln!(
+        o,
+        "\nMemory per GPU by pipeline stage (analytic; GPU has {}):",
+        common::bytes(r.gpu_memory_bytes as f64)
+    );
+    let _ = writeln!(
+        o,
+        "{:>5} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}  fits",
+        "stage", "layers", "params", "weights", "grads", "optimizer", "activations", "emb/logits", "transient", "total"
+    );
+    for st in &r.stages {
+        let mm = &st.memory;
+        let _ = writeln!(
+            o,
+            "{:>5} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}  {}",
+            st.stage,
+            st.layers,
+            common::count(st.params_per_rank as f64),
+            common::bytes(mm.weights_bytes),
+            common::bytes(mm.grads_bytes),
+            common::bytes(mm.optimizer_bytes),
+            common::bytes(mm.activations_bytes),
+            common::bytes(mm.embedding_logits_bytes),
+            common::bytes(mm.transient_bytes),
+            common::bytes(st.total_bytes),
+            if st.fits { "yes" } else { "NO" }
+        );
+    }
+    if !r.fits {
+        let worst = r.stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes)).expect("at least one stage");
+        let _ = writeln!(
+            o,
+            "\nDoes not fit: stage {} needs {} more than the GPU's {}. Try more pipeline stages, a higher ZeRO stage, recompute = \"selective\" or \"full\", or a smaller micro_batch.",
+            worst.stage,
+            common::bytes(worst.total_bytes - r.gpu_memory_bytes as f64),
+            common::bytes(r.gpu_memory_bytes as f64)
+        );
+    }
+    o
+}
