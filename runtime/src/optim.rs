@@ -103,7 +103,8 @@ impl AdamW {
             grads.len()
         );
         self.step += 1;
-        let k = self.step as i32;
+        // β^k underflows to 0 long before k leaves i32, so saturating is exact enough.
+        let k = self.step.min(i32::MAX as u64) as i32;
         let bc1 = 1.0 - cfg.beta1.powi(k);
         let bc2 = 1.0 - cfg.beta2.powi(k);
         // Walk the shard in runs that are entirely decayed or entirely not.

@@ -272,11 +272,13 @@ impl ParamLayout {
     }
 
     pub fn embedding<'a>(&self, buf: &'a [f32]) -> EmbedParams<'a> {
+        assert_eq!(buf.len(), self.len, "buffer does not match the layout");
         let [wte, wpe] = split(&buf[..self.embed_len], self.embed_sizes());
         EmbedTensors { wte, wpe }
     }
 
     pub fn embedding_mut<'a>(&self, buf: &'a mut [f32]) -> EmbedGrads<'a> {
+        assert_eq!(buf.len(), self.len, "buffer does not match the layout");
         let sizes = self.embed_sizes();
         let [wte, wpe] = split_mut(&mut buf[..self.embed_len], sizes);
         EmbedTensors { wte, wpe }
@@ -383,7 +385,8 @@ impl ParamLayout {
         }
     }
 
-    /// Whether the flat element `i` gets weight decay.
+    /// The ranges of the flat buffer that get weight decay (matrices and tables), for
+    /// `AdamW::update`.
     pub fn decay_ranges(&self) -> Vec<Range<usize>> {
         self.entries.iter().filter(|e| e.kind.decays()).map(ParamEntry::range).collect()
     }

@@ -10,7 +10,9 @@
 //! per tensor; a sharding bug (a wrong shard, a bias or position row added t times, a
 //! missing reduction) is an O(1) relative error.
 //!
-//! This file is also a worked example of the data flow a plan interpreter implements.
+//! A second test cuts the model into two pipeline chunks with a tied copy of the word
+//! table on the last one. This file is also a worked example of the data flow a plan
+//! interpreter implements.
 
 use strata_models::{Activation, Family, ModelSpec, Recompute};
 
@@ -309,6 +311,117 @@ fn sharded_pieces_equal_the_unsharded_model() {
                 &gathered[e.range()],
                 &reference.ranks[0].grads[e.range()],
             );
+        }
+    }
+}
+
+/// Pipeline parity at t = 1: the model cut into two chunks, the first holding the
+/// embedding and layer 0, the last layer 1 and the head with its own tied copy of the word
+/// table. Activations and gradients cross the boundary as a pipeline send would carry
+/// them; the two copies' gradients are summed as the plan's `TiedEmbeddingGrad`
+/// all-reduce does. The loss and every gradient but the word table's must equal the
+/// one-chunk model bit for bit (the same operations run in the same order); the word
+/// table's sums its two contributions in the other order, so it gets the f32 tolerance.
+#[test]
+fn pipeline_chunks_with_a_tied_copy_equal_the_whole_model() {
+    let model = spec();
+    let whole = ParamLayout::new(&model, TpRank::SINGLE, ChunkSpec::whole(&model)).unwrap();
+    let first =
+        ParamLayout::new(&model, TpRank::SINGLE, ChunkSpec { embedding: true, layers: 0..1, head: false }).unwrap();
+    let last =
+        ParamLayout::new(&model, TpRank::SINGLE, ChunkSpec { embedding: false, layers: 1..2, head: true }).unwrap();
+    let (pw, pf, pl) = (whole.init(3), first.init(3), last.init(3));
+    // Repeated tokens, so that word-table rows collect several contributions.
+    let tokens: Vec<u32> = (0..MB.tokens() + 1).map(|i| ((i * 5 + 1) % 8) as u32).collect();
+    let (inputs, targets) = (&tokens[..MB.tokens()], &tokens[1..]);
+
+    // Runs `layers` (local indices) of a chunk forward then, given the output gradient,
+    // backward; returns (output, input gradient).
+    let layers_fwd = |layout: &ParamLayout, params: &[f32], acts: &mut [LayerActs], r: &mut Vec<f32>| {
+        let d = layout.dims();
+        for (l, act) in acts.iter_mut().enumerate() {
+            let p = layout.layer(params, l);
+            let (mut x, mut out) = (vec![0.0; r.len()], vec![0.0; r.len()]);
+            attn_in_forward(&p, r, &mut x, act);
+            attn_forward(d, &p, MB, &x, &mut out, act, Recompute::None);
+            mlp_in_forward(&p, r, &out, &mut x, act);
+            mlp_forward(d, &p, &x, &mut out, act);
+            layer_out_forward(&p, r, &out);
+        }
+    };
+    let layers_bwd =
+        |layout: &ParamLayout, params: &[f32], grads: &mut [f32], acts: &mut [LayerActs], dr: &mut [f32]| {
+            let d = layout.dims();
+            for (l, act) in acts.iter_mut().enumerate().rev() {
+                let (p, mut g) = (layout.layer(params, l), layout.layer_mut(grads, l));
+                let mut partial = vec![0.0; dr.len()];
+                layer_out_backward(&mut g, dr);
+                mlp_backward_input(d, &p, act, dr, &mut partial);
+                mlp_backward_weight(d, act, &act.m, &mut g);
+                mlp_in_backward(&p, &mut g, act, &partial, dr);
+                attn_backward_input(d, &p, MB, act, dr, &mut partial);
+                attn_backward_weight(d, act, &act.a, &mut g);
+                attn_in_backward(&p, &mut g, act, &partial, dr);
+            }
+        };
+    let head = |layout: &ParamLayout, params: &[f32], grads: &mut [f32], r: &[f32]| {
+        let (d, p, mut acts) = (layout.dims(), layout.head(params), HeadActs::default());
+        let mut hn = vec![0.0; r.len()];
+        final_norm_forward(&p, r, &mut hn, &mut acts);
+        let mut stats = vec![0.0; MB.tokens() * STATS];
+        logits_forward(d, &p, &hn, targets, &mut acts, &mut stats);
+        let loss = loss_forward(&stats, 1, &mut acts);
+        let mut dhn = vec![0.0; r.len()];
+        logits_backward_input(d, &p, &mut acts, targets, 1.0 / MB.tokens() as f32, &mut dhn);
+        let mut g = layout.head_mut(grads);
+        logits_backward_weight(d, &acts, &acts.hn, &mut g);
+        let mut dr = vec![0.0; r.len()];
+        final_norm_backward(&p, &mut g, &acts, &dhn, &mut dr);
+        (loss, dr)
+    };
+    let embed = |layout: &ParamLayout, params: &[f32]| {
+        let mut r = vec![0.0; MB.tokens() * H];
+        embed_forward(layout.dims(), &layout.embedding(params), MB, inputs, &mut r);
+        r
+    };
+
+    // The whole model in one chunk.
+    let mut gw = vec![0.0; whole.len()];
+    let mut acts = vec![LayerActs::default(); 2];
+    let mut r = embed(&whole, &pw);
+    layers_fwd(&whole, &pw, &mut acts, &mut r);
+    let (loss_whole, mut dr) = head(&whole, &pw, &mut gw, &r);
+    layers_bwd(&whole, &pw, &mut gw, &mut acts, &mut dr);
+    embed_backward(whole.dims(), &mut whole.embedding_mut(&mut gw), MB, inputs, &dr);
+
+    // Two chunks: forward on the first, "send" r, forward + head + backward on the last,
+    // "send" dr back, backward on the first.
+    let (mut gf, mut gl) = (vec![0.0; first.len()], vec![0.0; last.len()]);
+    let (mut acts_f, mut acts_l) = (vec![LayerActs::default()], vec![LayerActs::default()]);
+    let mut r = embed(&first, &pf);
+    layers_fwd(&first, &pf, &mut acts_f, &mut r);
+    layers_fwd(&last, &pl, &mut acts_l, &mut r);
+    let (loss_split, mut dr) = head(&last, &pl, &mut gl, &r);
+    layers_bwd(&last, &pl, &mut gl, &mut acts_l, &mut dr);
+    layers_bwd(&first, &pf, &mut gf, &mut acts_f, &mut dr);
+    embed_backward(first.dims(), &mut first.embedding_mut(&mut gf), MB, inputs, &dr);
+    // The embedding group's all-reduce of the two word-table copies.
+    let tied: Vec<f32> = first.embedding(&gf).wte.iter().zip(last.head(&gl).wte.iter()).map(|(a, b)| a + b).collect();
+    first.embedding_mut(&mut gf).wte.copy_from_slice(&tied);
+    last.head_mut(&mut gl).wte.copy_from_slice(&tied);
+
+    assert_eq!(loss_split, loss_whole);
+    let by_name = |layout: &ParamLayout, g: &[f32]| {
+        layout.entries().iter().map(|e| (e.name().replace("head.", ""), g[e.range()].to_vec())).collect::<Vec<_>>()
+    };
+    let mut split = by_name(&first, &gf);
+    split.extend(by_name(&last, &gl));
+    for (name, want) in by_name(&whole, &gw) {
+        let got = split.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} missing from the chunks"));
+        if name == "wte" {
+            assert_close("gradient of wte", &got.1, &want);
+        } else {
+            assert_eq!(got.1, want, "gradient of {name}");
         }
     }
 }
