@@ -40,6 +40,8 @@ pub mod nccl_graph;
 pub mod node;
 pub mod routing;
 pub mod topology;
+#[cfg(test)]
+mod validation;
 
 pub use closed_form::ClosedFormNetwork;
 pub use fabric::FabricNetwork;
