@@ -119,7 +119,7 @@ impl ClusterSpec {
                 self.oversubscription
             ));
         }
-        if self.switch_radix < 4 || self.switch_radix % 2 != 0 {
+        if self.switch_radix < 4 || !self.switch_radix.is_multiple_of(2) {
             bad.push(format!(
                 "cluster.switch_radix = {}: it must be an even number of ports, at least 4",
                 self.switch_radix

@@ -160,13 +160,13 @@ impl ModelSpec {
             }
         }
         if bad.is_empty() {
-            if self.hidden % self.heads != 0 {
+            if !self.hidden.is_multiple_of(self.heads) {
                 bad.push(format!(
                     "model.hidden = {} is not divisible by model.heads = {}: every head needs hidden/heads channels",
                     self.hidden, self.heads
                 ));
             }
-            if self.heads % self.kv_heads != 0 {
+            if !self.heads.is_multiple_of(self.kv_heads) {
                 bad.push(format!(
                     "model.heads = {} is not divisible by model.kv_heads = {}: grouped-query attention shares each key/value head among heads/kv_heads query heads",
                     self.heads, self.kv_heads

@@ -160,7 +160,7 @@ impl ParallelConfig {
         let v = self.pp * self.vpp;
         assert!(vstage < v, "virtual stage {vstage} of {v}");
         let q = model.layers / v;
-        let short = if model.layers % v == 0 { 0 } else { v - model.layers % v };
+        let short = if model.layers.is_multiple_of(v) { 0 } else { v - model.layers % v };
         // Chunk i is short if it is among the first ⌈short/2⌉ or the last ⌊short/2⌋ chunks.
         let is_short = |i: u32| i < short.div_ceil(2) || i >= v - short / 2;
         let len = |i: u32| if short == 0 { q } else { q + 1 - u32::from(is_short(i)) };
@@ -210,7 +210,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.heads % p.tp != 0 {
+        if !model.heads.is_multiple_of(p.tp) {
             bad(
                 "tp-divides-heads",
                 format!(
@@ -219,7 +219,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.kv_heads % p.tp != 0 {
+        if !model.kv_heads.is_multiple_of(p.tp) {
             bad(
                 "tp-divides-kv-heads",
                 format!(
@@ -228,7 +228,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.ffn_hidden % p.tp != 0 {
+        if !model.ffn_hidden.is_multiple_of(p.tp) {
             bad(
                 "tp-divides-ffn",
                 format!(
@@ -258,7 +258,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if p.global_batch % (p.micro_batch * p.dp) != 0 {
+        if !p.global_batch.is_multiple_of(p.micro_batch * p.dp) {
             bad(
                 "batch-divisible",
                 format!(
@@ -291,7 +291,7 @@ impl ParallelConfig {
                         ),
                     );
                 }
-                if m > 0 && m % p.pp != 0 {
+                if m > 0 && !m.is_multiple_of(p.pp) {
                     bad(
                         "interleaved-microbatches",
                         format!(
@@ -326,7 +326,7 @@ impl ParallelConfig {
         if p.sequence_parallel && p.tp < 2 {
             bad("sp-needs-tp", "parallel.sequence_parallel = true with parallel.tp = 1: sequence parallelism splits along the tensor-parallel group, so it needs tp ≥ 2".to_string());
         }
-        if p.sequence_parallel && model.seq_len % p.tp != 0 {
+        if p.sequence_parallel && !model.seq_len.is_multiple_of(p.tp) {
             bad(
                 "sp-divides-seq",
                 format!(

@@ -422,7 +422,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         Some(dp) => dp,
         None => {
             let grid = tp as u64 * pp as u64;
-            if grid == 0 || cluster.gpus() % grid != 0 {
+            if grid == 0 || !cluster.gpus().is_multiple_of(grid) {
                 return Err(ScenarioError::Invalid {
                     origin: origin.to_string(),
                     message: format!(

@@ -201,7 +201,12 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 // Final-norm input and output (16-bit), and fp32 logits of the vocabulary shard,
                 // held from the head's forward to its backward: one microbatch under 1F1B, all
                 // of them under GPipe.
-                let held = if p.schedule == Schedule::Gpipe { p.microbatches() as f64 } else { 1.0 };
+                // ZB-H1 keeps each output-layer input until its deferred weight pass.
+                let held = match p.schedule {
+                    Schedule::Gpipe => p.microbatches() as f64,
+                    Schedule::ZbH1 => p.pp.min(p.microbatches()) as f64,
+                    _ => 1.0,
+                };
                 let logits = 4.0 * m.seq_len as f64 * b as f64 * m.vocab as f64 / t;
                 embedding_logits_bytes += held * (2.0 * e * sbh / if p.sequence_parallel { t } else { 1.0 } + logits);
             }

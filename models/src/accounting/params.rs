@@ -180,7 +180,7 @@ mod tests {
         for name in ["gpt3-175b", "llama3-70b", "tiny-gpt"] {
             let m = preset(name);
             for (tp, pp) in [(1, 1), (2, 2), (4, 4)] {
-                if m.layers % pp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0 {
+                if !m.layers.is_multiple_of(pp) || !m.heads.is_multiple_of(tp) || !m.kv_heads.is_multiple_of(tp) {
                     continue;
                 }
                 let p = ParallelConfig { tp, pp, ..Default::default() };

@@ -30,8 +30,10 @@ fn flops(f: u64) -> String {
         format!("{:.2} TFLOP", v / 1e12)
     } else if v >= 1e9 {
         format!("{:.2} GFLOP", v / 1e9)
-    } else {
+    } else if v >= 1e6 {
         format!("{:.2} MFLOP", v / 1e6)
+    } else {
+        format!("{:.1} KFLOP", v / 1e3)
     }
 }
 

@@ -67,11 +67,16 @@ fn describe(plan: &Plan, op: &Op) -> String {
 
 /// Verifies a plan.
 pub fn verify(plan: &Plan) -> Result<VerifyReport, VerifyError> {
+    // Structure first (the execution relies on it), then communication and deadlock (the
+    // most telling failure when a message or collective is missing), then lifetimes.
+    for (pi, program) in plan.programs.iter().enumerate() {
+        check_structure(plan, pi, program)?;
+    }
+    let (actors, collectives, messages) = execute(plan)?;
     let mut buffers = 0u64;
     for (pi, program) in plan.programs.iter().enumerate() {
         buffers += check_program(plan, pi, program)?;
     }
-    let (actors, collectives, messages) = execute(plan)?;
     Ok(VerifyReport {
         ranks: plan.grid.ranks(),
         actors,
@@ -94,7 +99,30 @@ fn program_location(plan: &Plan, pi: usize, op: usize) -> String {
     format!("{who} op #{op} ({what})")
 }
 
-/// Structure and buffer lifetimes of one program. Returns the number of buffers.
+/// Dependencies point backwards and cost ids exist.
+fn check_structure(plan: &Plan, pi: usize, program: &Program) -> Result<(), VerifyError> {
+    for (i, op) in program.ops.iter().enumerate() {
+        if let Some(d) = op.deps.iter().find(|d| **d as usize >= i) {
+            return Err(err(
+                "structure",
+                program_location(plan, pi, i),
+                format!("depends on op #{d}, which is not earlier in the program"),
+            ));
+        }
+        if let OpKind::Compute(c) = &op.kind
+            && c.cost as usize >= plan.costs.len()
+        {
+            return Err(err(
+                "structure",
+                program_location(plan, pi, i),
+                format!("cost id {} is out of range ({} costs)", c.cost, plan.costs.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Buffer lifetimes of one program. Returns the number of buffers.
 fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, VerifyError> {
     let ops = &program.ops;
     let loc = |i: usize| program_location(plan, pi, i);
@@ -141,10 +169,8 @@ fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, Verif
             }
         }
         match &op.kind {
-            OpKind::Alloc(a) => {
-                if alloc_at.insert(a.buf, i).is_some() {
-                    return Err(err("structure", loc(i), format!("buffer b{} is allocated twice", a.buf)));
-                }
+            OpKind::Alloc(a) if alloc_at.insert(a.buf, i).is_some() => {
+                return Err(err("structure", loc(i), format!("buffer b{} is allocated twice", a.buf)));
             }
             OpKind::Free { buf } => {
                 if !alloc_at.contains_key(buf) {
@@ -188,14 +214,14 @@ fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, Verif
                     format!("uses buffer b{buf} ({name}) before its allocation at op #{a} is certain to have happened"),
                 ));
             }
-            if let Some(&f) = free_at.get(buf) {
-                if !happens_before(u, f) {
-                    return Err(err(
-                        "lifetime",
-                        loc(f),
-                        format!("frees buffer b{buf} ({name}) while op #{u} may still use it (a live buffer)"),
-                    ));
-                }
+            if let Some(&f) = free_at.get(buf)
+                && !happens_before(u, f)
+            {
+                return Err(err(
+                    "lifetime",
+                    loc(f),
+                    format!("frees buffer b{buf} ({name}) while op #{u} may still use it (a live buffer)"),
+                ));
             }
         }
     }
@@ -428,11 +454,35 @@ fn execute(plan: &Plan) -> Result<(u32, u64, u64), VerifyError> {
             break;
         }
     }
+    // A message whose receiver's program has no receive for it at all is the root cause of
+    // whatever else is stuck.
+    for ((to, from, tag), q) in &mail {
+        let Some((send_op, _)) = q.front() else { continue };
+        let receiver = &actors[*to];
+        let sender_rank = actors[*from].rank;
+        let has_recv = plan.programs[receiver.program].ops.iter().any(|o| match &o.kind {
+            OpKind::Recv(p) => {
+                (p.kind, p.mb, p.vstage) == *tag && actor_of_rank(grid.peer(receiver.rank, p.peer)) == *from
+            }
+            _ => false,
+        });
+        if !has_recv {
+            return Err(err(
+                "unmatched",
+                location(&actors[*from], *send_op),
+                format!(
+                    "is never received: {} has no matching receive from {}",
+                    grid.label(receiver.rank),
+                    grid.label(sender_rank)
+                ),
+            ));
+        }
+    }
     if let Some(a) = actors.iter().find(|a| a.remaining > 0) {
         // Name the first blocked head op of each stream of the first stuck actor.
         let mut stuck = Vec::new();
-        for st in 0..4 {
-            if let Some(&oi) = streams[a.program][st].get(a.cursor[st]) {
+        for (st, (ops, cursor)) in streams[a.program].iter().zip(a.cursor).enumerate() {
+            if let Some(&oi) = ops.get(cursor) {
                 stuck.push(format!(
                     "{} waits at #{oi} ({})",
                     Stream::ALL[st].key(),
