@@ -126,7 +126,7 @@ proptest! {
         c.gpus_per_node = gpn;
         if let Ok(()) = p.validate(&m, &c) {
             prop_assert_eq!(p.ranks(), c.gpus());
-            prop_assert!(m.heads % p.tp == 0 && m.kv_heads % p.tp == 0 && m.ffn_hidden % p.tp == 0);
+            prop_assert!(m.heads.is_multiple_of(p.tp) && m.kv_heads.is_multiple_of(p.tp) && m.ffn_hidden.is_multiple_of(p.tp));
             prop_assert!(p.tp <= c.gpus_per_node);
             prop_assert!(m.layers >= p.pp * p.vpp);
             prop_assert_eq!(p.global_batch % (p.micro_batch * p.dp), 0);
