@@ -29,6 +29,8 @@ pub struct BenchReport {
     pub solves: u64,
     /// Mean variables per component solve.
     pub vars_per_solve: f64,
+    /// Mean variable–constraint elements per component solve.
+    pub elems_per_solve: f64,
     pub simulated_ns: u64,
 }
 
@@ -43,56 +45,78 @@ pub fn dp_groups(tp: u32, dp: u32, pp: u32) -> Vec<Vec<u32>> {
     groups
 }
 
-/// Runs `rounds` rounds of all DP reduce-scatters of Llama-3 405B on 16,384 H100s.
-pub fn dp_collectives(rounds: u32, routing: Routing) -> BenchReport {
+/// Runs `rounds` rounds of all DP reduce-scatters of Llama-3 405B on 16,384 H100s, in
+/// Megatron's rank order (each DP group inside one pod of the fabric: little sharing) and
+/// with data parallelism outermost (each DP group spans every pod: all groups of a rail
+/// share leaf trunks, all groups share the pod trunks).
+pub fn dp_collectives(rounds: u32, routing: Routing) -> Vec<BenchReport> {
     let mut cluster = ClusterSpec::preset("dgx-h100").expect("preset exists");
     cluster.nodes = 2048;
     cluster.fabric = Fabric::RailOptimized;
     cluster.routing = routing;
-    run(&cluster, &dp_groups(8, 128, 16), rounds, 64 << 20, "llama3-405b dp reduce-scatter, 2048 x dgx-h100")
+    let outer: Vec<Vec<u32>> = (0..16u32 * 8)
+        .map(|g| {
+            let (t, p) = (g % 8, g / 8);
+            (0..128).map(|d| t + 8 * (p + 16 * d)).collect()
+        })
+        .collect();
+    vec![
+        run(&cluster, &dp_groups(8, 128, 16), rounds, 64 << 20, "llama3-405b dp reduce-scatter, tp-dp-pp order"),
+        run(&cluster, &outer, rounds, 64 << 20, "llama3-405b dp reduce-scatter, dp outermost (cross-pod)"),
+    ]
 }
 
-/// Runs `rounds` rounds of one reduce-scatter of `bytes` per group, starts 1 µs apart.
+/// One round: every group starts a reduce-scatter of about `bytes`, 1 µs apart, and the
+/// network runs until all complete. Returns the number of events.
+fn round(net: &mut FabricNetwork, groups: &[Vec<u32>], bytes: u64, round: u32, now: &mut u64) -> u64 {
+    let mut finished = 0;
+    for (g, ranks) in groups.iter().enumerate() {
+        let req = CommRequest {
+            kind: CommKind::Collective(CollKind::ReduceScatter),
+            ranks: ranks.clone(),
+            // Vary sizes a little so that completions do not all coincide.
+            bytes: bytes + ((g as u64 * 7919 + round as u64 * 104_729) % 1024) * 4096,
+            multiplicity: 1,
+        };
+        let t_start = *now + g as u64 * 1_000;
+        while let Some(t) = net.next_completion_ns().filter(|&t| t <= t_start) {
+            finished += net.advance(t).len();
+        }
+        net.start(t_start, &req);
+    }
+    *now += groups.len() as u64 * 1_000;
+    while finished < groups.len() {
+        let t = net.next_completion_ns().expect("started collectives complete");
+        finished += net.advance(t).len();
+        *now = t;
+    }
+    // Start, latency phase ending (joins the solver), completion.
+    3 * groups.len() as u64
+}
+
+/// Runs one warm-up round (routes and layouts get cached, as in a long simulation), then
+/// times `rounds` rounds.
 pub fn run(cluster: &ClusterSpec, groups: &[Vec<u32>], rounds: u32, bytes: u64, name: &str) -> BenchReport {
     let mut net = FabricNetwork::new(cluster, 1, NcclEnv::default()).expect("benchmark cluster is valid");
+    let mut now = 0u64;
+    round(&mut net, groups, bytes, 0, &mut now);
+    let before = net.solver_stats();
     let wall = Instant::now();
     let mut events = 0u64;
-    let mut now = 0u64;
-    for round in 0..rounds {
-        let mut left_done = 0;
-        for (g, ranks) in groups.iter().enumerate() {
-            let req = CommRequest {
-                kind: CommKind::Collective(CollKind::ReduceScatter),
-                ranks: ranks.clone(),
-                // Vary sizes a little so that completions do not all coincide.
-                bytes: bytes + ((g as u64 * 7919 + round as u64 * 104_729) % 1024) * 4096,
-                multiplicity: 1,
-            };
-            let t_start = now + g as u64 * 1_000;
-            while let Some(t) = net.next_completion_ns().filter(|&t| t <= t_start) {
-                left_done += net.advance(t).len();
-            }
-            net.start(t_start, &req);
-        }
-        now += groups.len() as u64 * 1_000;
-        let mut left = groups.len() - left_done;
-        while left > 0 {
-            let t = net.next_completion_ns().expect("started collectives complete");
-            left -= net.advance(t).len();
-            now = t;
-        }
-        // Start, latency phase ending (joins the solver), completion.
-        events += 3 * groups.len() as u64;
+    for r in 1..=rounds {
+        events += round(&mut net, groups, bytes, r, &mut now);
     }
     let wall_s = wall.elapsed().as_secs_f64();
     let stats = net.solver_stats();
+    let solves = stats.solves - before.solves;
     BenchReport {
         name: name.to_string(),
         events,
         wall_s,
         events_per_s: events as f64 / wall_s.max(1e-12),
-        solves: stats.solves,
-        vars_per_solve: stats.vars_solved as f64 / stats.solves.max(1) as f64,
+        solves,
+        vars_per_solve: (stats.vars_solved - before.vars_solved) as f64 / solves.max(1) as f64,
+        elems_per_solve: (stats.elems_solved - before.elems_solved) as f64 / solves.max(1) as f64,
         simulated_ns: now,
     }
 }

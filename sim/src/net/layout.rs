@@ -107,7 +107,7 @@ impl<'a> Layout<'a> {
     }
 
     /// NIC-to-NIC hop between nodes on `rail`.
-    fn net(&self, acc: &mut Acc, router: &mut Router, from: u32, to: u32, rail: u32, lane: u32, coeff: f64) {
+    fn net(&self, acc: &mut Acc, router: &mut Router, (from, to): (u32, u32), rail: u32, lane: u32, coeff: f64) {
         let (s, d) = (self.topo.endpoint(from, rail), self.topo.endpoint(to, rail));
         let p = router.route(self.topo, s, d, lane);
         for &r in router.path(p).res.iter() {
@@ -150,7 +150,7 @@ impl<'a> Layout<'a> {
                     let s = &seqs[0];
                     self.nvlink(acc, node, s[s.len() - 1], s[0], coeff);
                 } else {
-                    self.net(acc, router, node, self.nodes[next].0, rail, c, coeff);
+                    self.net(acc, router, (node, self.nodes[next].0), rail, c, coeff);
                 }
             }
         }
@@ -179,8 +179,8 @@ impl<'a> Layout<'a> {
             for i in 0..m {
                 if let Some(p) = dtree_parent(m, i, which) {
                     let (a, b) = (self.nodes[i as usize].0, self.nodes[p as usize].0);
-                    self.net(acc, router, a, b, rail, c, coeff);
-                    self.net(acc, router, b, a, rail, c, coeff);
+                    self.net(acc, router, (a, b), rail, c, coeff);
+                    self.net(acc, router, (b, a), rail, c, coeff);
                 }
             }
         }
@@ -218,7 +218,7 @@ impl<'a> Layout<'a> {
                 let j = (i + d) % n;
                 for c in 0..channels {
                     let rail = self.rail(c, graph_channels);
-                    self.net(acc, router, self.nodes[i as usize].0, self.nodes[j as usize].0, rail, c, coeff);
+                    self.net(acc, router, (self.nodes[i as usize].0, self.nodes[j as usize].0), rail, c, coeff);
                 }
             }
             d *= 2;
@@ -240,7 +240,7 @@ impl<'a> Layout<'a> {
         match router {
             Some(router) => {
                 for lane in 0..2 {
-                    self.net(acc, router, na, nb, rail, lane, coeff / 2.0);
+                    self.net(acc, router, (na, nb), rail, lane, coeff / 2.0);
                 }
             }
             None => {

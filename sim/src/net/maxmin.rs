@@ -5,8 +5,10 @@
 //! Capacities C_c bound Σ_v a_{v,c}·r_v ≤ C_c. Progressive filling raises a common level λ
 //! with r_v = w_v·λ for every unfrozen v; the first constraint to fill (least
 //! remaining/Σ a·w) or bound to be reached (least b_v/w_v) freezes its variables; repeat
-//! (SimGrid lmm, Bertsekas & Gallager §6.5). A heap keyed by each constraint's fill level
-//! makes one solve O(E log E) for E variable–constraint elements.
+//! (SimGrid lmm, Bertsekas & Gallager §6.5). A heap of lazily updated fill levels (a level
+//! only rises as variables freeze, so stale keys are lower bounds, re-checked when popped)
+//! makes one solve O(E + P log P) for E variable–constraint elements and P pops, and stops
+//! as soon as every variable is frozen.
 //!
 //! Incremental: a start or an end marks its constraints dirty; only the connected component
 //! of variables and *shared* constraints reachable from them is re-solved (SimGrid's
@@ -33,11 +35,15 @@ struct Cnst {
     cap: f64,
     /// Active variables on this constraint and their coefficients, in variable-id order.
     vars: Vec<(VarId, f64)>,
+}
+
+/// Per-constraint solve state, kept apart from [`Cnst`] so that the per-element passes
+/// touch small, dense arrays (the solver is bound by memory latency at scale).
+#[derive(Clone, Copy, Debug, Default)]
+struct Fill {
     remaining: f64,
     usage: f64,
     unfrozen: u32,
-    version: u32,
-    mark: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -88,6 +94,13 @@ pub struct SolverStats {
 #[derive(Clone, Debug, Default)]
 pub struct MaxMin {
     cnsts: Vec<Cnst>,
+    /// Active variables per constraint (mirror of `cnsts[c].vars.len()`).
+    c_nvars: Vec<u32>,
+    /// Σ a·w over the active variables of each constraint, kept up to date on add/remove
+    /// (reset to exactly 0 when the constraint empties, so rounding cannot accumulate).
+    c_usage: Vec<f64>,
+    c_mark: Vec<u32>,
+    c_fill: Vec<Fill>,
     vars: Vec<Var>,
     dirty: Vec<CnstId>,
     dirty_vars: Vec<VarId>,
@@ -104,15 +117,11 @@ impl MaxMin {
     /// A constraint of capacity `cap_bytes_per_s` (> 0).
     pub fn add_constraint(&mut self, cap_bytes_per_s: f64) -> CnstId {
         assert!(cap_bytes_per_s > 0.0 && cap_bytes_per_s.is_finite(), "capacity {cap_bytes_per_s}");
-        self.cnsts.push(Cnst {
-            cap: cap_bytes_per_s,
-            vars: Vec::new(),
-            remaining: 0.0,
-            usage: 0.0,
-            unfrozen: 0,
-            version: 0,
-            mark: 0,
-        });
+        self.cnsts.push(Cnst { cap: cap_bytes_per_s, vars: Vec::new() });
+        self.c_nvars.push(0);
+        self.c_usage.push(0.0);
+        self.c_mark.push(0);
+        self.c_fill.push(Fill::default());
         (self.cnsts.len() - 1) as CnstId
     }
 
@@ -146,6 +155,8 @@ impl MaxMin {
         let id = self.vars.len() as VarId;
         for &(c, a) in &e {
             self.cnsts[c as usize].vars.push((id, a));
+            self.c_nvars[c as usize] += 1;
+            self.c_usage[c as usize] += a * weight;
             self.dirty.push(c);
         }
         self.vars.push(Var {
@@ -172,9 +183,13 @@ impl MaxMin {
         v.active = false;
         v.version += 1;
         v.rate = 0.0;
+        let w = v.weight;
         let elems = std::mem::take(&mut v.elems);
-        for &(c, _) in &elems {
+        for &(c, a) in &elems {
             self.cnsts[c as usize].vars.retain(|&(x, _)| x != id);
+            self.c_nvars[c as usize] -= 1;
+            self.c_usage[c as usize] =
+                if self.c_nvars[c as usize] == 0 { 0.0 } else { self.c_usage[c as usize] - a * w };
             self.dirty.push(c);
         }
         self.vars[id as usize].elems = elems;
@@ -255,12 +270,11 @@ impl MaxMin {
             }
         }
         while let Some(c) = stack_c.pop() {
-            let cn = &mut self.cnsts[c as usize];
-            if cn.mark == epoch {
+            if self.c_mark[c as usize] == epoch {
                 continue;
             }
-            cn.mark = epoch;
-            if cn.vars.len() >= 2 {
+            self.c_mark[c as usize] = epoch;
+            if self.c_nvars[c as usize] >= 2 {
                 cnsts.push(c);
             }
             for &(v, _) in &self.cnsts[c as usize].vars {
@@ -269,7 +283,7 @@ impl MaxMin {
                     var.mark = epoch;
                     vars.push(v);
                     for &(c2, _) in &var.elems {
-                        if self.cnsts[c2 as usize].mark != epoch && self.cnsts[c2 as usize].vars.len() >= 2 {
+                        if self.c_mark[c2 as usize] != epoch && self.c_nvars[c2 as usize] >= 2 {
                             stack_c.push(c2);
                         }
                     }
@@ -285,56 +299,66 @@ impl MaxMin {
     fn fill(&mut self, vars: &[VarId], cnsts: &[CnstId], now_ns: u64) {
         self.stats.solves += 1;
         self.stats.vars_solved += vars.len() as u64;
-        let mut heap: BinaryHeap<Reverse<Level>> = BinaryHeap::with_capacity(vars.len() + cnsts.len());
+        let mut entries: Vec<Reverse<Level>> = Vec::with_capacity(vars.len() + cnsts.len());
         let mut new_rate = vec![0.0f64; vars.len()];
         for (i, &v) in vars.iter().enumerate() {
             let var = &self.vars[v as usize];
             let mut bound = var.bound;
             for &(c, a) in &var.elems {
-                let cn = &self.cnsts[c as usize];
-                if cn.vars.len() == 1 {
-                    bound = bound.min(cn.cap / a);
+                if self.c_nvars[c as usize] == 1 {
+                    bound = bound.min(self.cnsts[c as usize].cap / a);
                 }
             }
             self.stats.elems_solved += var.elems.len() as u64;
             new_rate[i] = bound; // the folded bound, until frozen
-            heap.push(Reverse(Level(bound / var.weight, 1, i as u32, 0)));
+            entries.push(Reverse(Level(bound / var.weight, 1, i as u32, 0)));
         }
         for &c in cnsts {
-            let cn = &mut self.cnsts[c as usize];
-            cn.remaining = cn.cap;
-            cn.usage = 0.0;
-            cn.unfrozen = 0;
-            cn.version = cn.version.wrapping_add(1);
-            for &(v, a) in &cn.vars {
-                cn.usage += a * self.vars[v as usize].weight;
-                cn.unfrozen += 1;
-            }
-            heap.push(Reverse(Level(cn.remaining / cn.usage, 0, c, cn.version)));
+            let c = c as usize;
+            let f = Fill { remaining: self.cnsts[c].cap, usage: self.c_usage[c], unfrozen: self.c_nvars[c] };
+            self.c_fill[c] = f;
+            entries.push(Reverse(Level(f.remaining / f.usage, 0, c as u32, 0)));
         }
+        let mut heap = BinaryHeap::from(entries);
         for &v in vars {
             self.vars[v as usize].frozen = false;
         }
-        while let Some(Reverse(Level(level, kind, id, ver))) = heap.pop() {
+        // Keys are lower bounds of the true fill levels: freezing a variable at the current
+        // level λ ≤ remaining/usage never lowers a constraint's level, so a popped key is
+        // re-checked and pushed back if its level rose. Constraints that never bind are
+        // never touched again, and the loop ends when every variable is frozen.
+        let mut unfrozen = vars.len();
+        while unfrozen > 0 {
+            let Some(Reverse(Level(key, kind, id, _))) = heap.pop() else { break };
             if kind == 1 {
                 let v = vars[id as usize];
                 if !self.vars[v as usize].frozen {
-                    let rate = new_rate[id as usize];
-                    self.freeze(v, rate, &mut heap);
+                    self.freeze(v, new_rate[id as usize]);
+                    unfrozen -= 1;
                 }
                 continue;
             }
-            let cn = &self.cnsts[id as usize];
-            if cn.version != ver || cn.unfrozen == 0 {
+            let f = self.c_fill[id as usize];
+            if f.unfrozen == 0 {
                 continue;
             }
-            let members: Vec<VarId> =
-                cn.vars.iter().map(|&(v, _)| v).filter(|&v| !self.vars[v as usize].frozen).collect();
+            let level = f.remaining.max(0.0) / f.usage.max(f64::MIN_POSITIVE);
+            if level > key {
+                heap.push(Reverse(Level(level, 0, id, 0)));
+                continue;
+            }
+            let members: Vec<VarId> = self.cnsts[id as usize]
+                .vars
+                .iter()
+                .map(|&(v, _)| v)
+                .filter(|&v| !self.vars[v as usize].frozen)
+                .collect();
             for v in members {
                 let i = vars.binary_search(&v).expect("component holds every variable of its constraints");
-                let rate = self.vars[v as usize].weight * level.max(0.0);
+                let rate = self.vars[v as usize].weight * level;
                 new_rate[i] = rate;
-                self.freeze(v, rate, &mut heap);
+                self.freeze(v, rate);
+                unfrozen -= 1;
             }
         }
         for (i, &v) in vars.iter().enumerate() {
@@ -342,23 +366,18 @@ impl MaxMin {
         }
     }
 
-    fn freeze(&mut self, v: VarId, rate: f64, heap: &mut BinaryHeap<Reverse<Level>>) {
+    fn freeze(&mut self, v: VarId, rate: f64) {
         let var = &mut self.vars[v as usize];
         var.frozen = true;
         let w = var.weight;
         for &(c, a) in &var.elems {
-            let cn = &mut self.cnsts[c as usize];
-            if cn.vars.len() < 2 {
+            if self.c_nvars[c as usize] < 2 {
                 continue;
             }
-            cn.remaining -= a * rate;
-            cn.usage -= a * w;
-            cn.unfrozen -= 1;
-            cn.version = cn.version.wrapping_add(1);
-            if cn.unfrozen > 0 {
-                let level = cn.remaining.max(0.0) / cn.usage.max(f64::MIN_POSITIVE);
-                heap.push(Reverse(Level(level, 0, c, cn.version)));
-            }
+            let f = &mut self.c_fill[c as usize];
+            f.remaining -= a * rate;
+            f.usage -= a * w;
+            f.unfrozen -= 1;
         }
     }
 
@@ -438,6 +457,9 @@ mod tests {
         assert_eq!(m.next_completion(), Some((1_500_000_000, a)));
     }
 
+    /// (bound, weight, elements) of a random variable.
+    type Spec = (f64, f64, Vec<(CnstId, f64)>);
+
     /// A random instance: constraints, then a sequence of adds and removes.
     #[test]
     fn incremental_equals_from_scratch_on_random_sets() {
@@ -449,7 +471,7 @@ mod tests {
             for &c in &caps {
                 inc.add_constraint(c);
             }
-            let mut specs: Vec<Option<(f64, f64, Vec<(CnstId, f64)>)>> = Vec::new();
+            let mut specs: Vec<Option<Spec>> = Vec::new();
             for step in 0..30u64 {
                 let live: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].is_some()).collect();
                 if !live.is_empty() && rng.random_range(0..3) == 0 {
