@@ -10,11 +10,14 @@
 //! makes one solve O(E + P log P) for E variable–constraint elements and P pops, and stops
 //! as soon as every variable is frozen.
 //!
-//! Incremental: a start or an end marks its constraints dirty; only the connected component
-//! of variables and *shared* constraints reachable from them is re-solved (SimGrid's
+//! Incremental: a start marks its variable dirty and an end the constraints it could bind;
+//! only the connected component of variables and binding-capable constraints reachable from
+//! them is re-solved (SimGrid's
 //! selective update; exact, because components are independent). A constraint used by one
 //! variable only is folded into that variable's bound as C_c/a_{v,c} and never enters the
-//! heap. Remaining bytes are updated lazily: only when a variable's rate changes. Completion
+//! heap; a shared constraint that could not fill even with every variable at its bound
+//! (Σ a·b ≤ C) cannot bind and is left out of solves and of components. Remaining bytes are
+//! updated lazily: only when a variable's rate changes. Completion
 //! times are rounded up to whole ns; ties are broken by variable id (creation order).
 //!
 //! Determinism: variables and constraints live in `Vec`s indexed by creation order; the
@@ -99,6 +102,8 @@ pub struct MaxMin {
     /// Σ a·w over the active variables of each constraint, kept up to date on add/remove
     /// (reset to exactly 0 when the constraint empties, so rounding cannot accumulate).
     c_usage: Vec<f64>,
+    /// Σ a·bound over the active variables: the most the constraint could ever carry.
+    c_max_load: Vec<f64>,
     c_mark: Vec<u32>,
     c_fill: Vec<Fill>,
     vars: Vec<Var>,
@@ -120,6 +125,7 @@ impl MaxMin {
         self.cnsts.push(Cnst { cap: cap_bytes_per_s, vars: Vec::new() });
         self.c_nvars.push(0);
         self.c_usage.push(0.0);
+        self.c_max_load.push(0.0);
         self.c_mark.push(0);
         self.c_fill.push(Fill::default());
         (self.cnsts.len() - 1) as CnstId
@@ -157,7 +163,7 @@ impl MaxMin {
             self.cnsts[c as usize].vars.push((id, a));
             self.c_nvars[c as usize] += 1;
             self.c_usage[c as usize] += a * weight;
-            self.dirty.push(c);
+            self.c_max_load[c as usize] += a * bound_bytes_per_s;
         }
         self.vars.push(Var {
             active: true,
@@ -183,14 +189,18 @@ impl MaxMin {
         v.active = false;
         v.version += 1;
         v.rate = 0.0;
-        let w = v.weight;
+        let (w, bound) = (v.weight, v.bound);
         let elems = std::mem::take(&mut v.elems);
         for &(c, a) in &elems {
+            // Only a constraint that could bind its other variables changes their rates.
+            if self.shared_and_tight(c) {
+                self.dirty.push(c);
+            }
             self.cnsts[c as usize].vars.retain(|&(x, _)| x != id);
             self.c_nvars[c as usize] -= 1;
-            self.c_usage[c as usize] =
-                if self.c_nvars[c as usize] == 0 { 0.0 } else { self.c_usage[c as usize] - a * w };
-            self.dirty.push(c);
+            let empty = self.c_nvars[c as usize] == 0;
+            self.c_usage[c as usize] = if empty { 0.0 } else { self.c_usage[c as usize] - a * w };
+            self.c_max_load[c as usize] = if empty { 0.0 } else { self.c_max_load[c as usize] - a * bound };
         }
         self.vars[id as usize].elems = elems;
     }
@@ -266,7 +276,12 @@ impl MaxMin {
             if var.active && var.mark != epoch {
                 var.mark = epoch;
                 vars.push(v);
-                stack_c.extend(var.elems.iter().map(|&(c, _)| c));
+                for &(c, _) in &var.elems {
+                    let cu = c as usize;
+                    if self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap {
+                        stack_c.push(c);
+                    }
+                }
             }
         }
         while let Some(c) = stack_c.pop() {
@@ -274,7 +289,7 @@ impl MaxMin {
                 continue;
             }
             self.c_mark[c as usize] = epoch;
-            if self.c_nvars[c as usize] >= 2 {
+            if self.shared_and_tight(c) {
                 cnsts.push(c);
             }
             for &(v, _) in &self.cnsts[c as usize].vars {
@@ -283,7 +298,9 @@ impl MaxMin {
                     var.mark = epoch;
                     vars.push(v);
                     for &(c2, _) in &var.elems {
-                        if self.c_mark[c2 as usize] != epoch && self.c_nvars[c2 as usize] >= 2 {
+                        let cu = c2 as usize;
+                        let tight = self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap;
+                        if self.c_mark[cu] != epoch && tight {
                             stack_c.push(c2);
                         }
                     }
@@ -371,14 +388,25 @@ impl MaxMin {
         var.frozen = true;
         let w = var.weight;
         for &(c, a) in &var.elems {
-            if self.c_nvars[c as usize] < 2 {
+            let cu = c as usize;
+            let tight = self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap;
+            if !tight {
                 continue;
             }
-            let f = &mut self.c_fill[c as usize];
+            let f = &mut self.c_fill[cu];
             f.remaining -= a * rate;
             f.usage -= a * w;
             f.unfrozen -= 1;
         }
+    }
+
+    /// A constraint that takes part in solves: used by two or more variables, and able to
+    /// fill up (Σ a·bound > capacity). A constraint that cannot fill even with every
+    /// variable at its bound never freezes anything, so leaving it out is exact; a
+    /// constraint of one variable is folded into that variable's bound instead.
+    fn shared_and_tight(&self, c: CnstId) -> bool {
+        let c = c as usize;
+        self.c_nvars[c] >= 2 && self.c_max_load[c] > self.cnsts[c].cap
     }
 
     /// Applies a new rate: brings `remaining` up to date first (lazy update), then re-keys
