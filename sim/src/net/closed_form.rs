@@ -21,6 +21,8 @@
 //!   T = α + max((ppn−1)/n · S / B_nvlink, ppn·(n−ppn)/n · S / (nics·B_nic))
 //! - send/recv: T = α + S/B of its class (one NIC between nodes).
 //!
+//! Requests never contend, so `multiplicity` changes nothing here.
+//!
 //! Units: ns (u64) outside, seconds and bytes/s inside the formulas.
 
 use std::collections::BTreeSet;

@@ -27,7 +27,7 @@
 //!
 //! Units: ns (u64) at the interface, bytes and bytes/s inside.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 
 use strata_models::ClusterSpec;
@@ -36,7 +36,7 @@ use strata_models::plan::CollKind;
 use super::layout::{self, Plan};
 use super::maxmin::{CnstId, MaxMin, SolverStats, VarId};
 use super::nccl::{Func, NcclEnv, Selection, Tuner};
-use super::nccl_graph;
+use super::nccl_graph::{self, Graphs};
 use super::node::CommShape;
 use super::routing::Router;
 use super::topology::{ResId, Topology};
@@ -68,7 +68,9 @@ pub struct FabricNetwork {
     res_cnst: Vec<CnstId>,
     tuners: HashMap<CommShape, Rc<Tuner>>,
     layouts: HashMap<LayoutKey, Rc<[(ResId, f64)]>>,
-    comms: Vec<Comm>,
+    /// Requests not yet completed.
+    comms: BTreeMap<CommId, Comm>,
+    /// Request carried by each solver slot.
     var_comm: Vec<CommId>,
     /// Requests in their latency phase: (activation ns, id).
     pending: BTreeSet<(u64, CommId)>,
@@ -89,7 +91,7 @@ impl FabricNetwork {
             res_cnst: vec![u32::MAX; n_res],
             tuners: HashMap::new(),
             layouts: HashMap::new(),
-            comms: Vec::new(),
+            comms: BTreeMap::new(),
             var_comm: Vec::new(),
             pending: BTreeSet::new(),
             next_id: 0,
@@ -108,7 +110,15 @@ impl FabricNetwork {
 
     /// Current progress rate of a started request, bytes/s (0 in its latency phase or done).
     pub fn rate_bytes_per_s(&self, id: CommId) -> f64 {
-        self.comms[id as usize].var.map_or(0.0, |v| if self.solver.is_active(v) { self.solver.rate(v) } else { 0.0 })
+        self.comms.get(&id).and_then(|c| c.var).map_or(0.0, |v| self.solver.rate(v))
+    }
+
+    /// Uses `graphs` for every communicator shaped like `ranks`, in place of the search
+    /// stand-in: for calibration from a real cluster's `NCCL_DEBUG=INFO` graph lines.
+    pub fn override_graphs(&mut self, ranks: &[u32], graphs: Graphs) {
+        let shape = self.topo.node.shape(ranks);
+        let node = &self.topo.node;
+        self.tuners.insert(shape, Rc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env)));
     }
 
     fn tuner(&mut self, ranks: &[u32]) -> Rc<Tuner> {
@@ -192,7 +202,7 @@ impl FabricNetwork {
     }
 
     fn activate(&mut self, now_ns: u64, id: CommId) {
-        let c = self.comms[id as usize].clone();
+        let c = self.comms[&id].clone();
         let m = c.multiplicity.max(1) as f64;
         let elems: Vec<(CnstId, f64)> = c
             .elems
@@ -203,9 +213,13 @@ impl FabricNetwork {
             })
             .collect();
         let var = self.solver.add_var(now_ns, c.bytes as f64, c.bound_bytes_per_s, 1.0, &elems);
-        debug_assert_eq!(var as usize, self.var_comm.len());
-        self.var_comm.push(id);
-        self.comms[id as usize].var = Some(var);
+        if var as usize >= self.var_comm.len() {
+            self.var_comm.resize(var as usize + 1, 0);
+        }
+        self.var_comm[var as usize] = id;
+        if let Some(comm) = self.comms.get_mut(&id) {
+            comm.var = Some(var);
+        }
     }
 
     /// The next instant with work: a latency phase ending or a transfer completing.
@@ -235,7 +249,8 @@ impl Network for FabricNetwork {
             (latency_ns, bound, self.coefficients(req, &plan))
         };
         let bytes = if trivial { 0 } else { req.bytes };
-        self.comms.push(Comm { bytes, bound_bytes_per_s: bound, elems, multiplicity: req.multiplicity, var: None });
+        self.comms
+            .insert(id, Comm { bytes, bound_bytes_per_s: bound, elems, multiplicity: req.multiplicity, var: None });
         self.pending.insert((now_ns + latency_ns, id));
         id
     }
@@ -252,14 +267,17 @@ impl Network for FabricNetwork {
             }
             while let Some(v) = self.solver.pop_completed(t) {
                 self.solver.remove_var(v);
-                done.push((t, self.var_comm[v as usize]));
+                let id = self.var_comm[v as usize];
+                self.comms.remove(&id);
+                done.push((t, id));
             }
             while let Some(&(ta, id)) = self.pending.first() {
                 if ta > t {
                     break;
                 }
                 self.pending.pop_first();
-                if self.comms[id as usize].bytes == 0 {
+                if self.comms[&id].bytes == 0 {
+                    self.comms.remove(&id);
                     done.push((t, id));
                 } else {
                     self.activate(t, id);

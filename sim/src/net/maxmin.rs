@@ -29,6 +29,8 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 /// Index of a variable, in creation order.
+/// Slot of a variable; slots of ended variables are reused (ties are broken by creation
+/// sequence, not by slot).
 pub type VarId = u32;
 /// Index of a constraint, in creation order.
 pub type CnstId = u32;
@@ -52,6 +54,8 @@ struct Fill {
 #[derive(Clone, Debug)]
 struct Var {
     active: bool,
+    /// Creation sequence number: the tie-break between equal completion times.
+    seq: u64,
     weight: f64,
     bound: f64,
     elems: Vec<(CnstId, f64)>,
@@ -109,7 +113,10 @@ pub struct MaxMin {
     vars: Vec<Var>,
     dirty: Vec<CnstId>,
     dirty_vars: Vec<VarId>,
-    done: BinaryHeap<Reverse<(u64, VarId, u32)>>,
+    done: BinaryHeap<Reverse<(u64, u64, VarId, u32)>>,
+    /// Slots of ended variables, reused last-in first-out (deterministic).
+    free: Vec<VarId>,
+    next_seq: u64,
     epoch: u32,
     pub stats: SolverStats,
 }
@@ -158,15 +165,21 @@ impl MaxMin {
                 false
             }
         });
-        let id = self.vars.len() as VarId;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let (id, version) = match self.free.pop() {
+            Some(id) => (id, self.vars[id as usize].version.wrapping_add(1)),
+            None => (self.vars.len() as VarId, 0),
+        };
         for &(c, a) in &e {
             self.cnsts[c as usize].vars.push((id, a));
             self.c_nvars[c as usize] += 1;
             self.c_usage[c as usize] += a * weight;
             self.c_max_load[c as usize] += a * bound_bytes_per_s;
         }
-        self.vars.push(Var {
+        let var = Var {
             active: true,
+            seq,
             weight,
             bound: bound_bytes_per_s,
             elems: e,
@@ -174,15 +187,21 @@ impl MaxMin {
             remaining: bytes,
             last_ns: now_ns,
             done_ns: u64::MAX,
-            version: 0,
+            version,
             frozen: false,
             mark: 0,
-        });
+        };
+        if id as usize == self.vars.len() {
+            self.vars.push(var);
+        } else {
+            self.vars[id as usize] = var;
+        }
         self.dirty_vars.push(id);
         id
     }
 
     /// Removes an active variable; its component is re-solved at the next [`MaxMin::solve`].
+    /// Its slot may be handed to the next [`MaxMin::add_var`].
     pub fn remove_var(&mut self, id: VarId) {
         let v = &mut self.vars[id as usize];
         assert!(v.active, "variable {id} removed twice");
@@ -190,6 +209,7 @@ impl MaxMin {
         v.version += 1;
         v.rate = 0.0;
         let (w, bound) = (v.weight, v.bound);
+        // The elements are dropped: a long simulation ends millions of variables.
         let elems = std::mem::take(&mut v.elems);
         for &(c, a) in &elems {
             // Only a constraint that could bind its other variables changes their rates.
@@ -202,7 +222,7 @@ impl MaxMin {
             self.c_usage[c as usize] = if empty { 0.0 } else { self.c_usage[c as usize] - a * w };
             self.c_max_load[c as usize] = if empty { 0.0 } else { self.c_max_load[c as usize] - a * bound };
         }
-        self.vars[id as usize].elems = elems;
+        self.free.push(id);
     }
 
     /// Current rate of a variable, bytes/s.
@@ -238,14 +258,14 @@ impl MaxMin {
 
     /// Earliest (completion ns, variable) among active variables.
     pub fn next_completion(&self) -> Option<(u64, VarId)> {
-        self.done.peek().map(|Reverse((t, v, _))| (*t, *v))
+        self.done.peek().map(|Reverse((t, _, v, _))| (*t, *v))
     }
 
     /// Pops the variable completing at `next_completion` if it is ≤ `now_ns`; the caller
     /// removes it with [`MaxMin::remove_var`].
     pub fn pop_completed(&mut self, now_ns: u64) -> Option<VarId> {
         match self.done.peek() {
-            Some(&Reverse((t, v, _))) if t <= now_ns => {
+            Some(&Reverse((t, _, v, _))) if t <= now_ns => {
                 self.done.pop();
                 self.clean_top();
                 Some(v)
@@ -255,7 +275,7 @@ impl MaxMin {
     }
 
     fn clean_top(&mut self) {
-        while let Some(&Reverse((_, v, ver))) = self.done.peek() {
+        while let Some(&Reverse((_, _, v, ver))) = self.done.peek() {
             let var = &self.vars[v as usize];
             if var.active && var.version == ver {
                 break;
@@ -429,7 +449,7 @@ impl MaxMin {
             u64::MAX
         };
         if var.done_ns != u64::MAX {
-            self.done.push(Reverse((var.done_ns, v, var.version)));
+            self.done.push(Reverse((var.done_ns, var.seq, v, var.version)));
         }
     }
 }
@@ -500,11 +520,12 @@ mod tests {
                 inc.add_constraint(c);
             }
             let mut specs: Vec<Option<Spec>> = Vec::new();
+            let mut slots: Vec<VarId> = Vec::new();
             for step in 0..30u64 {
                 let live: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].is_some()).collect();
                 if !live.is_empty() && rng.random_range(0..3) == 0 {
                     let i = live[rng.random_range(0..live.len())];
-                    inc.remove_var(i as VarId);
+                    inc.remove_var(slots[i]);
                     specs[i] = None;
                 } else {
                     let k = rng.random_range(1..4);
@@ -512,7 +533,7 @@ mod tests {
                         (0..k).map(|_| (rng.random_range(0..n_c) as CnstId, rng.random_range(0.1..3.0))).collect();
                     let bound = rng.random_range(1.0..200.0);
                     let w = rng.random_range(0.5..2.0);
-                    inc.add_var(step, 1e3, bound, w, &elems);
+                    slots.push(inc.add_var(step, 1e3, bound, w, &elems));
                     specs.push(Some((bound, w, elems)));
                 }
                 inc.solve(step);
@@ -525,7 +546,7 @@ mod tests {
                 scratch.solve_all(step);
                 for (i, id) in ids.iter().enumerate() {
                     if let Some(id) = id {
-                        let (x, y) = (inc.rate(i as VarId), scratch.rate(*id));
+                        let (x, y) = (inc.rate(slots[i]), scratch.rate(*id));
                         assert!((x - y).abs() <= 1e-9 * y.max(1.0), "var {i}: {x} vs {y}");
                     }
                 }

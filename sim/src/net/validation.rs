@@ -386,3 +386,18 @@ fn h100_dgx_preset_uses_nvls_and_cpu_ranks_work() {
     net.start(0, &all_reduce((0..8).collect(), 1 << 20));
     assert_eq!(drain(&mut net).len(), 1);
 }
+
+/// Graphs taken from a real cluster's NCCL log replace the search stand-in.
+#[test]
+fn overridden_graphs_drive_the_model() {
+    use super::nccl_graph::{GraphBw, Graphs};
+    let c = cluster("dgx-a100", 1);
+    let ranks: Vec<u32> = (0..8).collect();
+    let slow = GraphBw { n_channels: 4, bw_intra_gb_per_s: 20.0, bw_inter_gb_per_s: 20.0 };
+    let mut net = FabricNetwork::new(&c, 0, NcclEnv::default()).unwrap();
+    net.override_graphs(&ranks, Graphs { ring: slow, tree: slow, nvls: None });
+    net.start(0, &all_reduce(ranks, 8 << 30));
+    let t_ns = drain(&mut net)[0].0;
+    let busbw = (8u64 << 30) as f64 / t_ns as f64 * 14.0 / 8.0;
+    assert!((busbw - 80.0).abs() < 0.5, "{busbw}");
+}
