@@ -66,6 +66,26 @@ struct Var {
     version: u32,
     frozen: bool,
     mark: u32,
+    /// Cache, valid while `cached`: the elements on binding-capable shared constraints,
+    /// and the bound folded with the variable's private constraints.
+    tight: Vec<(CnstId, f64)>,
+    folded_bound: f64,
+    /// The private constraint that sets `folded_bound` (`u32::MAX`: the declared bound).
+    fold_arg: CnstId,
+    cached: bool,
+}
+
+/// What a constraint is to the solver, from its variable count and Σ a·bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Class {
+    #[default]
+    Empty,
+    /// One variable: folded into its bound.
+    Private,
+    /// Shared, but cannot fill even with every variable at its bound: never binds.
+    Slack,
+    /// Shared and able to fill: takes part in solves and links components.
+    Tight,
 }
 
 /// A heap key with a total order on the level.
@@ -94,6 +114,7 @@ impl Ord for Level {
 pub struct SolverStats {
     pub solves: u64,
     pub vars_solved: u64,
+    /// Elements on binding-capable shared constraints that solves went through.
     pub elems_solved: u64,
 }
 
@@ -109,6 +130,7 @@ pub struct MaxMin {
     /// Σ a·bound over the active variables: the most the constraint could ever carry.
     c_max_load: Vec<f64>,
     c_mark: Vec<u32>,
+    c_class: Vec<Class>,
     c_fill: Vec<Fill>,
     vars: Vec<Var>,
     dirty: Vec<CnstId>,
@@ -134,6 +156,7 @@ impl MaxMin {
         self.c_usage.push(0.0);
         self.c_max_load.push(0.0);
         self.c_mark.push(0);
+        self.c_class.push(Class::Empty);
         self.c_fill.push(Fill::default());
         (self.cnsts.len() - 1) as CnstId
     }
@@ -176,6 +199,7 @@ impl MaxMin {
             self.c_nvars[c as usize] += 1;
             self.c_usage[c as usize] += a * weight;
             self.c_max_load[c as usize] += a * bound_bytes_per_s;
+            self.reclassify(c, id);
         }
         let var = Var {
             active: true,
@@ -190,6 +214,10 @@ impl MaxMin {
             version,
             frozen: false,
             mark: 0,
+            tight: Vec::new(),
+            folded_bound: bound_bytes_per_s,
+            fold_arg: u32::MAX,
+            cached: false,
         };
         if id as usize == self.vars.len() {
             self.vars.push(var);
@@ -221,7 +249,11 @@ impl MaxMin {
             let empty = self.c_nvars[c as usize] == 0;
             self.c_usage[c as usize] = if empty { 0.0 } else { self.c_usage[c as usize] - a * w };
             self.c_max_load[c as usize] = if empty { 0.0 } else { self.c_max_load[c as usize] - a * bound };
+            self.reclassify(c, id);
         }
+        let v = &mut self.vars[id as usize];
+        v.tight = Vec::new();
+        v.cached = false;
         self.free.push(id);
     }
 
@@ -290,21 +322,27 @@ impl MaxMin {
         let epoch = self.epoch;
         let mut vars = Vec::new();
         let mut cnsts = Vec::new();
+        // Constraints dirtied by an end are visited whatever their class now (they could
+        // bind before); from there on only tight constraints link variables.
         let mut stack_c: Vec<CnstId> = std::mem::take(&mut self.dirty);
-        for v in std::mem::take(&mut self.dirty_vars) {
-            let var = &mut self.vars[v as usize];
-            if var.active && var.mark != epoch {
+        let mut stack_v: Vec<VarId> = std::mem::take(&mut self.dirty_vars);
+        loop {
+            if let Some(v) = stack_v.pop() {
+                if !self.vars[v as usize].active || self.vars[v as usize].mark == epoch {
+                    continue;
+                }
+                self.refresh(v);
+                let var = &mut self.vars[v as usize];
                 var.mark = epoch;
                 vars.push(v);
-                for &(c, _) in &var.elems {
-                    let cu = c as usize;
-                    if self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap {
+                for &(c, _) in &var.tight {
+                    if self.c_mark[c as usize] != epoch {
                         stack_c.push(c);
                     }
                 }
+                continue;
             }
-        }
-        while let Some(c) = stack_c.pop() {
+            let Some(c) = stack_c.pop() else { break };
             if self.c_mark[c as usize] == epoch {
                 continue;
             }
@@ -312,20 +350,9 @@ impl MaxMin {
             if self.shared_and_tight(c) {
                 cnsts.push(c);
             }
-            for &(v, _) in &self.cnsts[c as usize].vars {
-                let var = &mut self.vars[v as usize];
-                if var.mark != epoch {
-                    var.mark = epoch;
-                    vars.push(v);
-                    for &(c2, _) in &var.elems {
-                        let cu = c2 as usize;
-                        let tight = self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap;
-                        if self.c_mark[cu] != epoch && tight {
-                            stack_c.push(c2);
-                        }
-                    }
-                }
-            }
+            stack_v.extend(
+                self.cnsts[c as usize].vars.iter().map(|&(v, _)| v).filter(|&v| self.vars[v as usize].mark != epoch),
+            );
         }
         vars.sort_unstable();
         cnsts.sort_unstable();
@@ -340,13 +367,9 @@ impl MaxMin {
         let mut new_rate = vec![0.0f64; vars.len()];
         for (i, &v) in vars.iter().enumerate() {
             let var = &self.vars[v as usize];
-            let mut bound = var.bound;
-            for &(c, a) in &var.elems {
-                if self.c_nvars[c as usize] == 1 {
-                    bound = bound.min(self.cnsts[c as usize].cap / a);
-                }
-            }
-            self.stats.elems_solved += var.elems.len() as u64;
+            debug_assert!(var.cached);
+            let bound = var.folded_bound;
+            self.stats.elems_solved += var.tight.len() as u64;
             new_rate[i] = bound; // the folded bound, until frozen
             entries.push(Reverse(Level(bound / var.weight, 1, i as u32, 0)));
         }
@@ -407,13 +430,8 @@ impl MaxMin {
         let var = &mut self.vars[v as usize];
         var.frozen = true;
         let w = var.weight;
-        for &(c, a) in &var.elems {
-            let cu = c as usize;
-            let tight = self.c_nvars[cu] >= 2 && self.c_max_load[cu] > self.cnsts[cu].cap;
-            if !tight {
-                continue;
-            }
-            let f = &mut self.c_fill[cu];
+        for &(c, a) in &var.tight {
+            let f = &mut self.c_fill[c as usize];
             f.remaining -= a * rate;
             f.usage -= a * w;
             f.unfrozen -= 1;
@@ -425,8 +443,78 @@ impl MaxMin {
     /// variable at its bound never freezes anything, so leaving it out is exact; a
     /// constraint of one variable is folded into that variable's bound instead.
     fn shared_and_tight(&self, c: CnstId) -> bool {
-        let c = c as usize;
-        self.c_nvars[c] >= 2 && self.c_max_load[c] > self.cnsts[c].cap
+        self.c_class[c as usize] == Class::Tight
+    }
+
+    /// Recomputes a constraint's class after a change by variable `by`; when it becomes or
+    /// stops being tight, the caches of the constraint's other variables are stale.
+    fn reclassify(&mut self, c: CnstId, by: VarId) {
+        let cu = c as usize;
+        let class = match self.c_nvars[cu] {
+            0 => Class::Empty,
+            1 => Class::Private,
+            _ if self.c_max_load[cu] > self.cnsts[cu].cap => Class::Tight,
+            _ => Class::Slack,
+        };
+        let old = std::mem::replace(&mut self.c_class[cu], class);
+        // Private ⇄ Slack changes nothing a variable sees: a private constraint that
+        // becomes (or was) slack has C/a ≥ the bound, so folding it never bound anyway.
+        if old != class && (old == Class::Tight || class == Class::Tight) {
+            let cap = self.cnsts[cu].cap;
+            for &(v, a) in &self.cnsts[cu].vars {
+                if v == by {
+                    continue;
+                }
+                let var = &mut self.vars[v as usize];
+                if !var.cached {
+                    continue;
+                }
+                // Patch the cache in place rather than rebuilding it from every element.
+                if old == Class::Tight
+                    && let Some(i) = var.tight.iter().position(|&(x, _)| x == c)
+                {
+                    var.tight.remove(i);
+                }
+                if class == Class::Tight {
+                    let i = var.tight.partition_point(|&(x, _)| x < c);
+                    var.tight.insert(i, (c, a));
+                }
+                if old == Class::Private && var.fold_arg == c {
+                    var.cached = false;
+                }
+                if class == Class::Private && cap / a < var.folded_bound {
+                    var.folded_bound = cap / a;
+                    var.fold_arg = c;
+                }
+            }
+        }
+    }
+
+    /// Brings a variable's cache of tight elements and folded bound up to date.
+    fn refresh(&mut self, v: VarId) {
+        let var = &self.vars[v as usize];
+        if var.cached {
+            return;
+        }
+        let mut tight = std::mem::take(&mut self.vars[v as usize].tight);
+        tight.clear();
+        let var = &self.vars[v as usize];
+        let (mut bound, mut arg) = (var.bound, u32::MAX);
+        for &(c, a) in &var.elems {
+            match self.c_class[c as usize] {
+                Class::Private if self.cnsts[c as usize].cap / a < bound => {
+                    bound = self.cnsts[c as usize].cap / a;
+                    arg = c;
+                }
+                Class::Tight => tight.push((c, a)),
+                _ => {}
+            }
+        }
+        let var = &mut self.vars[v as usize];
+        var.tight = tight;
+        var.folded_bound = bound;
+        var.fold_arg = arg;
+        var.cached = true;
     }
 
     /// Applies a new rate: brings `remaining` up to date first (lazy update), then re-keys
