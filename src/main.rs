@@ -42,6 +42,8 @@ enum Command {
     Verify(cmd::verify::Args),
     /// List the built-in models, GPUs and clusters.
     Presets(cmd::presets::Args),
+    /// nccl-tests in simulation: time, algbw and busbw of one collective over message sizes.
+    Collbench(cmd::collbench::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Some(Command::Plan(a)) => cmd::plan::run(a),
         Some(Command::Verify(a)) => cmd::verify::run(a),
         Some(Command::Presets(a)) => cmd::presets::run(a),
+        Some(Command::Collbench(a)) => cmd::collbench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

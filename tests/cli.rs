@@ -113,3 +113,19 @@ fn plan_text_shows_one_op_a_line() {
     assert!(text.starts_with("# TP(2)-PP(2)-DP(2)-rank(2)"), "{text}");
     assert!(text.contains("all-reduce tp") && text.contains("send next act"), "{text}");
 }
+
+#[test]
+fn collbench_prints_nccl_tests_rows() {
+    let out = strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--min", "1M", "--max", "1G", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 11);
+    for key in ["size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm", "protocol"] {
+        assert!(rows[0].get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(rows[10]["size_bytes"], 1u64 << 30);
+    rejects(&strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--op", "allreduce"]), &["--op \"allreduce\""]);
+    rejects(&strata(&["collbench", "--cluster", "dgx-x", "--ranks", "8"]), &["neither a preset", "dgx-h100"]);
+    rejects(&strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--max", "lots"]), &["\"lots\" is not a number"]);
+}

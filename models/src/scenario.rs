@@ -298,6 +298,17 @@ impl Scenario {
     }
 }
 
+/// Reads the `[cluster]` table of a TOML file (a scenario, or a file with only a cluster),
+/// resolving its preset and checking it.
+pub fn load_cluster(path: &Path) -> Result<ClusterSpec, ScenarioError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
+    let raw: RawScenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse { origin: origin.clone(), message: e.to_string() })?;
+    let cluster = resolve_cluster(raw.cluster, &origin)?;
+    cluster.check().map_err(|message| ScenarioError::Invalid { origin, message, config: None })?;
+    Ok(cluster)
+}
+
 /// Sets `a.b.c = value` in a TOML document.
 fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError> {
     let bad = |reason: String| ScenarioError::BadOverride { spec: spec.to_string(), reason };
@@ -376,42 +387,8 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
             .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
     };
 
-    // Cluster.
-    let rc = raw.cluster;
-    let cbase = match &rc.preset {
-        Some(p) => Some(ClusterSpec::preset(p).ok_or_else(|| unknown("cluster", p, CLUSTER_PRESETS))?),
-        None => None,
-    };
-    let gpu = match (&rc.gpu, &cbase) {
-        (Some(g), _) => GpuKind::from_key(g).ok_or_else(|| ScenarioError::Parse {
-            origin: origin.to_string(),
-            message: format!(
-                "cluster.gpu = \"{g}\" is not in the catalog; known GPUs: {}",
-                crate::hardware::GPU_KINDS.iter().map(|k| k.key()).collect::<Vec<_>>().join(", ")
-            ),
-        })?,
-        (None, Some(b)) => b.gpu,
-        (None, None) => return Err(missing("cluster", "gpu")),
-    };
-    let single = gpu == GpuKind::Cpu;
-    let cluster = ClusterSpec {
-        name: rc.name.clone().or_else(|| rc.preset.clone()).unwrap_or_else(|| "custom".into()),
-        gpu,
-        nodes: rc.nodes.or(cbase.as_ref().map(|b| b.nodes)).unwrap_or(1),
-        gpus_per_node: pick!(rc, cbase, "cluster", gpus_per_node),
-        nics_per_node: rc.nics_per_node.or(cbase.as_ref().map(|b| b.nics_per_node)).unwrap_or(if single {
-            0
-        } else {
-            8
-        }),
-        nic_gbps: rc.nic_gbps.or(cbase.as_ref().map(|b| b.nic_gbps)).unwrap_or(if single { 0.0 } else { 400.0 }),
-        fabric: rc.fabric.or(cbase.as_ref().map(|b| b.fabric)).unwrap_or(Fabric::RailOptimized),
-        oversubscription: rc.oversubscription.or(cbase.as_ref().map(|b| b.oversubscription)).unwrap_or(1.0),
-        routing: rc.routing.or(cbase.as_ref().map(|b| b.routing)).unwrap_or(Routing::Adaptive),
-        switch_radix: rc.switch_radix.or(cbase.as_ref().map(|b| b.switch_radix)).unwrap_or(64),
-        nodes_per_unit: rc.nodes_per_unit.or(cbase.as_ref().map(|b| b.nodes_per_unit)).unwrap_or(32),
-        switch_latency_ns: rc.switch_latency_ns.or(cbase.as_ref().map(|b| b.switch_latency_ns)).unwrap_or(200),
-    };
+    let cluster = resolve_cluster(raw.cluster, origin)?;
+    let single = cluster.gpu == GpuKind::Cpu;
 
     // Parallel: defaults, dp derived from the GPU count when absent.
     let rp = raw.parallel;
@@ -468,6 +445,61 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
     validate(&scenario, origin)?;
     Ok(scenario)
+}
+
+/// Resolves a `[cluster]` table: preset, then explicit keys.
+fn resolve_cluster(rc: RawCluster, origin: &str) -> Result<ClusterSpec, ScenarioError> {
+    let missing = |section: &'static str, key: &str| ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") };
+    let unknown = |section: &'static str, name: &str, known: &[&str]| ScenarioError::UnknownPreset {
+        origin: origin.to_string(),
+        section,
+        name: name.to_string(),
+        known: known.join(", "),
+    };
+    macro_rules! pick {
+        ($raw:expr, $base:expr, $section:literal, $field:ident) => {
+            match ($raw.$field.clone(), $base.as_ref()) {
+                (Some(v), _) => v,
+                (None, Some(b)) => b.$field.clone(),
+                (None, None) => return Err(missing($section, stringify!($field))),
+            }
+        };
+    }
+    let cbase = match &rc.preset {
+        Some(p) => Some(ClusterSpec::preset(p).ok_or_else(|| unknown("cluster", p, CLUSTER_PRESETS))?),
+        None => None,
+    };
+    let gpu = match (&rc.gpu, &cbase) {
+        (Some(g), _) => GpuKind::from_key(g).ok_or_else(|| ScenarioError::Parse {
+            origin: origin.to_string(),
+            message: format!(
+                "cluster.gpu = \"{g}\" is not in the catalog; known GPUs: {}",
+                crate::hardware::GPU_KINDS.iter().map(|k| k.key()).collect::<Vec<_>>().join(", ")
+            ),
+        })?,
+        (None, Some(b)) => b.gpu,
+        (None, None) => return Err(missing("cluster", "gpu")),
+    };
+    let single = gpu == GpuKind::Cpu;
+    let cluster = ClusterSpec {
+        name: rc.name.clone().or_else(|| rc.preset.clone()).unwrap_or_else(|| "custom".into()),
+        gpu,
+        nodes: rc.nodes.or(cbase.as_ref().map(|b| b.nodes)).unwrap_or(1),
+        gpus_per_node: pick!(rc, cbase, "cluster", gpus_per_node),
+        nics_per_node: rc.nics_per_node.or(cbase.as_ref().map(|b| b.nics_per_node)).unwrap_or(if single {
+            0
+        } else {
+            8
+        }),
+        nic_gbps: rc.nic_gbps.or(cbase.as_ref().map(|b| b.nic_gbps)).unwrap_or(if single { 0.0 } else { 400.0 }),
+        fabric: rc.fabric.or(cbase.as_ref().map(|b| b.fabric)).unwrap_or(Fabric::RailOptimized),
+        oversubscription: rc.oversubscription.or(cbase.as_ref().map(|b| b.oversubscription)).unwrap_or(1.0),
+        routing: rc.routing.or(cbase.as_ref().map(|b| b.routing)).unwrap_or(Routing::Adaptive),
+        switch_radix: rc.switch_radix.or(cbase.as_ref().map(|b| b.switch_radix)).unwrap_or(64),
+        nodes_per_unit: rc.nodes_per_unit.or(cbase.as_ref().map(|b| b.nodes_per_unit)).unwrap_or(32),
+        switch_latency_ns: rc.switch_latency_ns.or(cbase.as_ref().map(|b| b.switch_latency_ns)).unwrap_or(200),
+    };
+    Ok(cluster)
 }
 
 fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod collbench;
 pub mod inspect;
 pub mod plan;
 pub mod presets;
