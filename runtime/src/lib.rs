@@ -53,9 +53,12 @@
 //! are checked and reported as [`error::RuntimeError`] / [`data::DataError`] values.
 
 pub mod attention;
+pub mod checkpoint;
+pub mod comm;
 pub mod data;
 pub mod embed;
 pub mod error;
+pub mod exec;
 pub mod head;
 pub mod kernels;
 pub mod layer;
@@ -65,6 +68,7 @@ pub mod params;
 pub mod reference;
 pub mod shard;
 pub mod tensor;
+pub mod train;
 
 pub use error::RuntimeError;
 

@@ -266,6 +266,24 @@ impl ParamLayout {
         LayerTensors::from_array(split_mut(&mut buf[range], self.layer_sizes()))
     }
 
+    /// Elements of one layer's block.
+    pub fn layer_len(&self) -> usize {
+        self.layer_len
+    }
+
+    /// Views of a layer from its own block (`layer_len` elements, the layer's range of the
+    /// flat buffer held apart, as the plan interpreter keeps ZeRO units).
+    pub fn layer_block<'a>(&self, block: &'a [f32]) -> LayerParams<'a> {
+        assert_eq!(block.len(), self.layer_len, "a layer block has {} elements", self.layer_len);
+        LayerTensors::from_array(split(block, self.layer_sizes()))
+    }
+
+    /// Mutable views of a layer block (see [`ParamLayout::layer_block`]).
+    pub fn layer_block_mut<'a>(&self, block: &'a mut [f32]) -> LayerGrads<'a> {
+        assert_eq!(block.len(), self.layer_len, "a layer block has {} elements", self.layer_len);
+        LayerTensors::from_array(split_mut(block, self.layer_sizes()))
+    }
+
     fn embed_sizes(&self) -> [usize; 2] {
         assert!(self.chunk.embedding, "this chunk holds no embedding");
         [self.entries[0].len(), self.entries[1].len()]

@@ -1,0 +1,334 @@
+//! Deterministic, non-blocking collectives over any [`Communicator`].
+//!
+//! A collective on a group of n members (in group order, as `RankGrid::group` lists them):
+//!
+//! ```text
+//! all-reduce      member p sends x_p to every other member;  y = x_0 + x_1 + … + x_{n−1}
+//! reduce-scatter  member p sends part j of x_p to member j;   y_p = Σ_j (part p of x_j), j = 0…n−1
+//! all-gather      member p sends x_p to every other member;  y = x_0 ‖ x_1 ‖ … ‖ x_{n−1}
+//! broadcast       member 0 sends x_0 to every other member;   y = x_0
+//! ```
+//!
+//! Sums run in group order on every member, so every member gets the same bits, and so do
+//! repeated runs. Parts of a reduce-scatter are [`ZeroShard::split`]'s near-equal
+//! contiguous ranges (equal when n divides the length). Worked example, all-reduce on a
+//! group [4, 6] of ranks: rank 4 is member 0, rank 6 member 1; both compute x₄ + x₆.
+//!
+//! A collective is *posted* (contributions sent, no waiting) and later *finished* once
+//! every contribution has arrived ([`Mailbox::try_finish`]). Messages that arrive before
+//! their op is posted wait in the mailbox, keyed by (tag, sender).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use strata_models::plan::{CollKind, GroupKind};
+
+use super::{CommError, Communicator, Message, Payload, Tag};
+use crate::optim::ZeroShard;
+
+/// A process group as one member sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub kind: GroupKind,
+    /// Ranks in group order.
+    pub members: Vec<u32>,
+    /// This rank's index in `members`.
+    pub position: usize,
+}
+
+impl Group {
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+}
+
+/// A posted collective.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    tag: Tag,
+    kind: CollKind,
+    members: Vec<u32>,
+    position: usize,
+    /// This member's own contribution (its part, for a reduce-scatter).
+    own: Payload,
+    /// Length of the input, for a reduce-scatter's part sizes.
+    len: usize,
+}
+
+/// Part `j` of `n` of a buffer of `len` elements.
+pub fn part(len: usize, j: usize, n: usize) -> std::ops::Range<usize> {
+    ZeroShard::split(len, j, n).expect("part index inside its group").range()
+}
+
+/// One rank's communicator plus the messages that arrived before their op was posted.
+pub struct Mailbox {
+    comm: Box<dyn Communicator>,
+    inbox: BTreeMap<(Tag, u32), Payload>,
+    inbox_bytes: usize,
+    /// Collectives posted so far per (group kind, implicit): the next sequence number.
+    seq: BTreeMap<(GroupKind, bool), u64>,
+}
+
+fn f32s(p: Payload, what: &str) -> Vec<f32> {
+    match p {
+        Payload::F32(v) => v,
+        other => panic!("{what}: expected f32 data, got {other:?}"),
+    }
+}
+
+impl Mailbox {
+    pub fn new(comm: Box<dyn Communicator>) -> Mailbox {
+        Mailbox { comm, inbox: BTreeMap::new(), inbox_bytes: 0, seq: BTreeMap::new() }
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.comm.rank()
+    }
+
+    pub fn size(&self) -> u32 {
+        self.comm.size()
+    }
+
+    pub fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+
+    /// Bytes of messages received but not yet taken by an op.
+    pub fn inbox_bytes(&self) -> usize {
+        self.inbox_bytes
+    }
+
+    pub fn send(&self, to: u32, tag: Tag, payload: Payload) -> Result<(), CommError> {
+        self.comm.send(to, tag, payload)
+    }
+
+    /// Waits up to `timeout` for one message and files it; true if one came.
+    pub fn poll(&mut self, timeout: Duration) -> Result<bool, CommError> {
+        match self.comm.recv_timeout(timeout)? {
+            Some(m) => {
+                self.file(m);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Files every message already waiting, without blocking.
+    pub fn drain(&mut self) -> Result<(), CommError> {
+        while self.poll(Duration::ZERO)? {}
+        Ok(())
+    }
+
+    fn file(&mut self, m: Message) {
+        self.inbox_bytes += m.payload.bytes();
+        let old = self.inbox.insert((m.tag, m.from), m.payload);
+        assert!(old.is_none(), "rank {} got two messages {:?} from rank {}", self.rank(), m.tag, m.from);
+    }
+
+    /// Takes the message `tag` from `from`, if it arrived.
+    pub fn take(&mut self, tag: Tag, from: u32) -> Option<Payload> {
+        let p = self.inbox.remove(&(tag, from))?;
+        self.inbox_bytes -= p.bytes();
+        Some(p)
+    }
+
+    pub fn has(&self, tag: Tag, from: u32) -> bool {
+        self.inbox.contains_key(&(tag, from))
+    }
+
+    /// Posts a collective: sends this member's contributions and returns the handle that
+    /// [`Mailbox::try_finish`] completes. `data` is the input (this member's part, for an
+    /// all-gather). f64 data is allowed for all-reduce only.
+    pub fn post(&mut self, group: &Group, kind: CollKind, implicit: bool, data: Payload) -> Result<Pending, CommError> {
+        let seq = self.seq.entry((group.kind, implicit)).or_insert(0);
+        let tag = Tag::Coll { group: group.kind, implicit, seq: *seq };
+        *seq += 1;
+        let (n, me) = (group.size(), group.position);
+        debug_assert_eq!(group.members[me], self.rank());
+        let len = match &data {
+            Payload::F32(v) => v.len(),
+            Payload::F64(v) => {
+                assert_eq!(kind, CollKind::AllReduce, "f64 data only for all-reduce");
+                v.len()
+            }
+            other => panic!("collective data must be numbers, got {other:?}"),
+        };
+        let own = match kind {
+            CollKind::AllReduce | CollKind::AllGather => {
+                for (j, &to) in group.members.iter().enumerate() {
+                    if j != me {
+                        self.comm.send(to, tag, data.clone())?;
+                    }
+                }
+                data
+            }
+            CollKind::ReduceScatter => {
+                let x = f32s(data, "reduce-scatter");
+                for (j, &to) in group.members.iter().enumerate() {
+                    if j != me {
+                        self.comm.send(to, tag, Payload::F32(x[part(len, j, n)].to_vec()))?;
+                    }
+                }
+                Payload::F32(x[part(len, me, n)].to_vec())
+            }
+            CollKind::Broadcast => {
+                if me == 0 {
+                    for &to in &group.members[1..] {
+                        self.comm.send(to, tag, data.clone())?;
+                    }
+                }
+                data
+            }
+            CollKind::AllToAll => {
+                return Err(CommError::Transport {
+                    rank: self.rank(),
+                    what: "all-to-all is not implemented by the CPU runtime (no plan piece uses it)".into(),
+                });
+            }
+        };
+        Ok(Pending { tag, kind, members: group.members.clone(), position: me, own, len })
+    }
+
+    /// Ranks whose contribution to `p` has not arrived yet.
+    pub fn missing(&self, p: &Pending) -> Vec<u32> {
+        let needed: Vec<usize> = match p.kind {
+            CollKind::Broadcast if p.position != 0 => vec![0],
+            CollKind::Broadcast => vec![],
+            _ => (0..p.members.len()).filter(|&j| j != p.position).collect(),
+        };
+        needed.into_iter().map(|j| p.members[j]).filter(|&r| !self.has(p.tag, r)).collect()
+    }
+
+    /// The result of `p` if every contribution is in (consuming them), else `None`.
+    pub fn try_finish(&mut self, p: &Pending) -> Option<Payload> {
+        if !self.missing(p).is_empty() {
+            return None;
+        }
+        let n = p.members.len();
+        let mut parts: Vec<Payload> = Vec::with_capacity(n);
+        for (j, &r) in p.members.iter().enumerate() {
+            if j == p.position {
+                parts.push(p.own.clone());
+            } else if p.kind == CollKind::Broadcast {
+                if j == 0 {
+                    parts.push(self.take(p.tag, r).expect("checked by missing"));
+                }
+            } else {
+                parts.push(self.take(p.tag, r).expect("checked by missing"));
+            }
+        }
+        Some(match p.kind {
+            CollKind::AllReduce | CollKind::ReduceScatter => sum_in_order(parts),
+            CollKind::AllGather => {
+                let mut out = Vec::new();
+                for x in parts {
+                    out.extend(f32s(x, "all-gather"));
+                }
+                Payload::F32(out)
+            }
+            CollKind::Broadcast => parts.swap_remove(0),
+            CollKind::AllToAll => unreachable!("never posted"),
+        })
+        .inspect(|out| {
+            if p.kind == CollKind::ReduceScatter {
+                debug_assert_eq!(out.bytes() / 4, part(p.len, p.position, n).len());
+            }
+        })
+    }
+}
+
+/// x₀ + x₁ + … in the given order, element by element.
+fn sum_in_order(parts: Vec<Payload>) -> Payload {
+    let mut it = parts.into_iter();
+    match it.next().expect("a group has a member") {
+        Payload::F32(mut acc) => {
+            for x in it {
+                let x = f32s(x, "sum");
+                assert_eq!(x.len(), acc.len(), "contributions of different lengths");
+                acc.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
+            }
+            Payload::F32(acc)
+        }
+        Payload::F64(mut acc) => {
+            for x in it {
+                let Payload::F64(x) = x else { panic!("mixed f32 and f64 contributions") };
+                acc.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
+            }
+            Payload::F64(acc)
+        }
+        other => panic!("cannot sum {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use super::*;
+    use crate::comm::threads::{AbortFlag, ThreadComm};
+
+    /// Runs `f(rank, mailbox)` on `n` threads and returns their results in rank order.
+    fn on_ranks<T: Send + 'static>(n: u32, f: impl Fn(u32, &mut Mailbox) -> T + Send + Sync + 'static) -> Vec<T> {
+        let f = std::sync::Arc::new(f);
+        let handles: Vec<_> = ThreadComm::group(n, &AbortFlag::default())
+            .into_iter()
+            .map(|c| {
+                let f = f.clone();
+                thread::spawn(move || {
+                    let r = c.rank();
+                    let mut mb = Mailbox::new(Box::new(c));
+                    f(r, &mut mb)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    fn finish(mb: &mut Mailbox, p: &Pending) -> Vec<f32> {
+        loop {
+            if let Some(out) = mb.try_finish(p) {
+                return f32s(out, "test");
+            }
+            mb.poll(Duration::from_secs(5)).unwrap();
+        }
+    }
+
+    #[test]
+    fn collectives_on_subgroups_give_closed_form_results_in_group_order() {
+        // 4 ranks, groups [0, 2] and [1, 3] (a dp group of a tp = 2 grid).
+        let out = on_ranks(4, |r, mb| {
+            let members = if r % 2 == 0 { vec![0, 2] } else { vec![1, 3] };
+            let g = Group { kind: GroupKind::Dp, position: (r / 2) as usize, members };
+            let x: Vec<f32> = (0..5).map(|i| (10 * r + i) as f32).collect();
+            let ar = mb.post(&g, CollKind::AllReduce, false, Payload::F32(x.clone())).unwrap();
+            let rs = mb.post(&g, CollKind::ReduceScatter, false, Payload::F32(x.clone())).unwrap();
+            let ag = mb.post(&g, CollKind::AllGather, false, Payload::F32(vec![r as f32])).unwrap();
+            // Finish in the reverse order of posting: contributions wait in the mailbox.
+            (finish(mb, &ag), finish(mb, &rs), finish(mb, &ar))
+        });
+        // Group [0, 2]: x0 = 0..5, x2 = 20..25; sums 20, 22, 24, 26, 28; parts 3 + 2.
+        assert_eq!(out[0].2, vec![20.0, 22.0, 24.0, 26.0, 28.0]);
+        assert_eq!(out[2].2, out[0].2);
+        assert_eq!((out[0].1.clone(), out[2].1.clone()), (vec![20.0, 22.0, 24.0], vec![26.0, 28.0]));
+        assert_eq!(out[1].0, vec![1.0, 3.0]);
+        assert_eq!(out[3].2, vec![40.0, 42.0, 44.0, 46.0, 48.0]);
+    }
+
+    #[test]
+    fn f32_sums_are_bit_identical_on_every_member_and_every_run() {
+        let run = || {
+            on_ranks(3, |r, mb| {
+                let g = Group { kind: GroupKind::World, members: vec![0, 1, 2], position: r as usize };
+                // Values whose sum depends on the order in f32.
+                let x = vec![[1e8f32, 1.0, -1e8][r as usize]; 4];
+                let p = mb.post(&g, CollKind::AllReduce, false, Payload::F32(x)).unwrap();
+                finish(mb, &p)
+            })
+        };
+        let a = run();
+        // (1e8 + 1) − 1e8 = 0 in f32: group order, not any other.
+        assert_eq!(a[0], vec![0.0; 4]);
+        assert!(a.iter().all(|x| x == &a[0]));
+        assert_eq!(run(), a);
+    }
+}

@@ -1,0 +1,1 @@
+//! MPI communicator (feature `mpi`): filled in below.

@@ -1,0 +1,571 @@
+//! The plan interpreter: one rank runs its program of a lowered [`Plan`], for real.
+//!
+//! A rank takes `plan.program(rank)` and executes it with the IR's semantics
+//! (`strata_models::plan::ir`): `Compute` ops run the model piece (`compute.rs`),
+//! collectives and sends/receives go to the communicator (`coll.rs`), `Alloc`/`Free` open
+//! and drop the storage of a plan buffer ([`pool`]).
+//!
+//! **Streams on one thread.** The four streams of a rank run on its one thread as a greedy
+//! interleaving (`engine.rs`): repeatedly, every stream starts the ops it may start — its
+//! previous op done (or merely posted, for a `Send` or a `Free`) and every dep done —
+//! and then every posted op that can finish does. Collectives and receives are *posted*
+//! (non-blocking), so a rank never sits in a receive while another of its streams could
+//! move: whatever order the verifier proved deadlock-free for concurrent streams is also
+//! deadlock-free here. A send is done when its receiver acknowledges taking the message;
+//! a `Free` takes effect when its deps are done. Compute runs to completion when started.
+//!
+//! **What each ZeRO stage really holds** (per unit: a layer, a table, the final norm):
+//! ZeRO-0 full parameters, gradients and optimizer state, buckets all-reduced; ZeRO-1 the
+//! optimizer state of the owned part of each bucket only, buckets reduce-scattered into it
+//! and the updated parts all-gathered (`ParamBucket`); ZeRO-2 also only the owned part of
+//! the gradients, with a transient full bucket per microbatch reduce-scattered at once;
+//! ZeRO-3 also only the owned part of the parameters, each unit all-gathered into a
+//! transient buffer before a piece uses it (`ParamGather`) and dropped after.
+//!
+//! **A reduction the plan does not name.** Under sequence parallelism each tp rank's
+//! gradients of replicated tensors (LayerNorms, the row-parallel biases, the final norm)
+//! are partial sums over its rows. The executor all-reduces them over the tp group once
+//! per step, on the owned gradients, right before the gradient-norm all-reduce (or the
+//! optimizer step when clipping is off); it is timed inside that op's span. The position
+//! table is excluded: its gradient comes from the gathered full gradient and is already
+//! complete on every rank.
+//!
+//! **Loss and gradient scale.** Microbatch k of data-parallel replica d in step n reads
+//! batch (n·dp + d)·m + k of the corpus, so the global batch is the one a single rank
+//! reads with dp·m microbatches. The loss gradient is scaled by 1/(m·dp·b·s) and the
+//! data-parallel reductions sum, so every split computes the single rank's mean gradient.
+
+mod coll;
+mod compute;
+mod engine;
+pub mod pool;
+pub mod units;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_models::Recompute;
+use strata_models::plan::{BufClass, BufId, Coord, GroupKind, Plan, Unit};
+use strata_models::trace::{MemSample, Span};
+use thiserror::Error;
+
+use crate::comm::CommError;
+use crate::comm::collective::{Group, Mailbox};
+use crate::data::{Batch, Corpus};
+use crate::error::RuntimeError;
+use crate::head::HeadActs;
+use crate::layer::LayerActs;
+use crate::optim::{AdamW, AdamWConfig, ZeroShard};
+use crate::params::{ChunkSpec, ParamLayout};
+use crate::shard::{Micro, TpRank};
+use pool::{BufKey, Pool};
+use units::{BucketInfo, UnitVecs, chunk_buckets, read_segment, split_units};
+
+/// Why a rank stopped.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// Nothing moved for the receive timeout.
+    #[error("rank {rank} made no progress for {secs:.0} s in step {step}; waiting for: {waiting}")]
+    Stalled { rank: u32, step: u32, secs: f64, waiting: String },
+}
+
+/// Settings of a rank's execution that are not in the plan.
+#[derive(Clone, Debug)]
+pub struct ExecConfig {
+    /// Give up when nothing moved for this long (a peer died without a word).
+    pub recv_timeout: Duration,
+    /// Record spans and memory samples (the measured trace) of this step.
+    pub trace_step: Option<u32>,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig { recv_timeout: Duration::from_secs(120), trace_step: None }
+    }
+}
+
+/// A tensor passed between the pieces of one microbatch (`workspace`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum T {
+    /// The residual stream (Tl, h).
+    R,
+    /// A piece's input as its rank holds it: a, m or hn (Tl, h).
+    X,
+    /// The same, all-gathered (T, h) (sequence parallelism).
+    XFull,
+    /// A partial output before its tensor-parallel reduction.
+    Out,
+    /// The reduced output.
+    Red,
+    /// The residual gradient (Tl, h).
+    Dr,
+    /// The residual gradient all-gathered (T, h).
+    DFull,
+    /// A partial input gradient before its reduction.
+    DPart,
+    /// The reduced input gradient.
+    DRed,
+    /// A saved input gathered again for a weight gradient.
+    Saved,
+    /// Per-token loss statistics (T, 3), and gathered over tp (t, T, 3).
+    Stats,
+    StatsAll,
+}
+
+/// One model chunk on this rank.
+pub(crate) struct Chunk {
+    pub(crate) layout: ParamLayout,
+    pub(crate) buckets: Vec<BucketInfo>,
+    /// Full parameters per unit (ZeRO 0–2).
+    pub(crate) params: UnitVecs,
+    /// ZeRO-3: the owned part of each bucket's parameters, by bucket position.
+    pub(crate) param_shards: Vec<Vec<f32>>,
+    /// Full gradients per unit (ZeRO 0–1).
+    pub(crate) grads: UnitVecs,
+    /// ZeRO-2/3: the owned part of each bucket's reduced gradient, by bucket position.
+    pub(crate) grad_shards: Vec<Vec<f32>>,
+    /// AdamW over each owned piece, with where it sits.
+    pub(crate) opt: Vec<OptPiece>,
+}
+
+/// An owned, contiguous piece of one unit, stepped by one AdamW.
+pub(crate) struct OptPiece {
+    /// Position of the bucket in `Chunk::buckets`.
+    pub(crate) bucket: usize,
+    pub(crate) unit: Unit,
+    /// Range inside the unit.
+    pub(crate) in_unit: std::ops::Range<usize>,
+    /// Range inside the bucket's owned part (ZeRO shards).
+    pub(crate) in_shard: std::ops::Range<usize>,
+    pub(crate) adamw: AdamW,
+}
+
+/// What one step of one rank produced.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    pub step: u32,
+    /// Σ over this rank's microbatches of their mean loss, if this rank reports the loss
+    /// (tp rank 0 of the last stage); `None` otherwise.
+    pub loss_sum: Option<f64>,
+    /// The global gradient norm before clipping (when clipping is on).
+    pub grad_norm: Option<f64>,
+    pub spans: Vec<Span>,
+    pub memory: Vec<MemSample>,
+}
+
+/// Peak bytes of one rank, measured and predicted, at the same instants.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryPeaks {
+    /// Peak of everything measured (plan buffers + workspace + comm).
+    pub measured_bytes: u64,
+    /// Peak of the plan buffers' measured bytes only.
+    pub measured_plan_bytes: u64,
+    /// Peak of the plan's predicted bytes of the live buffers.
+    pub predicted_bytes: u64,
+    /// Peak measured bytes per class (`params`, `grads`, …, `workspace`, `comm`).
+    pub by_class: BTreeMap<String, u64>,
+}
+
+/// One rank of a job: its state and its program.
+pub struct RankExec {
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) rank: u32,
+    pub(crate) coord: Coord,
+    cfg: ExecConfig,
+    micro: Micro,
+    m: u32,
+    tp: usize,
+    sp: bool,
+    pub(crate) zero: u8,
+    recompute: Recompute,
+    flash: bool,
+    grad_scale: f32,
+    pub(crate) adamw: AdamWConfig,
+    base_lr: f32,
+    warmup: u32,
+    clip: f32,
+    pub(crate) chunks: Vec<Chunk>,
+    groups: BTreeMap<GroupKind, Group>,
+    pub(crate) mailbox: Mailbox,
+    pool: Pool,
+    live_keys: BTreeSet<BufKey>,
+    corpus: Arc<Corpus>,
+    // Storage bound to plan buffers.
+    acts: BTreeMap<(u32, u32), LayerActs>,
+    rc_acts: BTreeMap<(u32, u32), LayerActs>,
+    heads: BTreeMap<u32, HeadActs>,
+    msgs: BTreeMap<BufKey, Vec<f32>>,
+    msg_held: BTreeMap<BufKey, usize>,
+    gathered: BTreeMap<BufId, UnitVecs>,
+    grad_buckets: BTreeMap<(u32, u32, u32), UnitVecs>,
+    flight: BTreeMap<(u32, u32, T), Vec<f32>>,
+    batches: Vec<Batch>,
+    // Per step.
+    step: u32,
+    loss_sum: f64,
+    grad_norm: Option<f64>,
+    clip_scale: f32,
+    sp_reduced: bool,
+    // Measurement.
+    peaks: MemoryPeaks,
+    last_total: u64,
+}
+
+impl RankExec {
+    /// Builds rank `rank` of `plan`: its layouts, buckets and freshly initialised state
+    /// (seeded from the scenario, identical for every split).
+    pub fn new(
+        plan: Arc<Plan>,
+        rank: u32,
+        mailbox: Mailbox,
+        corpus: Arc<Corpus>,
+        cfg: ExecConfig,
+    ) -> Result<RankExec, RuntimeError> {
+        let s = &plan.scenario;
+        let p = &s.parallel;
+        let grid = plan.grid;
+        if rank >= grid.ranks() || mailbox.size() != grid.ranks() || mailbox.rank() != rank {
+            return Err(RuntimeError::BadSetting(format!(
+                "rank {rank} with a communicator of {} ranks (rank {}) for a plan of {} = {grid} ranks",
+                mailbox.size(),
+                mailbox.rank(),
+                grid.ranks()
+            )));
+        }
+        if corpus.vocab() > s.model.vocab as usize {
+            return Err(RuntimeError::BadSetting(format!(
+                "the training data has {} token ids but model.vocab = {}; use a model with vocab ≥ {}",
+                corpus.vocab(),
+                s.model.vocab,
+                corpus.vocab()
+            )));
+        }
+        let coord = grid.coord(rank);
+        let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
+        let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
+        if p.sequence_parallel && !micro.tokens().is_multiple_of(p.tp as usize) {
+            return Err(RuntimeError::BadSetting(format!(
+                "sequence parallelism: micro_batch · seq_len = {} is not divisible by tp = {}",
+                micro.tokens(),
+                p.tp
+            )));
+        }
+        let last_vs = p.pp * p.vpp - 1;
+        let seed = s.training.seed;
+        let mut chunks = Vec::new();
+        for c in 0..p.vpp {
+            let vs = c * p.pp + coord.pp;
+            let layers = p.chunk_layers(&s.model, vs);
+            let spec = ChunkSpec {
+                embedding: vs == 0,
+                layers: layers.start as usize..layers.end as usize,
+                head: vs == last_vs,
+            };
+            let layout = ParamLayout::new(&s.model, tp, spec)?;
+            let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
+            let buckets = chunk_buckets(&layout, &plan_buckets, coord.dp as usize, p.dp as usize, p.zero)?;
+            chunks.push(new_chunk(layout, buckets, seed, p.zero));
+        }
+        let groups = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World]
+            .into_iter()
+            .map(|k| {
+                let g = Group { kind: k, members: grid.group(rank, k), position: grid.position(rank, k) as usize };
+                (k, g)
+            })
+            .collect();
+        let t = &s.training;
+        let m = p.microbatches();
+        let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
+        if !(adamw.lr.is_finite() && adamw.lr > 0.0 && t.grad_clip >= 0.0) {
+            return Err(RuntimeError::BadSetting(format!(
+                "training.lr = {}, training.grad_clip = {}: lr must be positive and grad_clip non-negative",
+                t.lr, t.grad_clip
+            )));
+        }
+        Ok(RankExec {
+            coord,
+            cfg,
+            micro,
+            m,
+            tp: p.tp as usize,
+            sp: p.sequence_parallel,
+            zero: p.zero,
+            recompute: p.recompute,
+            flash: t.flash_attention,
+            grad_scale: 1.0 / (m as usize * p.dp as usize * micro.tokens()) as f32,
+            base_lr: adamw.lr,
+            adamw,
+            warmup: t.warmup_steps,
+            clip: t.grad_clip as f32,
+            chunks,
+            groups,
+            mailbox,
+            pool: Pool::default(),
+            live_keys: BTreeSet::new(),
+            corpus,
+            acts: BTreeMap::new(),
+            rc_acts: BTreeMap::new(),
+            heads: BTreeMap::new(),
+            msgs: BTreeMap::new(),
+            msg_held: BTreeMap::new(),
+            gathered: BTreeMap::new(),
+            grad_buckets: BTreeMap::new(),
+            flight: BTreeMap::new(),
+            batches: Vec::new(),
+            step: 0,
+            loss_sum: 0.0,
+            grad_norm: None,
+            clip_scale: 1.0,
+            sp_reduced: false,
+            peaks: MemoryPeaks::default(),
+            last_total: u64::MAX,
+            plan,
+            rank,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Peak memory so far.
+    pub fn peaks(&self) -> &MemoryPeaks {
+        &self.peaks
+    }
+
+    /// The learning rate of step `step`: linear warm-up to the peak over `warmup_steps`.
+    pub fn lr_at(&self, step: u32) -> f32 {
+        if self.warmup == 0 {
+            self.base_lr
+        } else {
+            self.base_lr * ((step + 1).min(self.warmup) as f32 / self.warmup as f32)
+        }
+    }
+
+    /// Whether this rank reports the loss: tp rank 0 of the last pipeline stage.
+    pub fn reports_loss(&self) -> bool {
+        let g = self.plan.grid;
+        self.coord.pp == g.pp - 1 && self.coord.tp == 0
+    }
+
+    fn vstage(&self, chunk: u32) -> u32 {
+        chunk * self.plan.grid.pp + self.coord.pp
+    }
+
+    /// This rank's rows of a (T, h)-shaped buffer of `len` elements (sequence parallelism).
+    fn my_rows(&self, len: usize) -> std::ops::Range<usize> {
+        let per = len / self.tp;
+        self.coord.tp as usize * per..(self.coord.tp as usize + 1) * per
+    }
+
+    // ---- measurement ------------------------------------------------------------------
+
+    fn units_bytes(u: &UnitVecs) -> u64 {
+        u.values().map(|v| v.len() as u64 * 4).sum()
+    }
+
+    /// Real bytes of the storage bound to a plan buffer.
+    fn slot_bytes(&self, buf: BufId, key: BufKey) -> u64 {
+        let c = |chunk: u32| &self.chunks[chunk as usize];
+        let acts_bytes = |a: Option<&LayerActs>| a.map_or(0, |a| a.bytes() as u64);
+        match key {
+            BufKey::Params { chunk } => {
+                Self::units_bytes(&c(chunk).params)
+                    + c(chunk).param_shards.iter().map(|v| v.len() as u64 * 4).sum::<u64>()
+            }
+            BufKey::Grads { chunk } => {
+                Self::units_bytes(&c(chunk).grads)
+                    + c(chunk).grad_shards.iter().map(|v| v.len() as u64 * 4).sum::<u64>()
+            }
+            BufKey::Optimizer { chunk } => c(chunk).opt.iter().map(|o| o.adamw.state_bytes() as u64).sum(),
+            BufKey::Embed { .. } => 0,
+            BufKey::Act { layer, mb } => {
+                let a = self.acts.get(&(layer, mb));
+                let probs = if self.live_keys.contains(&BufKey::Scores { layer, mb })
+                    && !self.rc_acts.contains_key(&(layer, mb))
+                {
+                    a.map_or(0, |a| a.probs.bytes() as u64)
+                } else {
+                    0
+                };
+                acts_bytes(a) - probs
+            }
+            BufKey::Recompute { layer, mb } => {
+                let a = self.rc_acts.get(&(layer, mb));
+                let probs = if self.live_keys.contains(&BufKey::Scores { layer, mb }) {
+                    a.map_or(0, |a| a.probs.bytes() as u64)
+                } else {
+                    0
+                };
+                acts_bytes(a) - probs
+            }
+            BufKey::Scores { layer, mb } => {
+                let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));
+                a.map_or(0, |a| a.probs.bytes() as u64)
+            }
+            BufKey::Head { mb } => self.heads.get(&mb).map_or(0, |h| h.bytes() as u64),
+            BufKey::Msg { .. } => {
+                self.msgs.get(&key).map_or(0, |v| v.len() as u64 * 4) + self.msg_held.get(&key).map_or(0, |b| *b as u64)
+            }
+            BufKey::Gathered { .. } => self.gathered.get(&buf).map_or(0, Self::units_bytes),
+            BufKey::GradBucket { chunk, bucket, mb } => {
+                self.grad_buckets.get(&(chunk, bucket, mb)).map_or(0, Self::units_bytes)
+            }
+        }
+    }
+
+    /// Measures every live buffer and the workspace; records a sample when the total moved.
+    fn measure(&mut self, t_ns: u64, samples: &mut Vec<MemSample>) {
+        let mut by_class: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut plan_total = 0;
+        for (&buf, slot) in &self.pool.live {
+            let b = self.slot_bytes(buf, slot.key);
+            *by_class.entry(slot.class.key()).or_default() += b;
+            plan_total += b;
+        }
+        let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum();
+        let comm = self.mailbox.inbox_bytes() as u64;
+        *by_class.entry(BufClass::Workspace.key()).or_default() += workspace;
+        *by_class.entry(BufClass::CommBuffer.key()).or_default() += comm;
+        let total = plan_total + workspace + comm;
+        let pk = &mut self.peaks;
+        pk.measured_bytes = pk.measured_bytes.max(total);
+        pk.measured_plan_bytes = pk.measured_plan_bytes.max(plan_total);
+        pk.predicted_bytes = pk.predicted_bytes.max(self.pool.predicted_bytes());
+        for (k, v) in by_class {
+            let e = pk.by_class.entry(k.to_string()).or_default();
+            *e = (*e).max(v);
+        }
+        if total != self.last_total {
+            self.last_total = total;
+            samples.push(MemSample { rank: self.rank, t_ns, bytes: total });
+        }
+    }
+
+    // ---- flight tensors ---------------------------------------------------------------
+
+    fn put(&mut self, chunk: u32, mb: u32, t: T, v: Vec<f32>) {
+        let old = self.flight.insert((chunk, mb, t), v);
+        assert!(old.is_none(), "rank {}: {t:?} of chunk {chunk} mb {mb} produced twice", self.rank);
+    }
+
+    fn take(&mut self, chunk: u32, mb: u32, t: T) -> Vec<f32> {
+        self.flight.remove(&(chunk, mb, t)).unwrap_or_else(|| {
+            panic!("rank {}: {t:?} of chunk {chunk} mb {mb} is needed but no earlier op produced it", self.rank)
+        })
+    }
+
+    fn has(&self, chunk: u32, mb: u32, t: T) -> bool {
+        self.flight.contains_key(&(chunk, mb, t))
+    }
+
+    /// Where a partial output lands before the consumer takes it: reduced, or as is at t = 1.
+    fn reduced(&self, partial: T) -> T {
+        match (partial, self.tp > 1) {
+            (T::Out, true) => T::Red,
+            (T::DPart, true) => T::DRed,
+            (T::Stats, true) => T::StatsAll,
+            (t, _) => t,
+        }
+    }
+
+    /// Where a piece input is read: gathered under sequence parallelism.
+    fn gathered_input(&self) -> T {
+        if self.sp { T::XFull } else { T::X }
+    }
+
+    // ---- parameters and gradients -----------------------------------------------------
+
+    fn bucket_of(&self, chunk: u32, unit: Unit) -> usize {
+        self.chunks[chunk as usize]
+            .buckets
+            .iter()
+            .position(|b| b.units.iter().any(|(u, _)| *u == unit))
+            .unwrap_or_else(|| panic!("unit {unit:?} is in no bucket of chunk {chunk}"))
+    }
+
+    /// The parameters of `unit`: held (ZeRO 0–2), or gathered into one of `bufs` (ZeRO-3).
+    fn param_unit(&self, chunk: u32, unit: Unit, bufs: &[BufId]) -> &[f32] {
+        if self.zero < 3 {
+            return &self.chunks[chunk as usize].params[&unit];
+        }
+        bufs.iter()
+            .filter_map(|b| self.gathered.get(b))
+            .find_map(|g| g.get(&unit))
+            .unwrap_or_else(|| panic!("rank {}: unit {unit:?} of chunk {chunk} is used but not gathered", self.rank))
+    }
+
+    /// Takes out the gradient accumulator of `unit` for microbatch `mb` (ZeRO-2/3 keep one
+    /// per microbatch); give it back with [`RankExec::put_grad`].
+    fn take_grad(&mut self, chunk: u32, unit: Unit, mb: u32) -> Vec<f32> {
+        if self.zero < 2 {
+            return self.chunks[chunk as usize].grads.remove(&unit).expect("gradients of a held unit");
+        }
+        let b = self.chunks[chunk as usize].buckets[self.bucket_of(chunk, unit)].index;
+        self.grad_buckets
+            .get_mut(&(chunk, b, mb))
+            .and_then(|g| g.remove(&unit))
+            .unwrap_or_else(|| panic!("rank {}: no gradient bucket for {unit:?} of chunk {chunk} mb {mb}", self.rank))
+    }
+
+    fn put_grad(&mut self, chunk: u32, unit: Unit, mb: u32, g: Vec<f32>) {
+        if self.zero < 2 {
+            self.chunks[chunk as usize].grads.insert(unit, g);
+        } else {
+            let b = self.chunks[chunk as usize].buckets[self.bucket_of(chunk, unit)].index;
+            self.grad_buckets.get_mut(&(chunk, b, mb)).expect("taken from here").insert(unit, g);
+        }
+    }
+
+    fn batch(&self, mb: u32) -> &Batch {
+        &self.batches[mb as usize]
+    }
+
+    /// Loads this replica's microbatches of step `step`.
+    fn load_batches(&mut self, step: u32) -> Result<(), RuntimeError> {
+        let (dp, d, m) = (self.plan.grid.dp as u64, self.coord.dp as u64, self.m as u64);
+        self.batches = (0..m)
+            .map(|k| self.corpus.batch((step as u64 * dp + d) * m + k, self.micro))
+            .collect::<Result<Vec<_>, _>>()?;
+        for b in &self.batches {
+            crate::embed::check_tokens(&b.inputs, self.plan.scenario.model.vocab as usize)?;
+        }
+        Ok(())
+    }
+}
+
+/// A chunk's freshly initialised state under ZeRO stage `zero`.
+fn new_chunk(layout: ParamLayout, buckets: Vec<BucketInfo>, seed: u64, zero: u8) -> Chunk {
+    let flat = layout.init(seed);
+    let full = split_units(&buckets, &flat);
+    let zeros = |u: &UnitVecs| u.iter().map(|(k, v)| (*k, vec![0.0; v.len()])).collect::<UnitVecs>();
+    let mut opt = Vec::new();
+    for (bi, b) in buckets.iter().enumerate() {
+        let mut at = 0;
+        for (unit, in_unit) in b.pieces(b.owned.clone()) {
+            let n = in_unit.len();
+            let offset = b.unit_offset(unit) + in_unit.start;
+            opt.push(OptPiece {
+                bucket: bi,
+                unit,
+                in_unit,
+                in_shard: at..at + n,
+                adamw: AdamW::new(ZeroShard { offset, size: n }),
+            });
+            at += n;
+        }
+    }
+    let shards = |src: &UnitVecs| buckets.iter().map(|b| read_segment(b, src, b.owned.clone())).collect::<Vec<_>>();
+    let (params, param_shards) = if zero >= 3 { (UnitVecs::new(), shards(&full)) } else { (full.clone(), Vec::new()) };
+    let (grads, grad_shards) = if zero >= 2 {
+        (UnitVecs::new(), buckets.iter().map(|b| vec![0.0; b.owned.len()]).collect())
+    } else {
+        (zeros(&full), Vec::new())
+    };
+    Chunk { layout, buckets, params, param_shards, grads, grad_shards, opt }
+}

@@ -1,0 +1,385 @@
+//! Training a plan for real: every rank runs [`run_rank`], in-process threads
+//! ([`train_threads`]) or one process per rank (`mpi_main`, feature `mpi`).
+//!
+//! Per step, each rank runs its program ([`RankExec::step`]) and reports its loss to rank
+//! 0 over the communicator (a control message outside the plan); rank 0 forms the step's
+//! loss — the mean over the global batch, Σ loss / (m·dp) — and its tokens per second
+//! (global batch · seq over rank 0's wall time for the step, loss reports included).
+//! Checkpoints are written every `every` steps and at the end (see [`crate::checkpoint`]).
+//! At the end every rank sends rank 0 its spans and memory peaks, and rank 0 returns the
+//! [`TrainResult`]: the loss curve, the measured trace of one step, the peaks per rank.
+//!
+//! Failure: a rank that errors or panics tells the others ([`Communicator::abort`]); they
+//! stop at their next wait with an error naming it. A rank that goes silent is noticed by
+//! the receive timeout of whoever waits for it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_models::plan::Plan;
+use strata_models::trace::{MemSample, Span, Trace, TraceSource};
+use thiserror::Error;
+
+use crate::checkpoint::{self, CheckpointError, ShardEntry};
+use crate::comm::collective::Mailbox;
+use crate::comm::threads::{AbortFlag, POLL, ThreadComm};
+use crate::comm::{CommError, Communicator, Payload, Tag};
+use crate::data::Corpus;
+use crate::error::RuntimeError;
+use crate::exec::{ExecConfig, ExecError, MemoryPeaks, RankExec};
+
+/// Checkpointing of a run.
+#[derive(Clone, Debug)]
+pub struct CheckpointOptions {
+    pub dir: PathBuf,
+    /// Write after every `every` steps (0: only at the end).
+    pub every: u32,
+    /// Start from the newest checkpoint in `dir`.
+    pub resume: bool,
+    /// Complete checkpoints kept; older ones are deleted.
+    pub keep: usize,
+}
+
+/// Faults a test injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Rank `rank` panics at the start of step `step`.
+    Panic { rank: u32, step: u32 },
+    /// Rank `rank` stops talking at the start of step `step` (as a killed process would).
+    Silent { rank: u32, step: u32 },
+    /// Rank `rank`'s checkpoint write after step `step` is killed halfway.
+    KillCheckpointWrite { rank: u32, step: u32 },
+}
+
+/// Everything about a run that is not in the scenario.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// The run ends after this many steps in all (a resumed run continues to it).
+    pub steps: u32,
+    /// Name of the training data, recorded in checkpoints.
+    pub data_name: String,
+    pub checkpoint: Option<CheckpointOptions>,
+    pub exec: ExecConfig,
+    pub fault: Option<Fault>,
+}
+
+/// One step as rank 0 saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: u32,
+    /// Mean cross-entropy over the global batch, nats per token.
+    pub loss: f64,
+    pub tokens_per_s: f64,
+    pub grad_norm: Option<f64>,
+    pub seconds: f64,
+}
+
+/// Memory of one rank over the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankMemory {
+    pub rank: u32,
+    #[serde(flatten)]
+    pub peaks: MemoryPeaks,
+}
+
+/// What a run gives back (on rank 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainResult {
+    /// The first step this run executed (after a resume, the checkpoint's step).
+    pub start_step: u32,
+    pub steps: Vec<StepRecord>,
+    /// The measured trace of `exec.trace_step` (every rank), if that step ran.
+    pub trace: Option<Trace>,
+    pub memory: Vec<RankMemory>,
+}
+
+impl TrainResult {
+    pub fn losses(&self) -> Vec<f64> {
+        self.steps.iter().map(|s| s.loss).collect()
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// The job cannot start: the plan, model or data do not fit the runtime (bad input).
+    #[error(transparent)]
+    Setup(#[from] RuntimeError),
+    /// A checkpoint to resume from is missing, corrupt or from another job (bad input), or
+    /// a write failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A rank failed; the job stopped.
+    #[error("rank {rank} ({label}) failed: {reason}")]
+    RankFailed { rank: u32, label: String, reason: String },
+}
+
+/// A callback that sees each step as rank 0 completes it.
+pub type Progress = Box<dyn FnMut(&StepRecord) + Send>;
+
+const LOSS: u32 = 1;
+const SHARD: u32 = 2;
+const FINAL: u32 = 3;
+
+/// What each rank sends rank 0 at the end.
+#[derive(Serialize, Deserialize)]
+struct Final {
+    spans: Vec<Span>,
+    memory: Vec<MemSample>,
+    peaks: MemoryPeaks,
+}
+
+fn rank_failed(plan: &Plan, rank: u32, reason: String) -> TrainError {
+    TrainError::RankFailed { rank, label: plan.grid.label(rank), reason }
+}
+
+fn from_exec(plan: &Plan, me: u32, e: ExecError) -> TrainError {
+    match e {
+        ExecError::Comm(CommError::RankFailed { rank, reason }) => rank_failed(plan, rank, reason),
+        ExecError::Comm(CommError::PeerGone { rank }) => rank_failed(plan, rank, "it exited".into()),
+        ExecError::Runtime(r) => TrainError::Setup(r),
+        other => rank_failed(plan, me, other.to_string()),
+    }
+}
+
+/// Waits until `tag` arrived from every rank in `from`, then takes them in rank order.
+fn gather_control(
+    mb: &mut Mailbox,
+    tag: Tag,
+    from: impl Iterator<Item = u32> + Clone,
+    timeout: Duration,
+) -> Result<Vec<(u32, Payload)>, ExecError> {
+    let start = Instant::now();
+    loop {
+        let missing: Vec<u32> = from.clone().filter(|r| !mb.has(tag, *r)).collect();
+        if missing.is_empty() {
+            return Ok(from.map(|r| (r, mb.take(tag, r).expect("checked"))).collect());
+        }
+        if start.elapsed() >= timeout {
+            return Err(ExecError::Stalled {
+                rank: mb.rank(),
+                step: match tag {
+                    Tag::Control { step, .. } => step,
+                    _ => 0,
+                },
+                secs: timeout.as_secs_f64(),
+                waiting: format!("{tag:?} from rank(s) {missing:?}"),
+            });
+        }
+        mb.poll(POLL)?;
+    }
+}
+
+/// Runs one rank of a training job to the end. Rank 0 returns the result; `progress`
+/// (rank 0 only) sees every step as it completes.
+pub fn run_rank(
+    plan: Arc<Plan>,
+    comm: Box<dyn Communicator>,
+    corpus: Arc<Corpus>,
+    opts: &TrainOptions,
+    mut progress: Option<&mut dyn FnMut(&StepRecord)>,
+) -> Result<Option<TrainResult>, TrainError> {
+    let rank = comm.rank();
+    let n = comm.size();
+    let timeout = opts.exec.recv_timeout;
+    let mut exec = RankExec::new(plan.clone(), rank, Mailbox::new(comm), corpus, opts.exec.clone())?;
+    let mut start_step = 0;
+    if let Some(ck) = opts.checkpoint.as_ref().filter(|c| c.resume) {
+        let (sdir, m) = checkpoint::latest(&ck.dir)?;
+        checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name)?;
+        start_step = checkpoint::load_shard(&mut exec, &sdir, &m)?;
+    }
+    let s = &plan.scenario;
+    let tokens = s.tokens_per_step() as f64;
+    let denom = (s.parallel.microbatches() * s.parallel.dp) as f64;
+    let mut result = TrainResult { start_step, steps: Vec::new(), trace: None, memory: Vec::new() };
+    let (mut spans, mut samples) = (Vec::new(), Vec::new());
+    let err = |e: ExecError| from_exec(&plan, rank, e);
+    for step in start_step..opts.steps {
+        match opts.fault {
+            Some(Fault::Panic { rank: r, step: k }) if r == rank && k == step => {
+                panic!("injected fault: rank {rank} panics at step {step}")
+            }
+            Some(Fault::Silent { rank: r, step: k }) if r == rank && k == step => {
+                // Say nothing until the job is over (the others notice by their timeouts).
+                loop {
+                    if let Err(e) = exec.mailbox.poll(POLL) {
+                        return Err(err(e.into()));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let t0 = Instant::now();
+        let report = exec.step(step).map_err(err)?;
+        spans.extend(report.spans);
+        samples.extend(report.memory);
+        let mine = vec![
+            report.loss_sum.unwrap_or(0.0),
+            f64::from(u8::from(report.loss_sum.is_some())),
+            report.grad_norm.unwrap_or(f64::NAN),
+        ];
+        let tag = Tag::Control { step, what: LOSS };
+        if rank != 0 {
+            exec.mailbox.send(0, tag, Payload::F64(mine)).map_err(|e| err(e.into()))?;
+        } else {
+            let others = gather_control(&mut exec.mailbox, tag, 1..n, timeout).map_err(err)?;
+            let mut loss = mine[0];
+            for (_, p) in others {
+                if let Payload::F64(v) = p {
+                    loss += v[0];
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let rec = StepRecord {
+                step,
+                loss: loss / denom,
+                tokens_per_s: tokens / secs,
+                grad_norm: report.grad_norm,
+                seconds: secs,
+            };
+            if let Some(p) = progress.as_mut() {
+                p(&rec);
+            }
+            result.steps.push(rec);
+        }
+        if let Some(ck) = &opts.checkpoint {
+            let last = step + 1 == opts.steps;
+            if last || (ck.every > 0 && (step + 1) % ck.every == 0) {
+                checkpoint_step(&mut exec, &plan, ck, opts, step + 1, timeout)?;
+            }
+        }
+    }
+    let fin = Final { spans, memory: samples, peaks: exec.peaks().clone() };
+    let tag = Tag::Control { step: u32::MAX, what: FINAL };
+    if rank != 0 {
+        let text = serde_json::to_string(&fin).expect("spans serialise");
+        exec.mailbox.send(0, tag, Payload::Text(text)).map_err(|e| err(e.into()))?;
+        return Ok(None);
+    }
+    let mut finals = vec![(0, fin)];
+    for (r, p) in gather_control(&mut exec.mailbox, tag, 1..n, timeout).map_err(err)? {
+        let Payload::Text(t) = p else { unreachable!("final reports are text") };
+        finals.push((r, serde_json::from_str(&t).expect("a rank's final report parses")));
+    }
+    let mut trace = Trace {
+        source: TraceSource::Measured,
+        step: opts.exec.trace_step.unwrap_or(0),
+        seed: s.training.seed,
+        ranks: (0..n).collect(),
+        spans: Vec::new(),
+        memory: Vec::new(),
+    };
+    for (r, f) in finals {
+        trace.spans.extend(f.spans);
+        trace.memory.extend(f.memory);
+        result.memory.push(RankMemory { rank: r, peaks: f.peaks });
+    }
+    if !trace.spans.is_empty() {
+        trace.canonicalize();
+        result.trace = Some(trace);
+    }
+    Ok(Some(result))
+}
+
+/// Every rank writes its shard; rank 0 collects the checksums and writes the manifest.
+fn checkpoint_step(
+    exec: &mut RankExec,
+    plan: &Arc<Plan>,
+    ck: &CheckpointOptions,
+    opts: &TrainOptions,
+    done_steps: u32,
+    timeout: Duration,
+) -> Result<(), TrainError> {
+    let rank = exec.rank();
+    let kill = opts.fault == Some(Fault::KillCheckpointWrite { rank, step: done_steps - 1 });
+    let entry = checkpoint::write_shard(exec, &ck.dir, done_steps, kill)?;
+    let tag = Tag::Control { step: done_steps, what: SHARD };
+    let err = |e: ExecError| from_exec(plan, rank, e);
+    if rank != 0 {
+        let text = serde_json::to_string(&entry).expect("an entry serialises");
+        return exec.mailbox.send(0, tag, Payload::Text(text)).map_err(|e| err(e.into()));
+    }
+    let mut shards = vec![entry];
+    for (_, p) in gather_control(&mut exec.mailbox, tag, 1..plan.grid.ranks(), timeout).map_err(err)? {
+        let Payload::Text(t) = p else { unreachable!("shard reports are text") };
+        let e: ShardEntry = serde_json::from_str(&t).expect("a shard entry parses");
+        shards.push(e);
+    }
+    let m = checkpoint::manifest(&plan.scenario, &opts.data_name, done_steps, shards);
+    checkpoint::write_manifest(&ck.dir, &m)?;
+    checkpoint::prune(&ck.dir, ck.keep.max(1));
+    Ok(())
+}
+
+/// Runs every rank of `plan` as a thread of this process and returns rank 0's result.
+/// The first rank to fail names the error; a resume's checkpoint is verified (every
+/// shard's checksum) before any rank starts.
+pub fn train_threads(
+    plan: Arc<Plan>,
+    corpus: Arc<Corpus>,
+    opts: &TrainOptions,
+    progress: Option<Progress>,
+) -> Result<TrainResult, TrainError> {
+    if let Some(ck) = opts.checkpoint.as_ref().filter(|c| c.resume) {
+        let (sdir, m) = checkpoint::latest(&ck.dir)?;
+        checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name)?;
+        checkpoint::verify_all(&sdir, &m)?;
+    }
+    let n = plan.grid.ranks();
+    let flag = AbortFlag::default();
+    let mut progress = progress;
+    let handles: Vec<_> = ThreadComm::group(n, &flag)
+        .into_iter()
+        .map(|comm| {
+            let (plan, corpus, opts, flag) = (plan.clone(), corpus.clone(), opts.clone(), flag.clone());
+            let mut cb = if comm.rank() == 0 { progress.take() } else { None };
+            std::thread::Builder::new()
+                .name(format!("rank-{}", comm.rank()))
+                .spawn(move || {
+                    let rank = comm.rank();
+                    let run = std::panic::AssertUnwindSafe(|| {
+                        let p = cb.as_mut().map(|f| f.as_mut() as &mut dyn FnMut(&StepRecord));
+                        run_rank(plan.clone(), Box::new(comm), corpus, &opts, p)
+                    });
+                    let out = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+                        let msg = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "panicked".into());
+                        Err(rank_failed(&plan, rank, format!("panicked: {msg}")))
+                    });
+                    if let Err(e) = &out {
+                        // The first failure is the cause; later ones are its consequences.
+                        match e {
+                            TrainError::RankFailed { rank: r, reason, .. } => flag.set(*r, reason),
+                            other => flag.set(rank, &other.to_string()),
+                        }
+                    }
+                    out
+                })
+                .expect("spawning a rank thread")
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect();
+    if let Some((rank, reason)) = flag.get() {
+        // Prefer the cause's own error (a bad setup or checkpoint) over a rank's report of it.
+        if let Some(Err(e)) =
+            results.iter().find(|r| matches!(r, Err(TrainError::Setup(_) | TrainError::Checkpoint(_))))
+        {
+            return Err(match e {
+                TrainError::Setup(s) => TrainError::Setup(RuntimeError::BadSetting(s.to_string())),
+                other => rank_failed(&plan, rank, other.to_string()),
+            });
+        }
+        return Err(rank_failed(&plan, rank, reason));
+    }
+    let mut results = results;
+    match results.swap_remove(0) {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => unreachable!("rank 0 returns the result"),
+        Err(e) => Err(e),
+    }
+}

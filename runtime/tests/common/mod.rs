@@ -1,0 +1,73 @@
+//! Shared helpers of the runtime's end-to-end tests: the tiny GPT scenario under a split,
+//! lowered and trained on threads.
+
+#![allow(dead_code)] // each test binary uses a subset
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_models::Scenario;
+use strata_models::plan::{Plan, lower, verify};
+use strata_runtime::data::{Corpus, MarkovSource};
+use strata_runtime::exec::ExecConfig;
+use strata_runtime::train::{TrainError, TrainOptions, TrainResult, train_threads};
+
+/// The tiny GPT (4 layers, hidden 64, 4 heads, vocab 256, seq 64) on CPU ranks; `split`
+/// are `--set` overrides such as `parallel.tp=2`. Global batch 16 of micro-batches of 2.
+pub fn scenario(split: &[&str]) -> Scenario {
+    let text = r#"
+name = "tiny-gpt-test"
+[model]
+preset = "tiny-gpt"
+[cluster]
+preset = "cpu-local"
+[parallel]
+micro_batch = 2
+global_batch = 16
+[training]
+dtype = "fp32"
+steps = 20
+seed = 0
+lr = 1e-3
+"#;
+    let mut overrides: Vec<String> = split.iter().map(|s| s.to_string()).collect();
+    let s0 = Scenario::from_toml(text, "test", "test", &overrides).ok();
+    // The cluster has exactly as many CPU "GPUs" as the split has ranks.
+    let ranks = s0.map(|s| s.parallel.ranks()).unwrap_or_else(|| {
+        let get = |k: &str| {
+            split
+                .iter()
+                .find_map(|o| o.strip_prefix(&format!("parallel.{k}=")))
+                .map_or(1, |v| v.parse::<u64>().unwrap())
+        };
+        get("tp") * get("pp") * get("dp")
+    });
+    overrides.push(format!("cluster.gpus_per_node={ranks}"));
+    Scenario::from_toml(text, "test", "test", &overrides).expect("a valid test scenario")
+}
+
+pub fn plan(s: &Scenario) -> Arc<Plan> {
+    let plan = lower(s).expect("the scenario lowers");
+    verify(&plan).expect("the plan verifies");
+    Arc::new(plan)
+}
+
+/// The Markov corpus every test trains on (vocabulary 256, branching 3).
+pub fn corpus() -> Arc<Corpus> {
+    Arc::new(MarkovSource::new(256, 3, 7).unwrap().corpus(200_000, 8))
+}
+
+pub fn options(steps: u32) -> TrainOptions {
+    TrainOptions {
+        steps,
+        data_name: "markov(V=256, seed=8)".into(),
+        checkpoint: None,
+        exec: ExecConfig { recv_timeout: Duration::from_secs(60), trace_step: Some(steps.saturating_sub(1)) },
+        fault: None,
+    }
+}
+
+pub fn train(split: &[&str], opts: &TrainOptions) -> Result<TrainResult, TrainError> {
+    let s = scenario(split);
+    train_threads(plan(&s), corpus(), opts, None)
+}
