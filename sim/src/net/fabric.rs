@@ -18,12 +18,15 @@
 //! GPU's NVLink).
 //!
 //! Multiplicity m: a request stands for m identical copies on other GPUs. Each copy has its
-//! own GPUs, NVLinks and NIC ports, so those coefficients count once; the switch fabric
-//! (every switch-to-switch link and trunk) is assumed shared by all copies, so its
-//! coefficients are multiplied by m — exact when the copies' traffic crosses the same
-//! spine/core links (copies on the same rails and units), pessimistic when the copies sit
-//! on other rails with their own leaves. The rate bound and the weight stay those of one
-//! copy, so each copy gets one fair share.
+//! own GPUs, NVLinks and NIC ports, so those coefficients count once. In the switch fabric
+//! the copies are taken to be spread evenly over each tier (leaf uplinks, leaf downlinks,
+//! spine uplinks, spine downlinks; trunks likewise): if one copy uses u of a tier's N links,
+//! m copies overlap max(1, m·u/N)-fold there, and the coefficients on that tier are
+//! multiplied by that factor. Rail-aligned copies (a DP group and its twins on the other
+//! rails, or in other units) thus do not overlap until the tier is full; copies that in
+//! truth crowd onto the same spine links are under-counted, so check symmetric mode against
+//! full mode at a smaller scale. The rate bound and the weight stay those of one copy, so
+//! each copy gets one fair share.
 //!
 //! Units: ns (u64) at the interface, bytes and bytes/s inside.
 
@@ -39,7 +42,7 @@ use super::nccl::{Func, NcclEnv, Selection, Tuner};
 use super::nccl_graph::{self, Graphs};
 use super::node::CommShape;
 use super::routing::Router;
-use super::topology::{ResId, Topology};
+use super::topology::{ResId, ResKind, Topology};
 use super::{CommChoice, CommId, CommKind, CommRequest, NetError, Network};
 
 /// NCCL's Ring/Simple base + hop latency for p2p, µs (tuning.cc): NVLink, network.
@@ -203,13 +206,14 @@ impl FabricNetwork {
 
     fn activate(&mut self, now_ns: u64, id: CommId) {
         let c = self.comms[&id].clone();
-        let m = c.multiplicity.max(1) as f64;
+        let scale = self.copy_factors(&c.elems, c.multiplicity);
         let elems: Vec<(CnstId, f64)> = c
             .elems
             .iter()
             .map(|&(r, a)| {
-                let scale = if self.topo.resources[r as usize].kind.is_fabric() { m } else { 1.0 };
-                (self.cnst(r), a * scale)
+                let kind = self.topo.resources[r as usize].kind;
+                let f = scale.iter().find(|(k, _)| *k == kind).map_or(1.0, |&(_, f)| f);
+                (self.cnst(r), a * f)
             })
             .collect();
         let var = self.solver.add_var(now_ns, c.bytes as f64, c.bound_bytes_per_s, 1.0, &elems);
@@ -220,6 +224,24 @@ impl FabricNetwork {
         if let Some(comm) = self.comms.get_mut(&id) {
             comm.var = Some(var);
         }
+    }
+
+    /// Per switch tier, how many copies of a request share each of its links: m copies
+    /// spread evenly over a tier of N links, one copy using u of them, overlap
+    /// max(1, m·u/N)-fold.
+    fn copy_factors(&self, elems: &[(ResId, f64)], multiplicity: u32) -> Vec<(ResKind, f64)> {
+        let m = multiplicity.max(1) as f64;
+        if m <= 1.0 {
+            return Vec::new();
+        }
+        let mut used: BTreeMap<ResKind, usize> = BTreeMap::new();
+        for &(r, _) in elems {
+            let kind = self.topo.resources[r as usize].kind;
+            if kind.is_fabric() {
+                *used.entry(kind).or_default() += 1;
+            }
+        }
+        used.into_iter().map(|(k, u)| (k, (m * u as f64 / self.topo.count(k) as f64).max(1.0))).collect()
     }
 
     /// The next instant with work: a latency phase ending or a transfer completing.
@@ -239,6 +261,11 @@ impl Network for FabricNetwork {
     }
 
     fn start(&mut self, now_ns: u64, req: &CommRequest) -> CommId {
+        debug_assert!(
+            self.next_event_ns().is_none_or(|t| t >= now_ns),
+            "start at {now_ns} ns with a network event pending at {:?} ns: advance the network first",
+            self.next_event_ns()
+        );
         let id = self.next_id;
         self.next_id += 1;
         let trivial = req.ranks.len() <= 1 || (req.kind == CommKind::SendRecv && req.ranks[0] == req.ranks[1]);

@@ -50,23 +50,37 @@ pub enum Vertex {
     Core(u32),
 }
 
+/// A direction between two switch tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// Leaf → spine.
+    LeafUp,
+    /// Spine → leaf.
+    LeafDown,
+    /// Spine → core.
+    SpineUp,
+    /// Core → spine.
+    SpineDown,
+}
+
 /// What a resource is; decides how symmetric copies share it (see `fabric`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ResKind {
     NvlinkUp,
     NvlinkDown,
     NicUp,
     NicDown,
     /// A physical switch-to-switch link.
-    Fabric,
-    /// A folded bundle of parallel uplinks or downlinks (adaptive routing).
-    Trunk,
+    Fabric(Tier),
+    /// A folded bundle of parallel uplinks or downlinks (adaptive routing): a leaf's, or a
+    /// pod's spines'.
+    Trunk(Tier),
 }
 
 impl ResKind {
     /// Node-local resources and NIC ports belong to one node; the rest is the shared fabric.
     pub fn is_fabric(self) -> bool {
-        matches!(self, ResKind::Fabric | ResKind::Trunk)
+        matches!(self, ResKind::Fabric(_) | ResKind::Trunk(_))
     }
 }
 
@@ -133,6 +147,8 @@ pub struct Topology {
     nic_down: Vec<ResId>,
     gpu_vertex: Vec<NodeIndex>,
     nic_vertex: Vec<NodeIndex>,
+    /// Resources per kind, for [`Topology::count`].
+    kind_counts: Vec<(ResKind, usize)>,
 }
 
 impl Topology {
@@ -144,6 +160,11 @@ impl Topology {
         if cluster.nodes > 1 || cluster.nics_per_node > 0 {
             b.fabric(cluster)?;
         }
+        let mut counts: std::collections::BTreeMap<ResKind, usize> = std::collections::BTreeMap::new();
+        for r in &b.t.resources {
+            *counts.entry(r.kind).or_default() += 1;
+        }
+        b.t.kind_counts = counts.into_iter().collect();
         Ok(b.t)
     }
 
@@ -170,6 +191,11 @@ impl Topology {
     /// Leaf → NIC resource of an endpoint.
     pub fn nic_down(&self, endpoint: u32) -> ResId {
         self.nic_down[endpoint as usize]
+    }
+
+    /// How many resources there are of `kind` (the size of a switch tier).
+    pub fn count(&self, kind: ResKind) -> usize {
+        self.kind_counts.iter().find(|(k, _)| *k == kind).map_or(0, |&(_, n)| n)
     }
 
     /// Graph vertex of a GPU.
@@ -211,6 +237,7 @@ impl Builder {
                 nic_down: Vec::new(),
                 gpu_vertex: Vec::new(),
                 nic_vertex: Vec::new(),
+                kind_counts: Vec::new(),
             },
             cap_nic,
             leaf_vertex: Vec::new(),
@@ -333,7 +360,8 @@ impl Builder {
         for j in 0..half {
             let g = (j % count) as usize;
             let (a, b) = (self.leaf_vertex[leaf as usize], self.spine_vertex[groups[g].0 as usize]);
-            let (up, down) = self.duplex(a, b, cap, (ResKind::Fabric, ResKind::Fabric), lat);
+            let kinds = (ResKind::Fabric(Tier::LeafUp), ResKind::Fabric(Tier::LeafDown));
+            let (up, down) = self.duplex(a, b, cap, kinds, lat);
             groups[g].1.push(up);
             groups[g].2.push(down);
         }
@@ -357,7 +385,8 @@ impl Builder {
             for j in 0..half {
                 let g = (j % per_group) as usize;
                 let (a, b) = (self.spine_vertex[s as usize], cores[groups[g].0 as usize]);
-                let (up, down) = self.duplex(a, b, cap, (ResKind::Fabric, ResKind::Fabric), lat);
+                let kinds = (ResKind::Fabric(Tier::SpineUp), ResKind::Fabric(Tier::SpineDown));
+                let (up, down) = self.duplex(a, b, cap, kinds, lat);
                 groups[g].1.push(up);
                 groups[g].2.push(down);
             }
@@ -370,13 +399,13 @@ impl Builder {
     fn trunks(&mut self, up_cap: f64, half: u32) {
         let trunk_cap = if self.t.tiers >= 2 { up_cap * half as f64 } else { up_cap };
         for leaf in 0..self.t.leaves.len() {
-            self.t.leaves[leaf].up_trunk = self.resource(trunk_cap, ResKind::Trunk);
-            self.t.leaves[leaf].down_trunk = self.resource(trunk_cap, ResKind::Trunk);
+            self.t.leaves[leaf].up_trunk = self.resource(trunk_cap, ResKind::Trunk(Tier::LeafUp));
+            self.t.leaves[leaf].down_trunk = self.resource(trunk_cap, ResKind::Trunk(Tier::LeafDown));
         }
         for pod in 0..self.t.pods.len() {
             let cap = up_cap * (half * half) as f64;
-            self.t.pods[pod].up_trunk = self.resource(cap, ResKind::Trunk);
-            self.t.pods[pod].down_trunk = self.resource(cap, ResKind::Trunk);
+            self.t.pods[pod].up_trunk = self.resource(cap, ResKind::Trunk(Tier::SpineUp));
+            self.t.pods[pod].down_trunk = self.resource(cap, ResKind::Trunk(Tier::SpineDown));
         }
     }
 }
