@@ -31,7 +31,7 @@
 //! Units: ns (u64) at the interface, bytes and bytes/s inside.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
@@ -53,7 +53,7 @@ const P2P_LATENCY_US: [f64; 2] = [8.4 + 3.4, 8.4 + 14.0];
 struct Comm {
     bytes: u64,
     bound_bytes_per_s: f64,
-    elems: Rc<[(ResId, f64)]>,
+    elems: Arc<[(ResId, f64)]>,
     multiplicity: u32,
     var: Option<VarId>,
 }
@@ -69,8 +69,8 @@ pub struct FabricNetwork {
     env: NcclEnv,
     /// Solver constraint of each resource, created on first use (`u32::MAX`: none yet).
     res_cnst: Vec<CnstId>,
-    tuners: HashMap<CommShape, Rc<Tuner>>,
-    layouts: HashMap<LayoutKey, Rc<[(ResId, f64)]>>,
+    tuners: HashMap<CommShape, Arc<Tuner>>,
+    layouts: HashMap<LayoutKey, Arc<[(ResId, f64)]>>,
     /// Requests not yet completed.
     comms: BTreeMap<CommId, Comm>,
     /// Request carried by each solver slot.
@@ -121,17 +121,17 @@ impl FabricNetwork {
     pub fn override_graphs(&mut self, ranks: &[u32], graphs: Graphs) {
         let shape = self.topo.node.shape(ranks);
         let node = &self.topo.node;
-        self.tuners.insert(shape, Rc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env)));
+        self.tuners.insert(shape, Arc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env)));
     }
 
-    fn tuner(&mut self, ranks: &[u32]) -> Rc<Tuner> {
+    fn tuner(&mut self, ranks: &[u32]) -> Arc<Tuner> {
         let shape = self.topo.node.shape(ranks);
         if let Some(t) = self.tuners.get(&shape) {
             return t.clone();
         }
         let node = &self.topo.node;
         let graphs = nccl_graph::search(node, &shape);
-        let t = Rc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env));
+        let t = Arc::new(Tuner::new(node.arch, node.cpu, shape, graphs, &self.env));
         self.tuners.insert(shape, t.clone());
         t
     }
@@ -186,12 +186,12 @@ impl FabricNetwork {
         (latency_ns, bound, plan)
     }
 
-    fn coefficients(&mut self, req: &CommRequest, plan: &Plan) -> Rc<[(ResId, f64)]> {
+    fn coefficients(&mut self, req: &CommRequest, plan: &Plan) -> Arc<[(ResId, f64)]> {
         let key: LayoutKey = (req.kind, req.ranks.clone(), plan.algo as u8, plan.channels, plan.graph_channels);
         if let Some(e) = self.layouts.get(&key) {
             return e.clone();
         }
-        let e: Rc<[(ResId, f64)]> = layout::coefficients(&self.topo, &mut self.router, req, plan).into();
+        let e: Arc<[(ResId, f64)]> = layout::coefficients(&self.topo, &mut self.router, req, plan).into();
         self.layouts.insert(key, e.clone());
         e
     }
@@ -270,7 +270,7 @@ impl Network for FabricNetwork {
         self.next_id += 1;
         let trivial = req.ranks.len() <= 1 || (req.kind == CommKind::SendRecv && req.ranks[0] == req.ranks[1]);
         let (latency_ns, bound, elems) = if trivial {
-            (0, 1.0, Rc::from(Vec::new()))
+            (0, 1.0, Arc::from(Vec::new()))
         } else {
             let (latency_ns, bound, plan) = self.plan(req);
             (latency_ns, bound, self.coefficients(req, &plan))
@@ -333,7 +333,7 @@ impl Network for FabricNetwork {
         let shape = node.shape(&req.ranks);
         let tuner = match self.tuners.get(&shape) {
             Some(t) => t.clone(),
-            None => Rc::new(Tuner::new(node.arch, node.cpu, shape, nccl_graph::search(node, &shape), &self.env)),
+            None => Arc::new(Tuner::new(node.arch, node.cpu, shape, nccl_graph::search(node, &shape), &self.env)),
         };
         let sel = tuner.select(func, req.bytes);
         CommChoice { algorithm: sel.algo.key().into(), protocol: sel.proto.key().into(), channels: sel.n_channels }

@@ -131,7 +131,7 @@ pub enum NetError {
 /// let net = net::build(&cluster, 7, NetworkKind::Fabric).unwrap();
 /// assert_eq!(net.name(), "fabric");
 /// ```
-pub fn build(cluster: &ClusterSpec, seed: u64, kind: NetworkKind) -> Result<Box<dyn Network>, NetError> {
+pub fn build(cluster: &ClusterSpec, seed: u64, kind: NetworkKind) -> Result<Box<dyn Network + Send>, NetError> {
     build_with(cluster, seed, kind, &NcclEnv::default())
 }
 
@@ -141,7 +141,7 @@ pub fn build_with(
     seed: u64,
     kind: NetworkKind,
     env: &NcclEnv,
-) -> Result<Box<dyn Network>, NetError> {
+) -> Result<Box<dyn Network + Send>, NetError> {
     Ok(match kind {
         NetworkKind::ClosedForm => Box::new(ClosedFormNetwork::new(cluster, env.clone())?),
         NetworkKind::Fabric => Box::new(FabricNetwork::new(cluster, seed, env.clone())?),

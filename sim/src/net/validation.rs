@@ -403,3 +403,11 @@ fn overridden_graphs_drive_the_model() {
     let busbw = (8u64 << 30) as f64 / t_ns as f64 * 14.0 / 8.0;
     assert!((busbw - 80.0).abs() < 0.5, "{busbw}");
 }
+
+/// Networks can move between threads (the search simulates configurations in parallel).
+#[test]
+fn networks_are_send() {
+    fn send<T: Send>() {}
+    send::<FabricNetwork>();
+    send::<super::ClosedFormNetwork>();
+}
