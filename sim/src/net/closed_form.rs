@@ -112,7 +112,7 @@ impl ClosedFormNetwork {
                 let ppn = shape.local_ranks as f64;
                 let intra = (ppn - 1.0) / n * s / (self.node.nvlink_gb_per_s * 1e9);
                 let nics = self.node.nics_per_node.max(1) as f64;
-                let inter = ppn * (n - ppn) / n * s / (nics * self.node.nic_gb_per_s * 1e9);
+                let inter = if multi { ppn * (n - ppn) / n * s / (nics * self.node.nic_gb_per_s * 1e9) } else { 0.0 };
                 ClosedFormCost { time_ns: secs(alpha + intra.max(inter)), algorithm: "direct" }
             }
             CommKind::SendRecv => {

@@ -486,7 +486,12 @@ impl Tuner {
             };
         }
         let mut nc = self.comm_channels as u64;
-        let nt = if a == Algo::Ring && p == Proto::Simple { self.ring_simple_threads } else { MAX_THREADS[p as usize] };
+        // tuning.cc never sets maxThreads for PAT: 0 threads, so no small-message shrink.
+        let nt = match (a, p) {
+            (Algo::Pat, _) => 0,
+            (Algo::Ring, Proto::Simple) => self.ring_simple_threads,
+            _ => MAX_THREADS[p as usize],
+        };
         let mut threshold = THREAD_THRESHOLD[p as usize];
         if a == Algo::Ring && p == Proto::Ll {
             threshold *= self.shape.n_ranks as u64;
