@@ -411,3 +411,90 @@ fn networks_are_send() {
     send::<FabricNetwork>();
     send::<super::ClosedFormNetwork>();
 }
+
+/// NVLS loads each GPU's NVSwitch port with (n+1)/n of the progress rate: two NVLS
+/// all-reduces on the same eight GPUs share 370.8 GB/s per port, 164.8 GB/s each
+/// instead of NCCL's 274 alone.
+#[test]
+fn nvls_is_a_per_gpu_nvswitch_constraint() {
+    let c = cluster("dgx-h100", 1);
+    let mut net = FabricNetwork::new(&c, 0, NcclEnv::default()).unwrap();
+    let a = net.start(0, &all_reduce((0..8).collect(), 1 << 30));
+    let b = net.start(0, &all_reduce((0..8).collect(), 1 << 30));
+    assert_eq!(net.choice(&all_reduce((0..8).collect(), 1 << 30)).algorithm, "nvls");
+    net.advance(net.next_completion_ns().unwrap());
+    let want = 370.8e9 / (2.0 * 9.0 / 8.0);
+    for id in [a, b] {
+        assert!((net.rate_bytes_per_s(id) - want).abs() < 1.0, "{}", net.rate_bytes_per_s(id));
+    }
+}
+
+fn layout_of(c: &ClusterSpec, req: &CommRequest, algo: Algo) -> Vec<(super::topology::ResKind, f64, u32)> {
+    use super::layout::{Plan, coefficients};
+    use super::topology::{ResKind, Topology};
+    let t = Topology::new(c).unwrap();
+    let mut r = super::routing::Router::new(&t, c.routing, 0);
+    let node = NodeNet::from_cluster(c).unwrap();
+    let g = nccl_graph::search(&node, &node.shape(&req.ranks));
+    let gch = if algo == Algo::Ring { g.ring.n_channels } else { g.tree.n_channels };
+    let plan = Plan { algo, channels: 2 * gch, graph_channels: gch };
+    let rail_of_nic = |res: u32| (0..t.nodes * 8).find(|&e| t.nic_up(e) == res || t.nic_down(e) == res).map(|e| e % 8);
+    coefficients(&t, &mut r, req, &plan)
+        .into_iter()
+        .map(|(res, a)| {
+            let kind = t.resources[res as usize].kind;
+            let rail = if matches!(kind, ResKind::NicUp | ResKind::NicDown) { rail_of_nic(res).unwrap() } else { 99 };
+            (kind, a, rail)
+        })
+        .collect()
+}
+
+/// Ring channels enter and leave every node through the same NIC index: inside one
+/// scalable unit a multi-node ring never leaves its rail leaves, and a DP group on local
+/// GPU 3 only ever uses NIC 3.
+#[test]
+fn ring_channels_stay_on_their_rail() {
+    use super::topology::ResKind;
+    let c = cluster("dgx-h100", 4);
+    let full = layout_of(&c, &all_reduce((0..32).collect(), 1 << 30), Algo::Ring);
+    assert!(full.iter().all(|(k, _, _)| !k.is_fabric()), "a ring inside one unit crossed the spine");
+    let rails: std::collections::BTreeSet<u32> =
+        full.iter().filter(|(k, _, _)| *k == ResKind::NicUp).map(|(_, _, r)| *r).collect();
+    assert_eq!(rails.len(), 8);
+    let dp = layout_of(&c, &all_reduce(vec![3, 11, 19, 27], 1 << 30), Algo::Ring);
+    assert!(dp.iter().filter(|(k, _, _)| matches!(k, ResKind::NicUp | ResKind::NicDown)).all(|(_, _, r)| *r == 3));
+    // Each NIC carries 2(n−1)/n of the progress bytes out and in (all channels on it).
+    let nic_out: f64 = dp.iter().filter(|(k, _, _)| *k == ResKind::NicUp).map(|(_, a, _)| a).sum();
+    assert!((nic_out - 4.0 * 2.0 * 3.0 / 4.0).abs() < 1e-12, "{nic_out}");
+}
+
+/// Double binary trees connect distant node indices: a ring crosses each scalable-unit
+/// boundary once, a tree once per tree edge between units, and there are more of those as
+/// units multiply. Spine bytes per progress byte, summed over leaf-up and leaf-down trunks:
+/// ring 2·U·2(n−1)/n; tree 2 per crossing edge (½ each way per tree, two trunks).
+#[test]
+fn trees_cross_the_spine() {
+    use super::layout::dtree_parent;
+    for nodes in [64u32, 256] {
+        let c = cluster("dgx-h100", nodes);
+        let ranks: Vec<u32> = (0..nodes).map(|n| n * 8).collect();
+        let spine = |algo| -> f64 {
+            layout_of(&c, &all_reduce(ranks.clone(), 1 << 30), algo)
+                .iter()
+                .filter(|(k, _, _)| k.is_fabric())
+                .map(|(_, a, _)| a)
+                .sum()
+        };
+        let (ring, tree) = (spine(Algo::Ring), spine(Algo::Tree));
+        let (n, units) = (nodes as f64, (nodes / 32) as f64);
+        assert!((ring - 2.0 * units * 2.0 * (n - 1.0) / n).abs() < 1e-9, "{nodes}: ring {ring}");
+        let crossings = (0..2)
+            .flat_map(|t| (0..nodes).filter_map(move |i| dtree_parent(nodes, i, t).map(|p| (i, p))))
+            .filter(|&(i, p)| i / 32 != p / 32)
+            .count();
+        assert!((tree - 2.0 * crossings as f64).abs() < 1e-9, "{nodes}: tree {tree}, {crossings} crossings");
+        if nodes == 256 {
+            assert!(tree > 1.3 * ring, "tree {tree} vs ring {ring}");
+        }
+    }
+}
