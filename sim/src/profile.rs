@@ -1,0 +1,265 @@
+//! Hardware profiles: the parameters of the compute model and the memory model for one GPU
+//! kind, as TOML files.
+//!
+//! A profile says how fast this GPU really runs the pieces of a plan, not what its
+//! datasheet promises: the fraction of the tensor-core peak a large GEMM reaches, how
+//! small inner dimensions and small tiles fall short of it, the fraction of HBM bandwidth
+//! that element-wise kernels reach, a per-kernel overhead, how much compute slows down
+//! while NCCL kernels share the SMs, and what a process holds in memory beyond the plan's
+//! buffers (CUDA context, NCCL buffers, allocator slack). [`crate::compute`] and
+//! [`crate::memory`] give the equations.
+//!
+//! Built-in profiles live in `sim/profiles/*.toml` (compiled in with `include_str!`); each
+//! file documents where its numbers come from. `strata calibrate` writes a file of the same
+//! shape from measurements; [`HardwareProfile::load`] reads one. Unknown keys are errors.
+//!
+//! Units are in the key names: TFLOP/s (1e12 FLOP/s), GB/s (1e9 bytes/s), µs, MiB (2^20
+//! bytes).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use strata_models::{Dtype, GpuKind};
+
+/// One GEMM tile shape the library can pick, with how well it keeps an SM busy relative to
+/// the best (large) tile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TileShape {
+    pub m: u64,
+    pub n: u64,
+    /// Per-SM throughput of this tile relative to the profile's `gemm_efficiency` (≤ 1).
+    pub efficiency: f64,
+}
+
+/// The compute model's parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputeParams {
+    /// Dense tensor-core peak for 16-bit GEMMs (bf16 and fp16).
+    pub bf16_tflops: f64,
+    /// The peak fp32 training GEMMs run at (CUDA-core fp32; TF32 is off by default in
+    /// PyTorch matmuls).
+    pub fp32_tflops: f64,
+    pub sm_count: u32,
+    pub hbm_gb_per_s: f64,
+    /// Fraction of the peak a large, well-shaped GEMM sustains (clocks under load, kernel
+    /// prologue/epilogue, tensor-core issue limits).
+    pub gemm_efficiency: f64,
+    /// Inner dimension k at which a GEMM reaches half of `gemm_efficiency`: efficiency ·
+    /// k / (k + k_half) models the fixed per-tile cost of loading and storing.
+    pub gemm_k_half: f64,
+    /// Tile shapes the GEMM library chooses among (the fastest for each shape is taken).
+    pub tiles: Vec<TileShape>,
+    /// Fraction of HBM bandwidth that element-wise kernels (norms, softmax, dropout,
+    /// activations, the optimizer) and memory-bound GEMMs sustain.
+    pub elementwise_bw_efficiency: f64,
+    /// Fixed cost per kernel: launch gap and tail of a kernel on a busy stream.
+    pub kernel_overhead_us: f64,
+}
+
+/// How much compute slows down while communication kernels of a stream run beside it:
+/// compute time × (1 + Σ over busy streams (factor − 1)).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlapParams {
+    pub tp_slowdown: f64,
+    pub dp_slowdown: f64,
+    pub pp_slowdown: f64,
+}
+
+/// What a rank holds beyond the plan's buffers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryParams {
+    /// CUDA context, kernels images and library handles (cuBLAS workspace), per process.
+    pub cuda_context_mib: f64,
+    /// Channels per collective communicator.
+    pub nccl_channels: u32,
+    /// Channels per point-to-point peer.
+    pub nccl_p2p_channels: u32,
+    /// Buffer per channel and peer connection (Simple 4 MiB + LL128 4.69 MiB + LL 0.5 MiB).
+    pub nccl_buffer_mib: f64,
+    /// Caching-allocator slack on top of the peak of live buffers (fragmentation, block
+    /// rounding), as a fraction of that peak.
+    pub allocator_fragmentation: f64,
+}
+
+/// Per-step costs outside the plan's ops.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostParams {
+    /// Host-side work once per step that the GPU waits for (optimizer bookkeeping, loss
+    /// reduction, the iteration's synchronisation), µs.
+    pub step_overhead_us: f64,
+}
+
+/// A hardware profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareProfile {
+    pub name: String,
+    /// The catalog GPU this profile describes.
+    pub gpu: GpuKind,
+    /// Where the numbers come from, one line.
+    pub source: String,
+    pub compute: ComputeParams,
+    pub overlap: OverlapParams,
+    pub memory: MemoryParams,
+    pub host: HostParams,
+}
+
+/// Why a profile could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot read hardware profile {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("hardware profile {origin} is not valid: {message}")]
+    Parse { origin: String, message: String },
+}
+
+const A100_40GB: &str = include_str!("../profiles/a100-40gb.toml");
+const A100_80GB: &str = include_str!("../profiles/a100-80gb.toml");
+const H100_SXM: &str = include_str!("../profiles/h100-sxm.toml");
+const H200_SXM: &str = include_str!("../profiles/h200-sxm.toml");
+const B200: &str = include_str!("../profiles/b200.toml");
+const CPU: &str = include_str!("../profiles/cpu.toml");
+
+impl HardwareProfile {
+    /// The built-in profile of a catalog GPU.
+    pub fn builtin(gpu: GpuKind) -> HardwareProfile {
+        let (text, file) = match gpu {
+            GpuKind::A100_40gb => (A100_40GB, "a100-40gb.toml"),
+            GpuKind::A100_80gb => (A100_80GB, "a100-80gb.toml"),
+            GpuKind::H100Sxm => (H100_SXM, "h100-sxm.toml"),
+            GpuKind::H200Sxm => (H200_SXM, "h200-sxm.toml"),
+            GpuKind::B200 => (B200, "b200.toml"),
+            GpuKind::Cpu => (CPU, "cpu.toml"),
+        };
+        // The built-in files are checked by a test; failing here is a build defect.
+        HardwareProfile::from_toml(text, file).expect("built-in hardware profile parses")
+    }
+
+    /// Reads a profile file.
+    pub fn load(path: &Path) -> Result<HardwareProfile, ProfileError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io { path: origin.clone(), source })?;
+        HardwareProfile::from_toml(&text, &origin)
+    }
+
+    /// Parses and checks profile text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<HardwareProfile, ProfileError> {
+        let p: HardwareProfile =
+            toml::from_str(text).map_err(|e| ProfileError::Parse { origin: origin.into(), message: e.to_string() })?;
+        p.check().map_err(|message| ProfileError::Parse { origin: origin.into(), message })?;
+        Ok(p)
+    }
+
+    /// The profile as TOML (what `strata calibrate` writes).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a profile always serialises")
+    }
+
+    /// Range checks; every message names the key and the value.
+    pub fn check(&self) -> Result<(), String> {
+        let c = &self.compute;
+        let mut bad = Vec::new();
+        let mut positive = |key: &str, v: f64| {
+            if !(v > 0.0 && v.is_finite()) {
+                bad.push(format!("{key} = {v}: it must be a positive number"));
+            }
+        };
+        positive("compute.bf16_tflops", c.bf16_tflops);
+        positive("compute.fp32_tflops", c.fp32_tflops);
+        positive("compute.hbm_gb_per_s", c.hbm_gb_per_s);
+        for (key, v) in [
+            ("compute.gemm_efficiency", c.gemm_efficiency),
+            ("compute.elementwise_bw_efficiency", c.elementwise_bw_efficiency),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                bad.push(format!("{key} = {v}: it is a fraction of the peak, in (0, 1]"));
+            }
+        }
+        if c.sm_count == 0 {
+            bad.push("compute.sm_count = 0: a GPU has at least one SM".into());
+        }
+        if c.tiles.is_empty() {
+            bad.push("compute.tiles is empty: list at least one GEMM tile shape".into());
+        }
+        for (i, t) in c.tiles.iter().enumerate() {
+            if t.m == 0 || t.n == 0 || !(t.efficiency > 0.0 && t.efficiency <= 1.0) {
+                bad.push(format!(
+                    "compute.tiles[{i}] = {}×{} at {}: tiles need positive sides and an efficiency in (0, 1]",
+                    t.m, t.n, t.efficiency
+                ));
+            }
+        }
+        if !(c.kernel_overhead_us >= 0.0 && c.gemm_k_half >= 0.0 && self.host.step_overhead_us >= 0.0) {
+            bad.push(format!(
+                "compute.kernel_overhead_us = {}, compute.gemm_k_half = {} and host.step_overhead_us = {} \
+                 must not be negative",
+                c.kernel_overhead_us, c.gemm_k_half, self.host.step_overhead_us
+            ));
+        }
+        let o = &self.overlap;
+        for (key, v) in [
+            ("overlap.tp_slowdown", o.tp_slowdown),
+            ("overlap.dp_slowdown", o.dp_slowdown),
+            ("overlap.pp_slowdown", o.pp_slowdown),
+        ] {
+            if !(1.0..=4.0).contains(&v) {
+                bad.push(format!("{key} = {v}: a slowdown factor is between 1 (none) and 4"));
+            }
+        }
+        let m = &self.memory;
+        if !(m.cuda_context_mib >= 0.0 && m.nccl_buffer_mib >= 0.0 && (0.0..=1.0).contains(&m.allocator_fragmentation))
+        {
+            bad.push(format!(
+                "memory.cuda_context_mib = {}, memory.nccl_buffer_mib = {} must not be negative and \
+                 memory.allocator_fragmentation = {} must be in [0, 1]",
+                m.cuda_context_mib, m.nccl_buffer_mib, m.allocator_fragmentation
+            ));
+        }
+        if bad.is_empty() { Ok(()) } else { Err(bad.join("\n")) }
+    }
+
+    /// The GEMM peak for a training dtype, FLOP/s.
+    pub fn peak_flops_per_s(&self, dtype: Dtype) -> f64 {
+        match dtype {
+            Dtype::Bf16 | Dtype::Fp16 => self.compute.bf16_tflops * 1e12,
+            Dtype::Fp32 => self.compute.fp32_tflops * 1e12,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_models::hardware::GPU_KINDS;
+
+    #[test]
+    fn builtin_profiles_parse_and_agree_with_the_catalog() {
+        for &gpu in GPU_KINDS {
+            let p = HardwareProfile::builtin(gpu);
+            assert_eq!(p.gpu, gpu, "{}", p.name);
+            let spec = gpu.spec();
+            assert_eq!(p.compute.bf16_tflops, spec.bf16_tflops, "{}", p.name);
+            assert_eq!(p.compute.sm_count, spec.sm_count, "{}", p.name);
+            assert!((p.compute.hbm_gb_per_s * 1e9 - spec.hbm_bw_bytes_per_s).abs() < 1.0, "{}", p.name);
+            // A profile written back reads back equal.
+            assert_eq!(HardwareProfile::from_toml(&p.to_toml(), "round trip").unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let text = A100_80GB.replace("[host]", "[host]\nturbo = true");
+        let e = HardwareProfile::from_toml(&text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("turbo") && e.contains("x.toml"), "{e}");
+        let mut p = HardwareProfile::builtin(GpuKind::A100_80gb);
+        p.compute.gemm_efficiency = 1.5;
+        p.overlap.dp_slowdown = 0.5;
+        let e = p.check().unwrap_err();
+        assert!(e.contains("compute.gemm_efficiency = 1.5") && e.contains("overlap.dp_slowdown = 0.5"), "{e}");
+    }
+}
