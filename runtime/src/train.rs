@@ -47,8 +47,10 @@ pub struct CheckpointOptions {
 pub enum Fault {
     /// Rank `rank` panics at the start of step `step`.
     Panic { rank: u32, step: u32 },
-    /// Rank `rank` stops talking at the start of step `step` (as a killed process would).
+    /// Rank `rank` stops talking at the start of step `step` but stays alive (a hang).
     Silent { rank: u32, step: u32 },
+    /// Rank `rank` vanishes at the start of step `step` without a word (a killed process).
+    Exit { rank: u32, step: u32 },
     /// Rank `rank`'s checkpoint write after step `step` is killed halfway.
     KillCheckpointWrite { rank: u32, step: u32 },
 }
@@ -113,6 +115,9 @@ pub enum TrainError {
     /// A rank failed; the job stopped.
     #[error("rank {rank} ({label}) failed: {reason}")]
     RankFailed { rank: u32, label: String, reason: String },
+    /// A rank ended without a word (fault injection of a killed process).
+    #[error("rank {rank} exited before the end of the run")]
+    RankExited { rank: u32 },
 }
 
 /// A callback that sees each step as rank 0 completes it.
@@ -200,6 +205,9 @@ pub fn run_rank(
         match opts.fault {
             Some(Fault::Panic { rank: r, step: k }) if r == rank && k == step => {
                 panic!("injected fault: rank {rank} panics at step {step}")
+            }
+            Some(Fault::Exit { rank: r, step: k }) if r == rank && k == step => {
+                return Err(TrainError::RankExited { rank });
             }
             Some(Fault::Silent { rank: r, step: k }) if r == rank && k == step => {
                 // Say nothing until the job is over (the others notice by their timeouts).
@@ -351,19 +359,19 @@ pub fn train_threads(
                             .unwrap_or_else(|| "panicked".into());
                         Err(rank_failed(&plan, rank, format!("panicked: {msg}")))
                     });
-                    if let Err(e) = &out {
+                    match &out {
+                        // A killed rank says nothing; the driver notices that it is gone.
+                        Err(TrainError::RankExited { .. }) | Ok(_) => {}
                         // The first failure is the cause; later ones are its consequences.
-                        match e {
-                            TrainError::RankFailed { rank: r, reason, .. } => flag.set(*r, reason),
-                            other => flag.set(rank, &other.to_string()),
-                        }
+                        Err(TrainError::RankFailed { rank: r, reason, .. }) => flag.set(*r, reason),
+                        Err(other) => flag.set(rank, &other.to_string()),
                     }
                     out
                 })
                 .expect("spawning a rank thread")
         })
         .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect();
+    let results = watch(handles, &flag);
     if let Some((rank, reason)) = flag.get() {
         // Prefer the cause's own error (a bad setup or checkpoint) over a rank's report of it.
         if let Some(Err(e)) =
@@ -382,4 +390,27 @@ pub fn train_threads(
         Ok(None) => unreachable!("rank 0 returns the result"),
         Err(e) => Err(e),
     }
+}
+
+/// Joins the rank threads, noticing within [`POLL`] a rank whose thread ended before the
+/// others while the job still runs: it is named as the cause and the others are stopped.
+fn watch(
+    handles: Vec<std::thread::JoinHandle<Result<Option<TrainResult>, TrainError>>>,
+    flag: &AbortFlag,
+) -> Vec<Result<Option<TrainResult>, TrainError>> {
+    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<Result<Option<TrainResult>, TrainError>>> = handles.iter().map(|_| None).collect();
+    while results.iter().any(Option::is_none) {
+        for (r, h) in handles.iter_mut().enumerate() {
+            if h.as_ref().is_some_and(|h| h.is_finished()) {
+                let out = h.take().expect("checked").join().expect("rank threads catch their panics");
+                if let Err(TrainError::RankExited { rank }) = &out {
+                    flag.set(*rank, "its thread ended before the end of the run without a word (killed)");
+                }
+                results[r] = Some(out);
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    results.into_iter().map(|r| r.expect("all joined")).collect()
 }

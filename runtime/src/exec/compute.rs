@@ -298,7 +298,7 @@ impl RankExec {
             }
             (Piece::FinalNorm, Phase::BackwardInput) => {
                 let dhn = self.take(chunk, mb, self.reduced(T::DPart));
-                let mut dr = vec![0.0; dhn.len() / if self.sp { self.tp } else { 1 }];
+                let mut dr = vec![0.0; dhn.len()];
                 let mut lnf = self.take_grad(chunk, Unit::FinalNorm, mb);
                 {
                     let (lnf_w, lnf_b) = lnf.split_at_mut(h);

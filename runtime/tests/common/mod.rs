@@ -31,6 +31,9 @@ seed = 0
 lr = 1e-3
 "#;
     let mut overrides: Vec<String> = split.iter().map(|s| s.to_string()).collect();
+    if !split.iter().any(|o| o.starts_with("parallel.dp=")) {
+        overrides.push("parallel.dp=1".into());
+    }
     let s0 = Scenario::from_toml(text, "test", "test", &overrides).ok();
     // The cluster has exactly as many CPU "GPUs" as the split has ranks.
     let ranks = s0.map(|s| s.parallel.ranks()).unwrap_or_else(|| {
