@@ -9,13 +9,15 @@
 //!    bytes on link l per progress byte ([`super::layout`]). It completes when its bytes
 //!    are done.
 //!
-//! Alone on an idle fabric the links never bind below B_alg for the layouts NCCL's
-//! bandwidths come from, so the time is NCCL's α + S/B_alg (to the ns); concurrent
+//! Alone on an idle fabric with adaptive routing the links do not bind below B_alg for the
+//! layouts NCCL's bandwidths come from (checked for the DGX shapes in the validation tests),
+//! so the time is NCCL's α + S/B_alg to the ns; with static routing a collective's own
+//! channels can collide on an uplink and run slower, as on a real fabric. Concurrent
 //! requests slow each other exactly where their coefficients share a link. Send/recv and
 //! all-to-all are not tuned by NCCL: α = baseLat + hwLat of Ring/Simple (11.8 µs over
-//! NVLink, 22.4 µs over the network, as SimAI's per-flow delay) plus the path's switch
-//! latency; their rate is bounded by the links alone (send/recv also by one NIC or the
-//! GPU's NVLink).
+//! NVLink, 22.4 µs over the network, as SimAI's per-flow delay), plus the path's switch
+//! latency for send/recv; their rate is bounded by the links (send/recv also by one NIC or
+//! the GPU's NVLink).
 //!
 //! Multiplicity m: a request stands for m identical copies on other GPUs. Each copy has its
 //! own GPUs, NVLinks and NIC ports, so those coefficients count once. In the switch fabric
