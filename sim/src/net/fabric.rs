@@ -40,7 +40,7 @@ use strata_models::plan::CollKind;
 
 use super::layout::{self, Plan};
 use super::maxmin::{CnstId, MaxMin, SolverStats, VarId};
-use super::nccl::{Func, NcclEnv, Selection, Tuner};
+use super::nccl::{Algo, Func, NcclEnv, Selection, Tuner};
 use super::nccl_graph::{self, Graphs};
 use super::node::CommShape;
 use super::routing::Router;
@@ -49,6 +49,17 @@ use super::{CommChoice, CommId, CommKind, CommRequest, NetError, Network};
 
 /// NCCL's Ring/Simple base + hop latency for p2p, µs (tuning.cc): NVLink, network.
 const P2P_LATENCY_US: [f64; 2] = [8.4 + 3.4, 8.4 + 14.0];
+
+/// The NCCL function that tunes a request, `None` for the untuned (send/recv, all-to-all).
+fn tuned(kind: CommKind) -> Option<Func> {
+    Some(match kind {
+        CommKind::Collective(CollKind::AllReduce) => Func::AllReduce,
+        CommKind::Collective(CollKind::AllGather) => Func::AllGather,
+        CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
+        CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
+        CommKind::Collective(CollKind::AllToAll) | CommKind::SendRecv => return None,
+    })
+}
 
 /// How a started request is carried.
 #[derive(Clone, Debug)]
@@ -140,19 +151,13 @@ impl FabricNetwork {
 
     /// NCCL's selection for a tuned collective, or `None` for send/recv and all-to-all.
     fn selection(&mut self, req: &CommRequest) -> Option<(Selection, u32)> {
-        let func = match req.kind {
-            CommKind::Collective(CollKind::AllReduce) => Func::AllReduce,
-            CommKind::Collective(CollKind::AllGather) => Func::AllGather,
-            CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
-            CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
-            _ => return None,
-        };
+        let func = tuned(req.kind)?;
         let tuner = self.tuner(&req.ranks);
         let sel = tuner.select(func, req.bytes);
         let g = tuner.graphs();
         let graph_channels = match sel.algo {
-            super::nccl::Algo::Ring => g.ring.n_channels,
-            super::nccl::Algo::Nvls | super::nccl::Algo::NvlsTree => g.nvls.map_or(1, |n| n.n_channels),
+            Algo::Ring => g.ring.n_channels,
+            Algo::Nvls | Algo::NvlsTree => g.nvls.map_or(1, |n| n.n_channels),
             _ => g.tree.n_channels,
         };
         Some((sel, graph_channels))
@@ -184,7 +189,7 @@ impl FabricNetwork {
             }
             _ => nvlink * shape.n_ranks as f64,
         };
-        let plan = Plan { algo: super::nccl::Algo::Ring, channels: 2, graph_channels: 1 };
+        let plan = Plan { algo: Algo::Ring, channels: 2, graph_channels: 1 };
         (latency_ns, bound, plan)
     }
 
@@ -319,17 +324,9 @@ impl Network for FabricNetwork {
     }
 
     fn choice(&self, req: &CommRequest) -> CommChoice {
-        let func = match req.kind {
-            CommKind::Collective(CollKind::AllReduce) => Func::AllReduce,
-            CommKind::Collective(CollKind::AllGather) => Func::AllGather,
-            CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
-            CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
-            CommKind::Collective(CollKind::AllToAll) => {
-                return CommChoice { algorithm: "direct".into(), protocol: "Simple".into(), channels: 2 };
-            }
-            CommKind::SendRecv => {
-                return CommChoice { algorithm: "p2p".into(), protocol: "Simple".into(), channels: 2 };
-            }
+        let Some(func) = tuned(req.kind) else {
+            let algorithm = if req.kind == CommKind::SendRecv { "p2p" } else { "direct" };
+            return CommChoice { algorithm: algorithm.into(), protocol: "Simple".into(), channels: 2 };
         };
         let node = &self.topo.node;
         let shape = node.shape(&req.ranks);
