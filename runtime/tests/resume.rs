@@ -1,0 +1,89 @@
+//! Checkpoints: a resumed run is bit-identical to an uninterrupted one, a checkpoint write
+//! killed midway leaves the previous checkpoint in force, and a corrupt shard or a
+//! checkpoint of another job is refused with a message naming the file or the field.
+
+mod common;
+
+use std::path::PathBuf;
+
+use strata_runtime::checkpoint;
+use strata_runtime::train::{CheckpointOptions, Fault, TrainError, TrainOptions};
+
+const SPLIT: &[&str] = &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"];
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("strata-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn with_ckpt(steps: u32, dir: &PathBuf, every: u32, resume: bool) -> TrainOptions {
+    let mut o = common::options(steps);
+    o.checkpoint = Some(CheckpointOptions { dir: dir.clone(), every, resume, keep: 3 });
+    o
+}
+
+fn bits(x: &[f64]) -> Vec<u64> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn resume_is_bit_identical_to_an_uninterrupted_run() {
+    for (name, split) in [
+        ("zero1", SPLIT),
+        ("zero3-sp", &["parallel.tp=2", "parallel.dp=4", "parallel.zero=3", "parallel.sequence_parallel=true"][..]),
+    ] {
+        let whole = common::train(split, &common::options(6)).unwrap().losses();
+        let d = dir(name);
+        let first = common::train(split, &with_ckpt(3, &d, 0, false)).unwrap();
+        assert_eq!(bits(&first.losses()), bits(&whole[..3]), "{name}: the first half differs");
+        let rest = common::train(split, &with_ckpt(6, &d, 0, true)).unwrap();
+        assert_eq!(rest.start_step, 3, "{name}");
+        assert_eq!(bits(&rest.losses()), bits(&whole[3..]), "{name}: resumed losses differ from the uninterrupted run");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[test]
+fn a_checkpoint_write_killed_midway_leaves_the_previous_one_loadable() {
+    let whole = common::train(SPLIT, &common::options(6)).unwrap().losses();
+    let d = dir("killed");
+    // Checkpoints after steps 2 and 4; rank 3's write after step 4 dies halfway.
+    let mut opts = with_ckpt(6, &d, 2, false);
+    opts.fault = Some(Fault::KillCheckpointWrite { rank: 3, step: 3 });
+    let e = common::train(SPLIT, &opts).unwrap_err().to_string();
+    assert!(e.contains("rank 3") && e.contains("killed midway"), "{e}");
+    assert!(d.join("step-000004/rank-00003.tmp").exists(), "the torn write is left behind");
+    assert!(!d.join("step-000004/manifest.json").exists(), "a torn checkpoint must not get a manifest");
+    let (sdir, m) = checkpoint::latest(&d).unwrap();
+    assert_eq!((m.step, sdir.file_name().unwrap().to_str().unwrap()), (2, "step-000002"));
+    let rest = common::train(SPLIT, &with_ckpt(6, &d, 2, true)).unwrap();
+    assert_eq!(rest.start_step, 2);
+    assert_eq!(bits(&rest.losses()), bits(&whole[2..]));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_corrupt_shard_or_another_jobs_checkpoint_is_refused_by_name() {
+    let d = dir("corrupt");
+    common::train(SPLIT, &with_ckpt(2, &d, 0, false)).unwrap();
+    // Another split: the manifest says so, naming the field.
+    let e = common::train(
+        &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=2"],
+        &with_ckpt(4, &d, 0, true),
+    )
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, TrainError::Checkpoint(_)) && msg.contains("parallel.zero = 1 in the checkpoint"), "{msg}");
+    // One flipped byte in rank 2's shard.
+    let shard = d.join("step-000002/rank-00002.bin");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&shard, bytes).unwrap();
+    let e = common::train(SPLIT, &with_ckpt(4, &d, 0, true)).unwrap_err().to_string();
+    assert!(e.contains("rank-00002.bin") && e.contains("corrupt"), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+    let e = common::train(SPLIT, &with_ckpt(4, &d, 0, true)).unwrap_err().to_string();
+    assert!(e.contains("no checkpoint to resume from"), "{e}");
+}
