@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use strata_runtime::checkpoint;
 use strata_runtime::train::{CheckpointOptions, Fault, TrainError, TrainOptions};
@@ -17,9 +17,9 @@ fn dir(name: &str) -> PathBuf {
     d
 }
 
-fn with_ckpt(steps: u32, dir: &PathBuf, every: u32, resume: bool) -> TrainOptions {
+fn with_ckpt(steps: u32, dir: &Path, every: u32, resume: bool) -> TrainOptions {
     let mut o = common::options(steps);
-    o.checkpoint = Some(CheckpointOptions { dir: dir.clone(), every, resume, keep: 3 });
+    o.checkpoint = Some(CheckpointOptions { dir: dir.to_path_buf(), every, resume, keep: 3 });
     o
 }
 
