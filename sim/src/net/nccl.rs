@@ -513,6 +513,21 @@ impl Tuner {
     }
 }
 
+/// NCCL's choice and predicted time for `func` of `n_bytes` over global `ranks` of
+/// `cluster` (placement contiguous, graphs from [`super::nccl_graph::search`]).
+pub fn predict(
+    cluster: &strata_models::ClusterSpec,
+    ranks: &[u32],
+    func: Func,
+    n_bytes: u64,
+    env: &NcclEnv,
+) -> Result<Selection, super::NetError> {
+    let node = super::node::NodeNet::from_cluster(cluster)?;
+    let shape = node.shape(ranks);
+    let graphs = super::nccl_graph::search(&node, &shape);
+    Ok(Tuner::new(node.arch, node.cpu, shape, graphs, env).select(func, n_bytes))
+}
+
 /// Runtime channels: graph ×2 (connect.cc), ×2 again on Hopper+ multi-node rings faster
 /// than 45 GB/s per channel with fewer than 16 channels.
 fn comm_channels(arch: Arch, shape: &CommShape, ring: &GraphBw) -> u32 {
@@ -590,6 +605,16 @@ mod tests {
         assert!(t.algo_time(Func::AllGather, Algo::Pat, Proto::Simple, 1 << 20).is_none());
         // No NVLS across nodes without SHARP.
         assert!(t.algo_time(Func::AllReduce, Algo::Nvls, Proto::Simple, 1 << 20).is_none());
+    }
+
+    #[test]
+    fn predict_is_the_tuner_on_the_cluster() {
+        let mut c = ClusterSpec::preset("dgx-a100").unwrap();
+        c.nodes = 2;
+        let ranks: Vec<u32> = (0..16).collect();
+        let s = predict(&c, &ranks, Func::AllReduce, 1 << 30, &NcclEnv::default()).unwrap();
+        assert_eq!(s, tuner("dgx-a100", 2, &ranks, &NcclEnv::default()).select(Func::AllReduce, 1 << 30));
+        assert_eq!((s.algo, s.proto), (Algo::Ring, Proto::Simple));
     }
 
     #[test]
