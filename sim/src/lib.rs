@@ -1,9 +1,22 @@
 //! strata-sim: how long a plan takes on a cluster.
 //!
-//! A deterministic discrete-event simulator: the event engine, the compute model
-//! ([`compute`]) with its hardware profiles ([`profile`]), the memory timeline, and the
-//! network behind one trait ([`net::Network`]).
+//! A deterministic discrete-event simulator: the event engine ([`engine`]) runs a plan's
+//! programs ([`program`]) with the plan IR's semantics; the compute model ([`compute`])
+//! costs each compute op from the GPU's hardware profile ([`profile`]); the memory model
+//! ([`memory`]) follows the plan's buffers; the network sits behind one trait
+//! ([`net::Network`]). [`simulate()`] puts them together and reports step time, throughput,
+//! MFU, the breakdown ([`breakdown`]) and memory; [`bench`] times the engine.
 
+pub mod bench;
+pub mod breakdown;
 pub mod compute;
+pub mod engine;
+pub mod memory;
 pub mod net;
 pub mod profile;
+pub mod program;
+pub mod simulate;
+
+pub use engine::Mode;
+pub use profile::HardwareProfile;
+pub use simulate::{SimError, SimOptions, SimReport, default_network, simulate, simulate_with};

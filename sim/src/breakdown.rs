@@ -1,0 +1,151 @@
+//! Where a rank's step time went: compute, exposed communication, pipeline bubble,
+//! optimizer.
+//!
+//! The rank's compute stream is busy or idle at every instant of [0, finish]. Busy time is
+//! `compute`, or `optimizer` for the optimizer step. Each idle gap ends when the next
+//! compute op can start, so the gap is charged to what that op waited for: the dependency
+//! (or stream predecessor) that finished last — its *blocker* — and, through the chain of
+//! blockers, to
+//! - a collective's or message's transfer time → `tp_exposed` (tp stream), `dp_exposed`
+//!   (dp stream: gradient and parameter buckets, tied embeddings, gradient norm) or
+//!   `pp_exposed` (pipeline sends and receives);
+//! - the time a collective waited for the other members of its group, or a receive for its
+//!   send (or a send for its receive) → `bubble`: waiting for a peer stage's work;
+//! - before such an op itself started, whatever held *it* up (its own blocker), and so on.
+//!
+//! Idle time after the last compute op is charged the same way to the op that ends last.
+//! The pieces partition [0, finish], so the components sum to the rank's step time exactly.
+//!
+//! Units: nanoseconds inside, seconds in [`Breakdown`].
+
+use serde::{Deserialize, Serialize};
+use strata_models::plan::{Program, Stream};
+
+use crate::engine::ActorRun;
+use crate::program::{NONE, OpInfo, ProgramTable};
+
+/// A step's time by cause, seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Breakdown {
+    pub compute: f64,
+    pub tp_exposed: f64,
+    pub dp_exposed: f64,
+    pub pp_exposed: f64,
+    pub bubble: f64,
+    pub optimizer: f64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> f64 {
+        self.compute + self.tp_exposed + self.dp_exposed + self.pp_exposed + self.bubble + self.optimizer
+    }
+}
+
+const COMPUTE: usize = 0;
+const TP: usize = 1;
+const DP: usize = 2;
+const PP: usize = 3;
+const BUBBLE: usize = 4;
+const OPTIMIZER: usize = 5;
+
+/// Nanoseconds by cause; sums to `run.finish_ns`.
+pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> [u64; 6] {
+    let mut acc = [0u64; 6];
+    let mut busy_until = 0u64;
+    for &op in &table.streams[Stream::Compute.index()] {
+        let o = op as usize;
+        let OpInfo::Compute { optimizer, .. } = table.info[o] else { continue };
+        let (start, end) = (run.start_ns[o], run.end_ns[o]);
+        if start > busy_until {
+            let b = blocker(run, table, program, op);
+            charge(run, table, program, b, busy_until, start, &mut acc);
+        }
+        acc[if optimizer { OPTIMIZER } else { COMPUTE }] += end - start;
+        busy_until = busy_until.max(end);
+    }
+    if run.finish_ns > busy_until {
+        // The op that ends last (the first of them in program order).
+        let last = (0..table.len()).max_by_key(|&i| (run.end_ns[i], std::cmp::Reverse(i))).expect("non-empty");
+        charge(run, table, program, last as u32, busy_until, run.finish_ns, &mut acc);
+    }
+    debug_assert_eq!(acc.iter().sum::<u64>(), run.finish_ns);
+    acc
+}
+
+/// Seconds by cause.
+pub fn to_seconds(ns: [u64; 6]) -> Breakdown {
+    let s = |i: usize| ns[i] as f64 * 1e-9;
+    Breakdown {
+        compute: s(COMPUTE),
+        tp_exposed: s(TP),
+        dp_exposed: s(DP),
+        pp_exposed: s(PP),
+        bubble: s(BUBBLE),
+        optimizer: s(OPTIMIZER),
+    }
+}
+
+/// The dependency or stream predecessor of `op` that finished last ([`NONE`] if none).
+fn blocker(run: &ActorRun, table: &ProgramTable, program: &Program, op: u32) -> u32 {
+    let o = op as usize;
+    let gate = if matches!(table.info[o], OpInfo::Free { .. }) { NONE } else { table.gate[o] };
+    program.ops[o]
+        .deps
+        .iter()
+        .copied()
+        .chain((gate != NONE).then_some(gate))
+        .max_by_key(|&d| (run.end_ns[d as usize], d))
+        .unwrap_or(NONE)
+}
+
+/// Charges the window [w0, w1) to what `b` stood for, following blockers back.
+fn charge(
+    run: &ActorRun,
+    table: &ProgramTable,
+    program: &Program,
+    mut b: u32,
+    w0: u64,
+    mut w1: u64,
+    acc: &mut [u64; 6],
+) {
+    // Every step either ends the walk or moves to an earlier op, so program length bounds it.
+    for _ in 0..=table.len() {
+        if w1 <= w0 {
+            return;
+        }
+        if b == NONE {
+            break;
+        }
+        let o = b as usize;
+        let class = match table.stream[o] {
+            Stream::Tp => TP,
+            Stream::Dp => DP,
+            Stream::Pp => PP,
+            Stream::Compute => COMPUTE,
+        };
+        match table.info[o] {
+            OpInfo::Collective { .. } | OpInfo::Send { .. } | OpInfo::Recv { .. } => {
+                let (start, xfer) = (run.start_ns[o], run.xfer_ns[o]);
+                let class = if class == COMPUTE { DP } else { class };
+                let t0 = w0.max(xfer);
+                if w1 > t0 {
+                    acc[class] += w1 - t0;
+                }
+                let (a0, a1) = (w0.max(start), xfer.min(w1));
+                if a1 > a0 {
+                    acc[BUBBLE] += a1 - a0;
+                }
+                w1 = w1.min(start);
+                b = blocker(run, table, program, b);
+            }
+            OpInfo::Alloc { .. } | OpInfo::Free { .. } => {
+                w1 = w1.min(run.end_ns[o]);
+                b = blocker(run, table, program, b);
+            }
+            OpInfo::Compute { .. } => break,
+        }
+    }
+    if w1 > w0 {
+        acc[BUBBLE] += w1 - w0;
+    }
+}

@@ -1,0 +1,711 @@
+//! The discrete-event engine: executes a plan's programs in simulated time, with exactly
+//! the plan IR's semantics (`strata_models::plan::ir`).
+//!
+//! **Time and order.** Time is an integer number of nanoseconds. Timer events (a compute op
+//! ending) sit in a binary heap ordered by (time, sequence number), so events at the same
+//! instant keep the order they were scheduled in; the network is asked for its next
+//! completion and advanced to it when that comes first (ties: network first). Everything
+//! an event sets off at the same instant — ops finishing, streams moving on, collectives
+//! and transfers starting — runs from a FIFO work list before time moves. The step is a
+//! pure function of (state, event): no clocks, no I/O, no hash-map iteration; all
+//! randomness (optional compute jitter) comes from one ChaCha8 generator seeded with
+//! [`EngineConfig::seed`].
+//!
+//! **Execution.** Each actor runs a program on four in-order streams. An op starts when it
+//! reaches the head of its stream, its stream's *gate* (the previous op that is not a Send
+//! or Free) is done, and its `deps` are done. A compute op runs for its costed time; an
+//! alloc is done at once; a free is posted as soon as its stream reaches it (the ops before
+//! it have started) and takes effect (frees its bytes, is done) when its deps are done; a collective arrives and starts — handed to the
+//! [`Network`] as one [`CommRequest`] with the members' global ranks — when every member
+//! of its group has arrived at the same position in its sequence of collectives on that
+//! group; a send is posted (its stream moves on) and a receive waits; the transfer starts
+//! when both the send and the receive (same peer pair, kind, microbatch, virtual stage) are
+//! posted, and both are done on delivery.
+//!
+//! **Modes.** *Full*: one actor per rank. *Symmetric*: one actor per pipeline stage,
+//! standing for the tp·dp ranks of the stage — legal because every rank of a stage runs the
+//! same program and its TP and DP groups lie inside the stage, so their members move in
+//! lockstep. A stage's TP collective is one request with `multiplicity` = dp (the dp
+//! identical TP groups of the stage run at once), its DP collective `multiplicity` = tp,
+//! its pipeline transfers tp·dp; embedding-group and world collectives are matched across
+//! the stage actors.
+//!
+//! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
+//! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
+//! bandwidth); a running compute op is re-timed whenever that factor changes.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use strata_models::plan::{CollKind, Coord, GroupKind, OpKind, P2pKind, Peer, Plan, Stream};
+
+use crate::memory::Timeline;
+use crate::net::{CommKind, CommRequest, Network};
+use crate::program::{NONE, OpInfo, ProgramTable};
+use crate::simulate::SimError;
+
+/// One actor per rank, or one per pipeline stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Symmetric,
+    Full,
+}
+
+/// Knobs of one engine run.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub mode: Mode,
+    pub seed: u64,
+    /// Compute slowdown factors while a TP / DP / pipeline transfer is in flight.
+    pub slowdown: [f64; 3],
+    /// Each compute op's time is multiplied by 1 + jitter · U(−1, 1) (0: none).
+    pub jitter: f64,
+    /// Keep memory samples for the trace.
+    pub record_memory: bool,
+}
+
+const IDLE: u8 = 0;
+const POSTED: u8 = 1;
+const DONE: u8 = 2;
+
+/// Where a transfer's compute slowdown comes from: 0 tp, 1 dp, 2 pp.
+fn class_of(stream: Stream) -> usize {
+    match stream {
+        Stream::Tp => 0,
+        Stream::Pp => 2,
+        Stream::Compute | Stream::Dp => 1,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Running {
+    op: u32,
+    /// Work left, in ns at full speed.
+    work_ns: f64,
+    since_ns: u64,
+    factor: f64,
+}
+
+/// One executed program: a rank (full mode) or a stage's representative rank.
+#[derive(Clone, Debug)]
+pub struct ActorRun {
+    pub rank: u32,
+    pub stage: u32,
+    /// Index into [`Outcome::tables`].
+    pub table: usize,
+    pub start_ns: Vec<u64>,
+    pub end_ns: Vec<u64>,
+    /// When a collective's or a message's transfer started (after all members arrived).
+    pub xfer_ns: Vec<u64>,
+    pub finish_ns: u64,
+    pub memory: Timeline,
+}
+
+/// What a run produced.
+pub struct Outcome {
+    pub tables: Vec<ProgramTable>,
+    /// Which plan program each table compiles.
+    pub table_program: Vec<usize>,
+    pub actors: Vec<ActorRun>,
+    pub makespan_ns: u64,
+    /// Timer events, network completions and op completions processed.
+    pub events: u64,
+    pub mode: Mode,
+}
+
+struct Actor {
+    table: u32,
+    rank: u32,
+    stage: u32,
+    cursor: [u32; 4],
+    gate: [u32; 4],
+    deps_left: Vec<u32>,
+    state: Vec<u8>,
+    start_ns: Vec<u64>,
+    end_ns: Vec<u64>,
+    xfer_ns: Vec<u64>,
+    /// For a send or receive: the matching op of the peer actor.
+    peer_op: Vec<u32>,
+    /// Actors of the `Next` and `Prev` pipeline peers.
+    peer_actor: [u32; 2],
+    coll_seq: [u32; 4],
+    group_slot: [u32; 4],
+    running: Option<Running>,
+    epoch: u32,
+    comm_active: [u32; 3],
+    memory: Timeline,
+    remaining: usize,
+}
+
+#[derive(Default)]
+struct Instance {
+    arrived: u32,
+    members: Vec<(u32, u32)>,
+}
+
+struct GroupState {
+    /// Actors that take part.
+    total: u32,
+    /// Sequence number of `pending[0]`.
+    base: u32,
+    pending: VecDeque<Instance>,
+    req: Option<CommRequest>,
+}
+
+enum CommRec {
+    Empty,
+    One { class: usize, actor: u32, op: u32 },
+    Many { class: usize, members: Vec<(u32, u32)> },
+    P2p { send: (u32, u32), recv: (u32, u32) },
+}
+
+enum Work {
+    Complete(u32, u32),
+    Advance(u32, usize),
+}
+
+struct Engine<'a> {
+    plan: &'a Plan,
+    tables: Vec<ProgramTable>,
+    actors: Vec<Actor>,
+    groups: [Vec<GroupState>; 4],
+    /// Per actor, per direction (Next, Prev): the request of a message it sends.
+    p2p_req: Vec<[CommRequest; 2]>,
+    comms: Vec<CommRec>,
+    heap: BinaryHeap<Reverse<(u64, u64, u32, u32)>>,
+    seq: u64,
+    now: u64,
+    work: VecDeque<Work>,
+    net: &'a mut dyn Network,
+    rng: ChaCha8Rng,
+    cfg: EngineConfig,
+    events: u64,
+}
+
+fn dir(peer: Peer) -> usize {
+    match peer {
+        Peer::Next => 0,
+        Peer::Prev => 1,
+    }
+}
+
+/// Runs one step of `plan`. `tables[i]` compiles `plan.programs[table_program[i]]`.
+pub fn run(
+    plan: &Plan,
+    tables: Vec<ProgramTable>,
+    table_program: Vec<usize>,
+    cfg: EngineConfig,
+    net: &mut dyn Network,
+) -> Result<Outcome, SimError> {
+    let mode = if plan.rank_programs.is_empty() { cfg.mode } else { Mode::Full };
+    let mut e = Engine::new(plan, tables, &table_program, EngineConfig { mode, ..cfg }, net)?;
+    e.execute()?;
+    let mut actors = Vec::with_capacity(e.actors.len());
+    let mut makespan_ns = 0;
+    for a in e.actors.drain(..) {
+        let finish_ns = a.end_ns.iter().copied().max().unwrap_or(0);
+        makespan_ns = makespan_ns.max(finish_ns);
+        actors.push(ActorRun {
+            rank: a.rank,
+            stage: a.stage,
+            table: a.table as usize,
+            start_ns: a.start_ns,
+            end_ns: a.end_ns,
+            xfer_ns: a.xfer_ns,
+            finish_ns,
+            memory: a.memory,
+        });
+    }
+    Ok(Outcome { tables: std::mem::take(&mut e.tables), table_program, actors, makespan_ns, events: e.events, mode })
+}
+
+impl<'a> Engine<'a> {
+    fn new(
+        plan: &'a Plan,
+        tables: Vec<ProgramTable>,
+        table_program: &[usize],
+        cfg: EngineConfig,
+        net: &'a mut dyn Network,
+    ) -> Result<Engine<'a>, SimError> {
+        let g = plan.grid;
+        let symmetric = cfg.mode == Mode::Symmetric;
+        let ranks: Vec<u32> = if symmetric {
+            (0..g.pp).map(|pp| g.rank(Coord { tp: 0, dp: 0, pp })).collect()
+        } else {
+            (0..g.ranks()).collect()
+        };
+        let actor_of = |rank: u32| if symmetric { g.coord(rank).pp } else { rank };
+        let table_of: BTreeMap<usize, u32> = table_program.iter().enumerate().map(|(t, p)| (*p, t as u32)).collect();
+        let kinds = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
+        let mut actors = Vec::with_capacity(ranks.len());
+        for &rank in &ranks {
+            let program = plan.program_index(rank);
+            let table = *table_of.get(&program).ok_or_else(|| SimError::InvalidPlan {
+                program,
+                op: 0,
+                reason: "no compiled table for this program".into(),
+            })?;
+            let t = &tables[table as usize];
+            let n = t.len();
+            let mut group_slot = [0u32; 4];
+            for k in kinds {
+                group_slot[k as usize] = match (symmetric, k) {
+                    (true, GroupKind::Tp | GroupKind::Dp) => g.coord(rank).pp,
+                    _ => g.group_id(rank, k).1,
+                };
+            }
+            actors.push(Actor {
+                table,
+                rank,
+                stage: g.coord(rank).pp,
+                cursor: [0; 4],
+                gate: [NONE; 4],
+                deps_left: t.ndeps.clone(),
+                state: vec![IDLE; n],
+                start_ns: vec![0; n],
+                end_ns: vec![0; n],
+                xfer_ns: vec![0; n],
+                peer_op: vec![NONE; n],
+                peer_actor: [actor_of(g.peer(rank, Peer::Next)), actor_of(g.peer(rank, Peer::Prev))],
+                coll_seq: [0; 4],
+                group_slot,
+                running: None,
+                epoch: 0,
+                comm_active: [0; 3],
+                memory: Timeline::new(cfg.record_memory),
+                remaining: n,
+            });
+        }
+        let groups = kinds.map(|k| {
+            let count = match (symmetric, k) {
+                (true, GroupKind::Tp | GroupKind::Dp) => g.pp,
+                _ => g.group_id(0, k).0,
+            };
+            // Actors taking part in one group of this kind (all groups of a kind are alike).
+            let total = match (symmetric, k) {
+                (true, GroupKind::Tp | GroupKind::Dp) => 1,
+                (true, GroupKind::Embedding) => u32::from(g.pp > 1) + 1,
+                (true, GroupKind::World) => g.pp,
+                (false, GroupKind::Tp) => g.tp,
+                (false, GroupKind::Dp) => g.dp,
+                (false, GroupKind::Embedding) => u32::from(g.pp > 1) + 1,
+                (false, GroupKind::World) => g.ranks(),
+            };
+            (0..count).map(|_| GroupState { total, base: 0, pending: VecDeque::new(), req: None }).collect()
+        });
+        let multiplicity = if symmetric { g.tp * g.dp } else { 1 };
+        let p2p_req = actors
+            .iter()
+            .map(|a| {
+                [Peer::Next, Peer::Prev].map(|p| CommRequest {
+                    kind: CommKind::SendRecv,
+                    ranks: vec![a.rank, g.peer(a.rank, p)],
+                    bytes: 0,
+                    multiplicity,
+                })
+            })
+            .collect();
+        let mut e = Engine {
+            plan,
+            tables,
+            actors,
+            groups,
+            p2p_req,
+            comms: Vec::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            work: VecDeque::new(),
+            net,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            events: 0,
+        };
+        e.match_messages()?;
+        Ok(e)
+    }
+
+    /// Pairs every send with its receive: same (receiver, sender, kind, microbatch, virtual
+    /// stage), first posted with first posted.
+    fn match_messages(&mut self) -> Result<(), SimError> {
+        type Key = (u32, u32, P2pKind, u32, u32);
+        let mut sends: BTreeMap<Key, VecDeque<u32>> = BTreeMap::new();
+        for (ai, a) in self.actors.iter().enumerate() {
+            let program = &self.plan.programs[self.plan.program_index(a.rank)];
+            for (oi, op) in program.ops.iter().enumerate() {
+                if let OpKind::Send(p) = &op.kind {
+                    let to = a.peer_actor[dir(p.peer)];
+                    sends.entry((to, ai as u32, p.kind, p.mb, p.vstage)).or_default().push_back(oi as u32);
+                }
+            }
+        }
+        for bi in 0..self.actors.len() {
+            let program = &self.plan.programs[self.plan.program_index(self.actors[bi].rank)];
+            for (oi, op) in program.ops.iter().enumerate() {
+                if let OpKind::Recv(p) = &op.kind {
+                    let from = self.actors[bi].peer_actor[dir(p.peer)];
+                    let send = sends.get_mut(&(bi as u32, from, p.kind, p.mb, p.vstage)).and_then(|q| q.pop_front());
+                    let Some(send) = send else {
+                        return Err(SimError::InvalidPlan {
+                            program: self.plan.program_index(self.actors[bi].rank),
+                            op: oi as u32,
+                            reason: format!("receive of {:?} mb{} vs{} has no matching send", p.kind, p.mb, p.vstage),
+                        });
+                    };
+                    self.actors[bi].peer_op[oi] = send;
+                    self.actors[from as usize].peer_op[send as usize] = oi as u32;
+                }
+            }
+        }
+        if let Some(((to, from, kind, mb, vs), q)) = sends.iter().find(|(_, q)| !q.is_empty()) {
+            let a = &self.actors[*from as usize];
+            return Err(SimError::InvalidPlan {
+                program: self.plan.program_index(a.rank),
+                op: q[0],
+                reason: format!(
+                    "send of {kind:?} mb{mb} vs{vs} is never received by rank {}",
+                    self.actors[*to as usize].rank
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self) -> Result<(), SimError> {
+        for a in 0..self.actors.len() as u32 {
+            for s in 0..4 {
+                self.work.push_back(Work::Advance(a, s));
+            }
+        }
+        loop {
+            self.drain();
+            let te = self.heap.peek().map(|Reverse(e)| e.0);
+            let tn = self.net.next_completion_ns();
+            match (te, tn) {
+                (None, None) => break,
+                (Some(te), Some(tn)) if tn <= te => self.network_step(tn),
+                (None, Some(tn)) => self.network_step(tn),
+                _ => {
+                    let Reverse((t, _, actor, epoch)) = self.heap.pop().expect("peeked");
+                    self.events += 1;
+                    self.now = t;
+                    self.timer(actor, epoch);
+                }
+            }
+        }
+        self.check_finished()
+    }
+
+    fn network_step(&mut self, t: u64) {
+        debug_assert!(t >= self.now, "network completion at {t} before now {}", self.now);
+        self.now = self.now.max(t);
+        for id in self.net.advance(t) {
+            self.events += 1;
+            let rec = self.comms.get_mut(id as usize).map(|r| std::mem::replace(r, CommRec::Empty));
+            match rec {
+                Some(CommRec::One { class, actor, op }) => {
+                    self.comm_off(actor, class);
+                    self.complete(actor, op);
+                }
+                Some(CommRec::Many { class, members }) => {
+                    for (a, op) in members {
+                        self.comm_off(a, class);
+                        self.complete(a, op);
+                    }
+                }
+                Some(CommRec::P2p { send, recv }) => {
+                    self.comm_off(send.0, 2);
+                    self.comm_off(recv.0, 2);
+                    self.complete(send.0, send.1);
+                    self.complete(recv.0, recv.1);
+                }
+                Some(CommRec::Empty) | None => debug_assert!(false, "unknown communication {id}"),
+            }
+        }
+    }
+
+    fn timer(&mut self, actor: u32, epoch: u32) {
+        let a = &mut self.actors[actor as usize];
+        if a.epoch != epoch {
+            return; // re-timed since
+        }
+        let Some(r) = a.running.take() else { return };
+        self.complete(actor, r.op);
+    }
+
+    fn drain(&mut self) {
+        while let Some(w) = self.work.pop_front() {
+            match w {
+                Work::Complete(a, op) => self.complete(a, op),
+                Work::Advance(a, s) => self.advance(a, s),
+            }
+        }
+    }
+
+    /// Marks an op done and releases what waited for it.
+    fn complete(&mut self, ai: u32, op: u32) {
+        self.events += 1;
+        let now = self.now;
+        let a = &mut self.actors[ai as usize];
+        let t = &self.tables[a.table as usize];
+        debug_assert_ne!(a.state[op as usize], DONE);
+        a.state[op as usize] = DONE;
+        a.end_ns[op as usize] = now;
+        a.remaining -= 1;
+        if let OpInfo::Free { bytes } = t.info[op as usize] {
+            a.memory.free(now, bytes);
+        }
+        for &d in t.dependents_of(op) {
+            let left = &mut a.deps_left[d as usize];
+            *left -= 1;
+            if *left == 0 {
+                if matches!(t.info[d as usize], OpInfo::Free { .. }) && a.state[d as usize] == POSTED {
+                    self.work.push_back(Work::Complete(ai, d));
+                } else {
+                    self.work.push_back(Work::Advance(ai, t.stream[d as usize].index()));
+                }
+            }
+        }
+        let s = t.stream[op as usize].index();
+        if a.gate[s] == op {
+            a.gate[s] = NONE;
+            self.work.push_back(Work::Advance(ai, s));
+        }
+    }
+
+    /// Starts every op of stream `s` of actor `ai` that can start now.
+    fn advance(&mut self, ai: u32, s: usize) {
+        loop {
+            let now = self.now;
+            let a = &mut self.actors[ai as usize];
+            let t = &self.tables[a.table as usize];
+            let Some(&op) = t.streams[s].get(a.cursor[s] as usize) else { return };
+            let o = op as usize;
+            let info = t.info[o];
+            if let OpInfo::Free { .. } = info {
+                // Posted as soon as the stream reaches it, even while the op before it runs;
+                // done when its deps are.
+                a.cursor[s] += 1;
+                a.state[o] = POSTED;
+                a.start_ns[o] = now;
+                if a.deps_left[o] == 0 {
+                    self.complete(ai, op);
+                }
+                continue;
+            }
+            if a.gate[s] != NONE || a.deps_left[o] > 0 {
+                return;
+            }
+            a.cursor[s] += 1;
+            a.state[o] = POSTED;
+            a.start_ns[o] = now;
+            if info.gates() {
+                a.gate[s] = op;
+            }
+            match info {
+                OpInfo::Compute { ns, .. } => self.start_compute(ai, op, ns),
+                OpInfo::Alloc { bytes } => {
+                    a.memory.alloc(now, bytes);
+                    self.complete(ai, op);
+                }
+                OpInfo::Collective { group, kind, bytes } => self.arrive(ai, op, s, group, kind, bytes),
+                OpInfo::Send { .. } | OpInfo::Recv { .. } => self.post_message(ai, op),
+                OpInfo::Free { .. } => unreachable!("handled above"),
+            }
+        }
+    }
+
+    fn factor(&self, ai: u32) -> f64 {
+        let a = &self.actors[ai as usize];
+        1.0 + (0..3).filter(|&c| a.comm_active[c] > 0).map(|c| self.cfg.slowdown[c] - 1.0).sum::<f64>()
+    }
+
+    fn start_compute(&mut self, ai: u32, op: u32, ns: u64) {
+        let mut work_ns = ns as f64;
+        if self.cfg.jitter > 0.0 {
+            work_ns *= 1.0 + self.cfg.jitter * self.rng.random_range(-1.0..1.0);
+        }
+        let factor = self.factor(ai);
+        let a = &mut self.actors[ai as usize];
+        debug_assert!(a.running.is_none(), "two compute ops at once on rank {}", a.rank);
+        a.running = Some(Running { op, work_ns, since_ns: self.now, factor });
+        a.epoch += 1;
+        let end = self.now + (work_ns * factor).ceil() as u64;
+        self.schedule(end, ai);
+    }
+
+    fn schedule(&mut self, t: u64, ai: u32) {
+        let epoch = self.actors[ai as usize].epoch;
+        self.heap.push(Reverse((t, self.seq, ai, epoch)));
+        self.seq += 1;
+    }
+
+    /// The slowdown of actor `ai` changed: re-time its running compute op.
+    fn retime(&mut self, ai: u32) {
+        let factor = self.factor(ai);
+        let now = self.now;
+        let a = &mut self.actors[ai as usize];
+        let Some(r) = a.running.as_mut() else { return };
+        if r.factor == factor {
+            return;
+        }
+        r.work_ns = (r.work_ns - (now - r.since_ns) as f64 / r.factor).max(0.0);
+        r.since_ns = now;
+        r.factor = factor;
+        a.epoch += 1;
+        let end = now + (r.work_ns * factor).ceil() as u64;
+        self.schedule(end, ai);
+    }
+
+    fn comm_on(&mut self, ai: u32, class: usize) {
+        let a = &mut self.actors[ai as usize];
+        a.comm_active[class] += 1;
+        if a.comm_active[class] == 1 && self.cfg.slowdown[class] != 1.0 {
+            self.retime(ai);
+        }
+    }
+
+    fn comm_off(&mut self, ai: u32, class: usize) {
+        let a = &mut self.actors[ai as usize];
+        a.comm_active[class] -= 1;
+        if a.comm_active[class] == 0 && self.cfg.slowdown[class] != 1.0 {
+            self.retime(ai);
+        }
+    }
+
+    fn record(&mut self, id: u64, rec: CommRec) {
+        let i = id as usize;
+        if i >= self.comms.len() {
+            self.comms.resize_with(i + 1, || CommRec::Empty);
+        }
+        self.comms[i] = rec;
+    }
+
+    /// A collective arrives; it starts when its group is complete.
+    fn arrive(&mut self, ai: u32, op: u32, s: usize, group: GroupKind, kind: CollKind, bytes: u64) {
+        let class = class_of(Stream::ALL[s]);
+        let k = group as usize;
+        let a = &mut self.actors[ai as usize];
+        let slot = a.group_slot[k] as usize;
+        let seq = a.coll_seq[k];
+        a.coll_seq[k] += 1;
+        let st = &mut self.groups[k][slot];
+        let members = if st.total == 1 {
+            None
+        } else {
+            let idx = (seq - st.base) as usize;
+            while st.pending.len() <= idx {
+                st.pending.push_back(Instance::default());
+            }
+            let inst = &mut st.pending[idx];
+            inst.arrived += 1;
+            inst.members.push((ai, op));
+            if inst.arrived < st.total {
+                return;
+            }
+            let members = std::mem::take(&mut inst.members);
+            inst.arrived = u32::MAX;
+            while st.pending.front().is_some_and(|i| i.arrived == u32::MAX) {
+                st.pending.pop_front();
+                st.base += 1;
+            }
+            Some(members)
+        };
+        if self.groups[k][slot].req.is_none() {
+            let req = self.group_request(ai, group);
+            self.groups[k][slot].req = Some(req);
+        }
+        let req = self.groups[k][slot].req.as_mut().expect("just set");
+        req.kind = CommKind::Collective(kind);
+        req.bytes = bytes;
+        let id = self.net.start(self.now, req);
+        let now = self.now;
+        match members {
+            None => {
+                self.actors[ai as usize].xfer_ns[op as usize] = now;
+                self.record(id, CommRec::One { class, actor: ai, op });
+                self.comm_on(ai, class);
+            }
+            Some(members) => {
+                for &(m, mop) in &members {
+                    self.actors[m as usize].xfer_ns[mop as usize] = now;
+                    self.comm_on(m, class);
+                }
+                self.record(id, CommRec::Many { class, members });
+            }
+        }
+    }
+
+    /// The request template of actor `ai`'s group of a kind: its members' global ranks and
+    /// how many identical copies one request stands for.
+    fn group_request(&self, ai: u32, group: GroupKind) -> CommRequest {
+        let g = self.plan.grid;
+        let rank = self.actors[ai as usize].rank;
+        let multiplicity = match (self.cfg.mode, group) {
+            (Mode::Full, _) | (Mode::Symmetric, GroupKind::World) => 1,
+            (Mode::Symmetric, GroupKind::Tp) => g.dp,
+            (Mode::Symmetric, GroupKind::Dp) => g.tp,
+            (Mode::Symmetric, GroupKind::Embedding) => g.tp * g.dp,
+        };
+        CommRequest {
+            kind: CommKind::Collective(CollKind::AllReduce),
+            ranks: g.group(rank, group),
+            bytes: 0,
+            multiplicity,
+        }
+    }
+
+    /// A send or receive is posted; the transfer starts when its partner is posted too.
+    fn post_message(&mut self, ai: u32, op: u32) {
+        let a = &self.actors[ai as usize];
+        let t = &self.tables[a.table as usize];
+        let (is_send, peer, bytes) = match t.info[op as usize] {
+            OpInfo::Send { peer, bytes } => (true, peer, bytes),
+            OpInfo::Recv { peer, bytes } => (false, peer, bytes),
+            _ => unreachable!("messages only"),
+        };
+        let bi = a.peer_actor[dir(peer)];
+        let pop = a.peer_op[op as usize];
+        if self.actors[bi as usize].state[pop as usize] != POSTED {
+            return;
+        }
+        let (send, recv) = if is_send { ((ai, op), (bi, pop)) } else { ((bi, pop), (ai, op)) };
+        let sender = &self.actors[send.0 as usize];
+        let (send_peer, send_bytes) = match self.tables[sender.table as usize].info[send.1 as usize] {
+            OpInfo::Send { peer, bytes } => (peer, bytes),
+            _ => unreachable!("the partner of a receive is a send"),
+        };
+        debug_assert_eq!(send_bytes, bytes, "a message's send and receive sizes differ");
+        let req = &mut self.p2p_req[send.0 as usize][dir(send_peer)];
+        req.bytes = send_bytes;
+        let id = self.net.start(self.now, req);
+        let now = self.now;
+        self.actors[send.0 as usize].xfer_ns[send.1 as usize] = now;
+        self.actors[recv.0 as usize].xfer_ns[recv.1 as usize] = now;
+        self.record(id, CommRec::P2p { send, recv });
+        self.comm_on(send.0, 2);
+        self.comm_on(recv.0, 2);
+    }
+
+    fn check_finished(&self) -> Result<(), SimError> {
+        let Some(a) = self.actors.iter().find(|a| a.remaining > 0) else { return Ok(()) };
+        let t = &self.tables[a.table as usize];
+        let program = &self.plan.programs[self.plan.program_index(a.rank)];
+        let stuck: Vec<String> = (0..4)
+            .filter_map(|s| {
+                let op = *t.streams[s].get(a.cursor[s] as usize)?;
+                let line = strata_models::plan::text::op_line(self.plan, &program.ops[op as usize]);
+                Some(format!("{} waits at #{op} ({})", Stream::ALL[s].key(), line.trim()))
+            })
+            .collect();
+        Err(SimError::Deadlock {
+            rank: self.plan.grid.label(a.rank),
+            ops_left: a.remaining as u64,
+            stuck: stuck.join("; "),
+        })
+    }
+}

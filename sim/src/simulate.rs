@@ -1,0 +1,271 @@
+//! One simulated training step: a plan in, a report (and optionally a trace) out.
+//!
+//! [`simulate`] costs every compute op with the GPU's [`HardwareProfile`]
+//! ([`crate::compute`]), runs the programs through the event engine ([`crate::engine`])
+//! against the default network of the scenario's cluster ([`default_network`]), and
+//! reports:
+//! - step time T (the last rank's finish), tokens/s = B·s / T;
+//! - model TFLOP/s per GPU = F_model / (T · N) with F_model from
+//!   `strata_models::accounting::flops::step_flops(..).model` (Korthikanti's model FLOPs,
+//!   no recomputation); hardware TFLOP/s per GPU from what the plan executes (its compute
+//!   ops' FLOPs summed over all ranks, recomputation included);
+//! - MFU = model TFLOP/s / the GPU's dense peak for the training dtype (catalog), HFU the
+//!   same with hardware FLOPs;
+//! - the breakdown of the last rank's step ([`crate::breakdown`]);
+//! - memory per stage and the out-of-memory verdicts ([`crate::memory`]).
+//!
+//! Units: seconds and TFLOP/s (1e12 FLOP/s) in the report, bytes for memory.
+
+use serde::{Deserialize, Serialize};
+use strata_models::accounting::flops::step_flops;
+use strata_models::plan::{ComputeCost, ComputeOp, Piece, Plan};
+use strata_models::trace::{MemSample, Span, Trace, TraceSource};
+use strata_models::{Dtype, Recompute, Scenario};
+
+use crate::breakdown::{Breakdown, breakdown_ns, to_seconds};
+use crate::compute::ComputeModel;
+use crate::engine::{self, EngineConfig, Mode, Outcome};
+use crate::memory::{OutOfMemory, StageMemory, stage_memory, verdicts};
+use crate::net::{self, NetError, Network, NetworkKind};
+use crate::profile::HardwareProfile;
+use crate::program::{ComputeTimer, ProgramTable};
+
+/// How to simulate.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub mode: Mode,
+    /// Seeds the engine's generator (and the network's, through [`default_network`]).
+    pub seed: u64,
+    /// The GPU's profile; `None` takes the built-in one of the cluster's GPU.
+    pub profile: Option<HardwareProfile>,
+    /// Record the trace (spans of every op, memory samples).
+    pub trace: bool,
+    /// Random spread of compute times, ± this fraction (0: deterministic costs).
+    pub jitter: f64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { mode: Mode::Symmetric, seed: 0, profile: None, trace: false, jitter: 0.0 }
+    }
+}
+
+/// What one simulated step gives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SimReport {
+    pub scenario: String,
+    pub mode: Mode,
+    pub network: String,
+    pub profile: String,
+    pub seed: u64,
+    pub gpus: u64,
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+    pub model_tflops_per_gpu: f64,
+    pub hardware_tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub hfu: f64,
+    /// Of the rank that finishes last; sums to `step_time_s`.
+    pub breakdown_s: Breakdown,
+    pub last_rank: u32,
+    pub last_stage: u32,
+    /// Per pipeline stage: the most any rank of the stage holds.
+    pub peak_memory_bytes: Vec<u64>,
+    pub memory: Vec<StageMemory>,
+    pub fits: bool,
+    pub out_of_memory: Vec<OutOfMemory>,
+    /// Engine events processed (timer events, network completions, op completions).
+    pub events: u64,
+    /// The timeline, when asked for (not part of the JSON report).
+    #[serde(skip)]
+    pub trace: Option<Trace>,
+}
+
+/// Why a plan could not be simulated.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("plan program {program} op #{op}: {reason}")]
+    InvalidPlan { program: usize, op: u32, reason: String },
+    #[error("the plan deadlocks at {rank}: {ops_left} ops never run; {stuck}")]
+    Deadlock { rank: String, ops_left: u64, stuck: String },
+    #[error(transparent)]
+    Network(#[from] NetError),
+    #[error(
+        "the hardware profile {profile} describes a {profile_gpu} but the cluster has {cluster_gpu}s; \
+         pass a profile of the cluster's GPU"
+    )]
+    ProfileMismatch { profile: String, profile_gpu: String, cluster_gpu: String },
+}
+
+/// The default network model of a scenario's cluster: the closed form (contention-free).
+pub fn default_network(scenario: &Scenario, seed: u64) -> Result<Box<dyn Network>, SimError> {
+    Ok(net::build(&scenario.cluster, seed, NetworkKind::ClosedForm)?)
+}
+
+/// Simulates one step of `plan` on the default network.
+pub fn simulate(plan: &Plan, options: &SimOptions) -> Result<SimReport, SimError> {
+    let mut net = default_network(&plan.scenario, options.seed)?;
+    simulate_with(plan, options, net.as_mut())
+}
+
+/// Simulates one step of `plan` on a given network.
+pub fn simulate_with(plan: &Plan, options: &SimOptions, net: &mut dyn Network) -> Result<SimReport, SimError> {
+    let profile = options.profile.clone().unwrap_or_else(|| HardwareProfile::builtin(plan.scenario.cluster.gpu));
+    if profile.gpu != plan.scenario.cluster.gpu {
+        return Err(SimError::ProfileMismatch {
+            profile: profile.name.clone(),
+            profile_gpu: profile.gpu.key().into(),
+            cluster_gpu: plan.scenario.cluster.gpu.key().into(),
+        });
+    }
+    let timer = ProfileTimer::new(&profile, plan);
+    simulate_timed(plan, options, net, &timer, &profile)
+}
+
+/// Compute times from a profile: one cost per cost id, plus the host's per-step overhead on
+/// the optimizer step.
+pub struct ProfileTimer {
+    ns: Vec<u64>,
+    step_overhead_ns: u64,
+}
+
+impl ProfileTimer {
+    pub fn new(profile: &HardwareProfile, plan: &Plan) -> ProfileTimer {
+        let model = ComputeModel::new(profile, plan.scenario.training.dtype);
+        ProfileTimer {
+            ns: plan.costs.iter().map(|c| model.cost_ns(c)).collect(),
+            step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
+        }
+    }
+}
+
+impl ComputeTimer for ProfileTimer {
+    fn duration_ns(&self, op: &ComputeOp, _cost: &ComputeCost) -> u64 {
+        let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
+        self.ns[op.cost as usize] + extra
+    }
+}
+
+/// Simulates one step with an explicit compute timer (tests use idealised ones).
+pub fn simulate_timed(
+    plan: &Plan,
+    options: &SimOptions,
+    net: &mut dyn Network,
+    timer: &dyn ComputeTimer,
+    profile: &HardwareProfile,
+) -> Result<SimReport, SimError> {
+    let g = plan.grid;
+    let symmetric = options.mode == Mode::Symmetric && plan.rank_programs.is_empty();
+    // The programs that run: one per stage, or every distinct one.
+    let mut used: Vec<usize> = if symmetric {
+        (0..g.pp).map(|pp| plan.program_index(g.rank(strata_models::plan::Coord { tp: 0, dp: 0, pp }))).collect()
+    } else {
+        (0..g.ranks()).map(|r| plan.program_index(r)).collect()
+    };
+    used.sort_unstable();
+    used.dedup();
+    let tables =
+        used.iter().map(|&p| ProgramTable::new(plan, p, &plan.programs[p], timer)).collect::<Result<Vec<_>, _>>()?;
+    let o = &profile.overlap;
+    let cfg = EngineConfig {
+        mode: options.mode,
+        seed: options.seed,
+        slowdown: [o.tp_slowdown, o.dp_slowdown, o.pp_slowdown],
+        jitter: options.jitter,
+        record_memory: options.trace,
+    };
+    let outcome = engine::run(plan, tables, used, cfg, net)?;
+    Ok(report(plan, options, profile, net.name(), outcome))
+}
+
+fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {
+    let s = &plan.scenario;
+    let g = plan.grid;
+    let gpus = g.ranks() as u64;
+    let step_ns = out.makespan_ns.max(1);
+    let step_time_s = step_ns as f64 * 1e-9;
+    let copies = if out.mode == Mode::Symmetric { (g.tp * g.dp) as f64 } else { 1.0 };
+    let hardware_flops: f64 = out.actors.iter().map(|a| out.tables[a.table].flops * copies).sum();
+    let model_flops = step_flops(&s.model, s.parallel.global_batch as u64, Recompute::None).model;
+    let spec = s.cluster.gpu.spec();
+    let peak = match s.training.dtype {
+        Dtype::Bf16 => spec.bf16_tflops,
+        Dtype::Fp16 => spec.fp16_tflops,
+        Dtype::Fp32 => spec.fp32_tflops,
+    } * 1e12;
+    let per_gpu = |f: f64| f / (step_time_s * gpus as f64);
+    // The last rank to finish (the lowest rank among equals).
+    let last = out
+        .actors
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, a)| (a.finish_ns, std::cmp::Reverse(a.rank)))
+        .map(|(i, _)| i)
+        .expect("a plan has ranks");
+    let la = &out.actors[last];
+    let program = &plan.programs[out.table_program[la.table]];
+    let breakdown_s = to_seconds(breakdown_ns(la, &out.tables[la.table], program));
+    let mut stages: Vec<Option<StageMemory>> = vec![None; g.pp as usize];
+    for a in &out.actors {
+        let program = &plan.programs[out.table_program[a.table]];
+        let m = stage_memory(plan, a.stage, program, a.memory.peak_bytes, profile);
+        let slot = &mut stages[a.stage as usize];
+        if slot.as_ref().is_none_or(|s| m.peak_bytes > s.peak_bytes) {
+            *slot = Some(m);
+        }
+    }
+    let memory: Vec<StageMemory> = stages.into_iter().flatten().collect();
+    let out_of_memory = verdicts(&memory);
+    let trace = options.trace.then(|| trace(&out, options.seed));
+    SimReport {
+        scenario: s.name.clone(),
+        mode: out.mode,
+        network: network.to_string(),
+        profile: profile.name.clone(),
+        seed: options.seed,
+        gpus,
+        step_time_s,
+        tokens_per_s: s.tokens_per_step() as f64 / step_time_s,
+        model_tflops_per_gpu: per_gpu(model_flops) / 1e12,
+        hardware_tflops_per_gpu: per_gpu(hardware_flops) / 1e12,
+        mfu: per_gpu(model_flops) / peak,
+        hfu: per_gpu(hardware_flops) / peak,
+        breakdown_s,
+        last_rank: la.rank,
+        last_stage: la.stage,
+        peak_memory_bytes: memory.iter().map(|m| m.peak_bytes).collect(),
+        fits: out_of_memory.is_empty(),
+        memory,
+        out_of_memory,
+        events: out.events,
+        trace,
+    }
+}
+
+fn trace(out: &Outcome, seed: u64) -> Trace {
+    let mut spans = Vec::new();
+    let mut memory = Vec::new();
+    for a in &out.actors {
+        let t = &out.tables[a.table];
+        for op in 0..t.len() {
+            spans.push(Span {
+                rank: a.rank,
+                stream: t.stream[op],
+                op: op as u32,
+                start_ns: a.start_ns[op],
+                end_ns: a.end_ns[op],
+            });
+        }
+        memory.extend(a.memory.samples.iter().map(|&(t_ns, bytes)| MemSample { rank: a.rank, t_ns, bytes }));
+    }
+    let mut trace = Trace {
+        source: TraceSource::Simulated,
+        step: 0,
+        seed,
+        ranks: out.actors.iter().map(|a| a.rank).collect(),
+        spans,
+        memory,
+    };
+    trace.canonicalize();
+    trace
+}
