@@ -37,9 +37,22 @@ pub type CnstId = u32;
 
 #[derive(Clone, Debug)]
 struct Cnst {
-    cap: f64,
     /// Active variables on this constraint and their coefficients, in variable-id order.
     vars: Vec<(VarId, f64)>,
+}
+
+/// What add/remove and classification read for a constraint, in one cache line.
+#[derive(Clone, Copy, Debug)]
+struct Hot {
+    cap: f64,
+    /// Σ a·w over the active variables, kept up to date on add/remove (reset to exactly 0
+    /// when the constraint empties, so rounding cannot accumulate).
+    usage: f64,
+    /// Σ a·bound over the active variables: the most the constraint could ever carry.
+    max_load: f64,
+    /// Active variables (mirror of `cnsts[c].vars.len()`).
+    nvars: u32,
+    class: Class,
 }
 
 /// Per-constraint solve state, kept apart from [`Cnst`] so that the per-element passes
@@ -122,15 +135,8 @@ pub struct SolverStats {
 #[derive(Clone, Debug, Default)]
 pub struct MaxMin {
     cnsts: Vec<Cnst>,
-    /// Active variables per constraint (mirror of `cnsts[c].vars.len()`).
-    c_nvars: Vec<u32>,
-    /// Σ a·w over the active variables of each constraint, kept up to date on add/remove
-    /// (reset to exactly 0 when the constraint empties, so rounding cannot accumulate).
-    c_usage: Vec<f64>,
-    /// Σ a·bound over the active variables: the most the constraint could ever carry.
-    c_max_load: Vec<f64>,
+    hot: Vec<Hot>,
     c_mark: Vec<u32>,
-    c_class: Vec<Class>,
     c_fill: Vec<Fill>,
     vars: Vec<Var>,
     dirty: Vec<CnstId>,
@@ -151,12 +157,9 @@ impl MaxMin {
     /// A constraint of capacity `cap_bytes_per_s` (> 0).
     pub fn add_constraint(&mut self, cap_bytes_per_s: f64) -> CnstId {
         assert!(cap_bytes_per_s > 0.0 && cap_bytes_per_s.is_finite(), "capacity {cap_bytes_per_s}");
-        self.cnsts.push(Cnst { cap: cap_bytes_per_s, vars: Vec::new() });
-        self.c_nvars.push(0);
-        self.c_usage.push(0.0);
-        self.c_max_load.push(0.0);
+        self.cnsts.push(Cnst { vars: Vec::new() });
+        self.hot.push(Hot { cap: cap_bytes_per_s, usage: 0.0, max_load: 0.0, nvars: 0, class: Class::Empty });
         self.c_mark.push(0);
-        self.c_class.push(Class::Empty);
         self.c_fill.push(Fill::default());
         (self.cnsts.len() - 1) as CnstId
     }
@@ -196,9 +199,10 @@ impl MaxMin {
         };
         for &(c, a) in &e {
             self.cnsts[c as usize].vars.push((id, a));
-            self.c_nvars[c as usize] += 1;
-            self.c_usage[c as usize] += a * weight;
-            self.c_max_load[c as usize] += a * bound_bytes_per_s;
+            let h = &mut self.hot[c as usize];
+            h.nvars += 1;
+            h.usage += a * weight;
+            h.max_load += a * bound_bytes_per_s;
             self.reclassify(c, id);
         }
         let var = Var {
@@ -245,10 +249,11 @@ impl MaxMin {
                 self.dirty.push(c);
             }
             self.cnsts[c as usize].vars.retain(|&(x, _)| x != id);
-            self.c_nvars[c as usize] -= 1;
-            let empty = self.c_nvars[c as usize] == 0;
-            self.c_usage[c as usize] = if empty { 0.0 } else { self.c_usage[c as usize] - a * w };
-            self.c_max_load[c as usize] = if empty { 0.0 } else { self.c_max_load[c as usize] - a * bound };
+            let h = &mut self.hot[c as usize];
+            h.nvars -= 1;
+            let empty = h.nvars == 0;
+            h.usage = if empty { 0.0 } else { h.usage - a * w };
+            h.max_load = if empty { 0.0 } else { h.max_load - a * bound };
             self.reclassify(c, id);
         }
         let v = &mut self.vars[id as usize];
@@ -375,7 +380,8 @@ impl MaxMin {
         }
         for &c in cnsts {
             let c = c as usize;
-            let f = Fill { remaining: self.cnsts[c].cap, usage: self.c_usage[c], unfrozen: self.c_nvars[c] };
+            let h = &self.hot[c];
+            let f = Fill { remaining: h.cap, usage: h.usage, unfrozen: h.nvars };
             self.c_fill[c] = f;
             entries.push(Reverse(Level(f.remaining / f.usage, 0, c as u32, 0)));
         }
@@ -443,24 +449,25 @@ impl MaxMin {
     /// variable at its bound never freezes anything, so leaving it out is exact; a
     /// constraint of one variable is folded into that variable's bound instead.
     fn shared_and_tight(&self, c: CnstId) -> bool {
-        self.c_class[c as usize] == Class::Tight
+        self.hot[c as usize].class == Class::Tight
     }
 
     /// Recomputes a constraint's class after a change by variable `by`; when it becomes or
     /// stops being tight, the caches of the constraint's other variables are stale.
     fn reclassify(&mut self, c: CnstId, by: VarId) {
         let cu = c as usize;
-        let class = match self.c_nvars[cu] {
+        let h = self.hot[cu];
+        let class = match h.nvars {
             0 => Class::Empty,
             1 => Class::Private,
-            _ if self.c_max_load[cu] > self.cnsts[cu].cap => Class::Tight,
+            _ if h.max_load > h.cap => Class::Tight,
             _ => Class::Slack,
         };
-        let old = std::mem::replace(&mut self.c_class[cu], class);
+        let old = std::mem::replace(&mut self.hot[cu].class, class);
         // Private ⇄ Slack changes nothing a variable sees: a private constraint that
         // becomes (or was) slack has C/a ≥ the bound, so folding it never bound anyway.
         if old != class && (old == Class::Tight || class == Class::Tight) {
-            let cap = self.cnsts[cu].cap;
+            let cap = h.cap;
             for &(v, a) in &self.cnsts[cu].vars {
                 if v == by {
                     continue;
@@ -501,9 +508,10 @@ impl MaxMin {
         let var = &self.vars[v as usize];
         let (mut bound, mut arg) = (var.bound, u32::MAX);
         for &(c, a) in &var.elems {
-            match self.c_class[c as usize] {
-                Class::Private if self.cnsts[c as usize].cap / a < bound => {
-                    bound = self.cnsts[c as usize].cap / a;
+            let h = &self.hot[c as usize];
+            match h.class {
+                Class::Private if h.cap / a < bound => {
+                    bound = h.cap / a;
                     arg = c;
                 }
                 Class::Tight => tight.push((c, a)),
