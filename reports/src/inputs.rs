@@ -295,7 +295,7 @@ impl ReportInputs {
                     }
                 }
             }
-            validate_timelines(&at, &p.timelines)?;
+            validate_timelines(&at, &p.scenario, &p.timelines)?;
         }
         if let Some(l) = &self.landscape {
             let mut seen = BTreeSet::new();
@@ -325,7 +325,7 @@ fn positive(at: &str, what: &str, v: f64) -> Result<(), ReportError> {
 }
 
 /// Every span must name an op of its rank's program, so that the trace can be labelled.
-fn validate_timelines(at: &str, t: &Timelines) -> Result<(), ReportError> {
+fn validate_timelines(at: &str, summary: &ScenarioSummary, t: &Timelines) -> Result<(), ReportError> {
     for (which, trace) in [("predicted", &t.predicted_trace), ("measured", &t.measured_trace)] {
         let Some(trace) = trace else { continue };
         for s in &trace.spans {
@@ -339,15 +339,29 @@ fn validate_timelines(at: &str, t: &Timelines) -> Result<(), ReportError> {
         let Some(plan) = &t.plan else {
             return Err(ReportError::invalid(at, format!("has a {which} trace but no plan; save the plan with it")));
         };
+        let g = &plan.grid;
+        if (g.tp, g.pp, g.dp) != (summary.tp, summary.pp, summary.dp) {
+            return Err(ReportError::invalid(
+                at,
+                format!(
+                    "its plan is {g} but its scenario says tp {} pp {} dp {}; the plan belongs to another comparison",
+                    summary.tp, summary.pp, summary.dp
+                ),
+            ));
+        }
         let ranks = plan.grid.ranks();
         for s in &trace.spans {
-            if s.rank >= ranks || s.op as usize >= plan.program(s.rank).ops.len() {
+            let op = if s.rank < ranks { plan.program(s.rank).ops.get(s.op as usize) } else { None };
+            if op.is_none_or(|op| op.stream != s.stream) {
                 return Err(ReportError::invalid(
                     at,
                     format!(
-                        "{which} trace: span of rank {} names op {}, which the plan ({} ranks) does not have; \
-                         the trace belongs to another plan",
-                        s.rank, s.op, ranks
+                        "{which} trace: span of rank {} names op {} on stream {}, which the plan ({}) does not \
+                         have; the trace belongs to another plan",
+                        s.rank,
+                        s.op,
+                        s.stream.key(),
+                        plan.grid
                     ),
                 ));
             }
