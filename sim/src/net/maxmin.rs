@@ -260,6 +260,8 @@ impl MaxMin {
         v.tight = Vec::new();
         v.cached = false;
         self.free.push(id);
+        // Its completion entry is stale now; keep the heap's top valid for `next_completion`.
+        self.clean_top();
     }
 
     /// Current rate of a variable, bytes/s.
@@ -584,6 +586,21 @@ mod tests {
         m.solve(0);
         // Weighted: b gets twice c, a still 20 → c = 70/3.
         assert!((m.rate(b) - 140.0 / 3.0).abs() < 1e-9 && (m.rate(c) - 70.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_removed_variable_is_never_reported() {
+        let mut m = MaxMin::new();
+        let l = m.add_constraint(1e9);
+        let a = m.add_var(0, 1e6, 1e12, 1.0, &[(l, 1.0)]);
+        let _b = m.add_var(0, 1e9, 1e3, 1.0, &[]);
+        m.solve(0);
+        assert_eq!(m.next_completion(), Some((1_000_000, a)));
+        m.remove_var(a);
+        m.solve(10);
+        // b alone: 1e9 bytes at 1e3 B/s.
+        assert_eq!(m.next_completion(), Some((1_000_000_000_000_000, 1)));
+        assert_eq!(m.pop_completed(2_000_000), None);
     }
 
     #[test]
