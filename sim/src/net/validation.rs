@@ -498,3 +498,68 @@ fn trees_cross_the_spine() {
         }
     }
 }
+
+/// A seeded random mix of collectives and transfers on a 32-node cluster with static
+/// routing: every request completes exactly once, never sooner than NCCL's time alone
+/// (a rate never exceeds its bound), and a rerun gives the same completions.
+#[test]
+fn random_mix_completes_once_never_faster_than_alone() {
+    use rand::{RngExt, SeedableRng};
+    let mut c = cluster("dgx-h100", 32);
+    c.routing = Routing::Static;
+    c.oversubscription = 2.0;
+    let run = || {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut net = FabricNetwork::new(&c, 3, NcclEnv::default()).unwrap();
+        let mut started: Vec<(u64, u64, CommRequest)> = Vec::new();
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        let mut now = 0u64;
+        for _ in 0..200 {
+            now += rng.random_range(0..200_000u64);
+            while let Some(t) = net.next_completion_ns().filter(|&t| t <= now) {
+                done.extend(net.advance(t).into_iter().map(|id| (t, id)));
+            }
+            let bytes = 1u64 << rng.random_range(10..28);
+            let req = match rng.random_range(0..4) {
+                0 => {
+                    let t = rng.random_range(0..8u32);
+                    let first = rng.random_range(0..16u32);
+                    let ranks = (first..first + 16).map(|n| n * 8 + t).collect();
+                    CommRequest { kind: CommKind::Collective(CollKind::AllReduce), ranks, bytes, multiplicity: 1 }
+                }
+                1 => {
+                    let node = rng.random_range(0..32u32);
+                    let ranks = (node * 8..node * 8 + 8).collect();
+                    CommRequest { kind: CommKind::Collective(CollKind::AllGather), ranks, bytes, multiplicity: 1 }
+                }
+                2 => {
+                    let first = rng.random_range(0..30u32);
+                    let ranks = (first * 8..first * 8 + 24).collect();
+                    CommRequest { kind: CommKind::Collective(CollKind::ReduceScatter), ranks, bytes, multiplicity: 1 }
+                }
+                _ => send(rng.random_range(0..256), rng.random_range(0..256), bytes),
+            };
+            let id = net.start(now, &req);
+            started.push((id, now, req));
+        }
+        done.extend(drain(&mut net));
+        (started, done)
+    };
+    let (started, done) = run();
+    assert_eq!(done.len(), started.len());
+    let mut ids: Vec<u64> = done.iter().map(|d| d.1).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..started.len() as u64).collect::<Vec<_>>());
+    let mut slowed = 0;
+    for &(t, id) in &done {
+        let (_, t0, req) = &started[id as usize];
+        let mut alone = FabricNetwork::new(&c, 3, NcclEnv::default()).unwrap();
+        alone.start(0, req);
+        let t_alone = drain(&mut alone)[0].0;
+        assert!(t - t0 + 1 >= t_alone, "request {id} took {} ns, alone {t_alone} ns", t - t0);
+        slowed += (t - t0 > t_alone + t_alone / 100) as usize;
+    }
+    // The mix must really contend, or the check above proves nothing.
+    assert!(slowed >= 10, "only {slowed} requests were slowed by others");
+    assert_eq!(run().1, done);
+}
