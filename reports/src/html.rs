@@ -6,8 +6,8 @@
 
 use std::fmt::Write;
 
-use crate::plots::FONT_TTF;
-use crate::table::Table;
+use crate::plots::{FONT_TTF, bytes_unit, time_unit};
+use crate::table::{Cell, Table, sig};
 
 /// A plot with what explains it.
 pub struct Block {
@@ -90,7 +90,7 @@ figure { margin: 16px 0; }
 figure svg { display: block; max-width: 100%; height: auto; border: 1px solid var(--rule); }
 figcaption { color: var(--muted); font-size: 14px; margin-top: 6px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
-caption { text-align: left; font-weight: bold; padding: 4px 0; }
+caption { text-align: left; font-weight: bold; padding: 4px 0; white-space: nowrap; }
 th, td { padding: 3px 10px; border-bottom: 1px solid var(--rule); text-align: left; white-space: nowrap; }
 th { background: var(--band); font-weight: bold; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
@@ -167,21 +167,84 @@ pub fn table_html(t: &Table, class: &str) -> String {
         escape(&t.id)
     )
     .expect("write to String");
+    let formats: Vec<ColumnFormat> = (0..t.columns.len()).map(|i| ColumnFormat::of(t, i)).collect();
     w.push_str("<thead><tr>");
-    for c in &t.columns {
-        write!(w, "<th>{}</th>", escape(c)).expect("write to String");
+    for (c, f) in t.columns.iter().zip(&formats) {
+        write!(w, "<th>{}</th>", escape(&f.header(c))).expect("write to String");
     }
     w.push_str("</tr></thead>\n<tbody>\n");
     for row in &t.rows {
         w.push_str("<tr>");
-        for c in row {
+        for (c, f) in row.iter().zip(&formats) {
             let class = if c.is_numeric() { " class=\"n\"" } else { "" };
-            write!(w, "<td{class}>{}</td>", escape(&c.display())).expect("write to String");
+            write!(w, "<td{class}>{}</td>", escape(&f.cell(c))).expect("write to String");
         }
         w.push_str("</tr>\n");
     }
     w.push_str("</tbody></table></div>\n");
     w
+}
+
+/// How a column reads in the page. CSV keeps SI units (`_s` seconds, `_bytes` bytes,
+/// `_pct` percent); the page shows each column in a unit that suits its largest value.
+enum ColumnFormat {
+    Plain,
+    /// Seconds shown as (multiplier, unit).
+    Time(f64, &'static str),
+    Bytes(f64, &'static str),
+    Percent,
+}
+
+impl ColumnFormat {
+    fn of(t: &Table, i: usize) -> ColumnFormat {
+        let name = &t.columns[i];
+        let max = t
+            .rows
+            .iter()
+            .filter_map(|r| match r[i] {
+                Cell::Float(v) => Some(v.abs()),
+                Cell::Int(v) => Some(v.unsigned_abs() as f64),
+                _ => None,
+            })
+            .fold(0.0, f64::max);
+        if name.ends_with("_s") {
+            let (mul, unit) = time_unit(max);
+            ColumnFormat::Time(mul, unit)
+        } else if name.ends_with("_bytes") {
+            let (div, unit) = bytes_unit(max);
+            ColumnFormat::Bytes(div, unit)
+        } else if name.ends_with("_pct") {
+            ColumnFormat::Percent
+        } else {
+            ColumnFormat::Plain
+        }
+    }
+
+    /// `predicted_s` → `predicted (ms)`, `error_pct` → `error (%)`.
+    fn header(&self, name: &str) -> String {
+        let base = |suffix: &str| name.strip_suffix(suffix).unwrap_or(name).replace('_', " ");
+        match self {
+            ColumnFormat::Plain => name.replace('_', " "),
+            ColumnFormat::Time(_, unit) => format!("{} ({unit})", base("_s")),
+            ColumnFormat::Bytes(_, unit) => format!("{} ({unit})", base("_bytes")),
+            ColumnFormat::Percent => format!("{} (%)", base("_pct")),
+        }
+    }
+
+    fn cell(&self, c: &Cell) -> String {
+        let v = match c {
+            Cell::Float(v) => *v,
+            Cell::Int(i) => *i as f64,
+            other => return other.display(),
+        };
+        match self {
+            ColumnFormat::Plain => c.display(),
+            ColumnFormat::Time(mul, _) => sig(v * mul, 4),
+            ColumnFormat::Bytes(div, _) => sig(v / div, 4),
+            ColumnFormat::Percent if v.abs() < 0.05 => "0.0".to_string(),
+            ColumnFormat::Percent => format!("{v:+.1}"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +258,18 @@ mod tests {
         {
             assert_eq!(base64(plain.as_bytes()), enc);
         }
+    }
+
+    #[test]
+    fn columns_read_in_their_units() {
+        let mut t = Table::new("x", "X", &["plan", "step_s", "peak_bytes", "error_pct"]);
+        t.push(vec!["a".into(), 0.0123.into(), Cell::from(3 * 1024 * 1024_u64), (-4.44).into()]);
+        let html = table_html(&t, "");
+        assert!(html.contains("<th>step (ms)</th><th>peak (MiB)</th><th>error (%)</th>"), "{html}");
+        assert!(
+            html.contains("<td class=\"n\">12.30</td><td class=\"n\">3.000</td><td class=\"n\">-4.4</td>"),
+            "{html}"
+        );
     }
 
     #[test]

@@ -314,7 +314,7 @@ fn plan_intro(p: &PlanComparison) -> String {
 fn summary_table(a: &Accuracy, inputs: &ReportInputs) -> Table {
     let mut t = Table::new("summary", "Summary", &["figure", "value"]);
     let pct = |x: f64| Cell::Text(format!("{}%", crate::table::sig(100.0 * x, 3)));
-    t.push(vec!["plans compared".into(), (a.plans as u64).into()]);
+    t.push(vec!["plans compared".into(), a.plans.to_string().into()]);
     if a.plans > 0 {
         t.push(vec!["median |step-time error|".into(), pct(a.median_abs_step_error)]);
         t.push(vec!["worst |step-time error|".into(), pct(a.max_abs_step_error)]);
