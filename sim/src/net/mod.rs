@@ -24,7 +24,7 @@
 //! [`topology`] and [`routing`] (the switch fabric as a graph, paths through it),
 //! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
 //! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
-//! [`bench`] (solver throughput).
+//! [`bench`](mod@bench) (solver throughput).
 
 use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;

@@ -24,7 +24,7 @@
 //! Latency: base + Ring (nSteps − nInter)·max(intraLat, netOverhead) + nInter·interLat;
 //! Tree 2·((ppn−1)·intraLat + log2(nNodes)·interLat); NVLS intraLat (+ interLat);
 //! NVLSTree intraLat + 2·log2(nNodes)·interLat; PAT log2(nNodes)·interLat/3.5 + 2.8·nRanks.
-//! At run time: Tree AllReduce bw × treeCorrectionFactor[proto][log2(nBytes/64)], and Ring
+//! At run time: Tree AllReduce bw × treeCorrectionFactor\[proto\]\[log2(nBytes/64)\], and Ring
 //! Simple multi-node AllReduce latency ×1.4 (×1.9 before Ampere) once
 //! nBytes/(nChannels·nRanks) ≥ 64 (the "plateau effect").
 //!
