@@ -52,15 +52,18 @@ pub fn chrome_trace_json(plan: &Plan, trace: &Trace) -> String {
     let mut spans: Vec<&Span> = trace.spans.iter().collect();
     spans.sort_by_key(|s| (s.rank, s.stream, s.start_ns, std::cmp::Reverse(s.end_ns), s.op));
     let lanes = assign_lanes(&spans);
+    let mut lane_count: BTreeMap<(u32, Stream), u64> = BTreeMap::new();
+    for (s, lane) in spans.iter().zip(&lanes) {
+        let n = lane_count.entry((s.rank, s.stream)).or_insert(1);
+        *n = (*n).max(lane + 1);
+    }
     let mut events: Vec<String> = Vec::new();
     for &rank in &ranks {
         let pid = rank as u64 + 1;
         events.push(meta(pid, 0, "process_name", Arg::Str(plan.grid.label(rank))));
         events.push(meta(pid, 0, "process_sort_index", Arg::Int(rank as u64)));
         for stream in Stream::ALL {
-            let extra = spans.iter().zip(&lanes).filter(|(s, _)| s.rank == rank && s.stream == stream);
-            let count = extra.map(|(_, l)| *l + 1).max().unwrap_or(1);
-            for lane in 0..count {
+            for lane in 0..lane_count.get(&(rank, stream)).copied().unwrap_or(1) {
                 let name =
                     if lane == 0 { stream.key().to_string() } else { format!("{} ({})", stream.key(), lane + 1) };
                 let tid = tid(stream, lane);

@@ -35,6 +35,7 @@ pub struct ComparisonSet {
 
 /// The parallel configuration of a plan, in brief (Megatron-LM's names).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScenarioSummary {
     pub model: String,
     pub cluster: String,
@@ -93,6 +94,7 @@ impl ScenarioSummary {
 
 /// Bytes of one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RankBytes {
     pub rank: u32,
     pub bytes: u64,
@@ -100,6 +102,7 @@ pub struct RankBytes {
 
 /// Predicted and measured seconds per step spent in one kind of op (mean over ranks).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OpTime {
     /// `attn fwd`, `mlp bwd-in`, `all-reduce tp`, `send act` …
     pub kind: String,
@@ -154,6 +157,7 @@ fn memory_or_trace<'a>(explicit: &'a [MemSample], trace: Option<&'a Trace>) -> &
 
 /// One plan, predicted and measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanComparison {
     /// Unique within the set; also names the plan's files (see [`PlanComparison::slug`]).
     pub name: String,
@@ -295,7 +299,7 @@ impl ReportInputs {
                     }
                 }
             }
-            validate_timelines(&at, &p.scenario, &p.timelines)?;
+            validate_timelines(&at, &p.slug(), &p.scenario, &p.timelines)?;
         }
         if let Some(l) = &self.landscape {
             let mut seen = BTreeSet::new();
@@ -325,26 +329,31 @@ fn positive(at: &str, what: &str, v: f64) -> Result<(), ReportError> {
 }
 
 /// Every span must name an op of its rank's program, so that the trace can be labelled.
-fn validate_timelines(at: &str, summary: &ScenarioSummary, t: &Timelines) -> Result<(), ReportError> {
+fn validate_timelines(at: &str, slug: &str, summary: &ScenarioSummary, t: &Timelines) -> Result<(), ReportError> {
     for (which, trace) in [("predicted", &t.predicted_trace), ("measured", &t.measured_trace)] {
         let Some(trace) = trace else { continue };
+        let file = format!("plans/{slug}/{which}-trace.json");
         for s in &trace.spans {
             if s.end_ns < s.start_ns {
                 return Err(ReportError::invalid(
                     at,
-                    format!("{which} trace: span of rank {} op {} ends before it starts", s.rank, s.op),
+                    format!("{which} trace ({file}): span of rank {} op {} ends before it starts", s.rank, s.op),
                 ));
             }
         }
         let Some(plan) = &t.plan else {
-            return Err(ReportError::invalid(at, format!("has a {which} trace but no plan; save the plan with it")));
+            return Err(ReportError::invalid(
+                at,
+                format!("has a {which} trace but no plan (plans/{slug}/plan.json); save the plan with it"),
+            ));
         };
         let g = &plan.grid;
         if (g.tp, g.pp, g.dp) != (summary.tp, summary.pp, summary.dp) {
             return Err(ReportError::invalid(
                 at,
                 format!(
-                    "its plan is {g} but its scenario says tp {} pp {} dp {}; the plan belongs to another comparison",
+                    "its plan (plans/{slug}/plan.json) is {g} but its scenario says tp {} pp {} dp {}; the plan \
+                     belongs to another comparison",
                     summary.tp, summary.pp, summary.dp
                 ),
             ));
@@ -356,7 +365,7 @@ fn validate_timelines(at: &str, summary: &ScenarioSummary, t: &Timelines) -> Res
                 return Err(ReportError::invalid(
                     at,
                     format!(
-                        "{which} trace: span of rank {} names op {} on stream {}, which the plan ({}) does not \
+                        "{which} trace ({file}): span of rank {} names op {} on stream {}, which the plan ({}) does not \
                          have; the trace belongs to another plan",
                         s.rank,
                         s.op,
