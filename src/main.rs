@@ -42,6 +42,8 @@ enum Command {
     Verify(cmd::verify::Args),
     /// List the built-in models, GPUs and clusters.
     Presets(cmd::presets::Args),
+    /// Train the scenario's plan for real on CPU ranks: loss curve, measured trace, peak memory.
+    Train(cmd::train::Args),
     /// nccl-tests in simulation: time, algbw and busbw of one collective over message sizes.
     Collbench(cmd::collbench::Args),
 }
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Some(Command::Plan(a)) => cmd::plan::run(a),
         Some(Command::Verify(a)) => cmd::verify::run(a),
         Some(Command::Presets(a)) => cmd::presets::run(a),
+        Some(Command::Train(a)) => cmd::train::run(a),
         Some(Command::Collbench(a)) => cmd::collbench::run(a),
     };
     match result {

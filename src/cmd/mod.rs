@@ -4,4 +4,5 @@ pub mod collbench;
 pub mod inspect;
 pub mod plan;
 pub mod presets;
+pub mod train;
 pub mod verify;

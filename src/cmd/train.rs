@@ -1,0 +1,227 @@
+//! `strata train`: train a scenario's plan for real on CPU ranks (threads of this process),
+//! printing loss and tokens/s per step, and writing the loss curve, a measured trace and
+//! the measured peak memory per rank.
+//!
+//! The scenario's split is lowered to a plan, verified, and every rank runs its program
+//! (`strata_runtime::train`). Data: a seeded Markov corpus whose entropy rate (the best
+//! loss any model can reach) is printed, or the bytes of `--data FILE`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use strata_models::hardware::GpuKind;
+use strata_models::plan::{lower, verify};
+use strata_models::scenario::Dtype;
+use strata_runtime::checkpoint::CheckpointError;
+use strata_runtime::data::{Corpus, MarkovSource};
+use strata_runtime::exec::ExecConfig;
+use strata_runtime::train::{
+    CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, train_threads,
+};
+
+use crate::common::{self, RunFailure, ScenarioArgs};
+
+/// Tokens of the synthetic corpus (4 MiB of u32 ids).
+const MARKOV_TOKENS: usize = 1 << 20;
+/// Successors per state of the synthetic Markov source.
+const MARKOV_BRANCHING: usize = 3;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Ranks to run, as threads of this process; must equal the scenario's tp · pp · dp.
+    #[arg(long)]
+    pub ranks: Option<u32>,
+    /// Steps to train [default: training.steps of the scenario].
+    #[arg(long)]
+    pub steps: Option<u32>,
+    /// Train on the bytes of this text file (vocabulary 256) instead of the synthetic
+    /// Markov corpus.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Write sharded checkpoints here (one file per rank and a manifest per checkpoint).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every K steps; 0 = only after the last step.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub checkpoint_every: u32,
+    /// Resume from the newest checkpoint in --checkpoint-dir (bit-identical to not stopping).
+    #[arg(long, requires = "checkpoint_dir")]
+    pub resume: bool,
+    /// Write loss.csv, trace.json (the measured trace of the last step) and memory.json here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Stop the job when no rank made progress for this many seconds (a dead peer).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub timeout: u64,
+    /// Print the result as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    scenario: &'a str,
+    ranks: u32,
+    data: &'a str,
+    entropy_rate_nats: Option<f64>,
+    start_step: u32,
+    steps: &'a [StepRecord],
+    memory: &'a [RankMemory],
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut s = args.scenario.load()?;
+    if s.cluster.gpu != GpuKind::Cpu {
+        bail!(
+            "strata train runs CPU ranks, but the scenario's cluster has cluster.gpu = \"{}\"; use cluster.preset = \"cpu-local\" with cluster.gpus_per_node = tp · pp · dp",
+            s.cluster.gpu.key()
+        );
+    }
+    let ranks = s.parallel.ranks() as u32;
+    if let Some(n) = args.ranks.filter(|n| *n != ranks) {
+        bail!(
+            "--ranks {n} but the scenario splits into tp · pp · dp = {} · {} · {} = {ranks} ranks; pass --ranks {ranks} or change the split (e.g. --set parallel.dp=…)",
+            s.parallel.tp,
+            s.parallel.pp,
+            s.parallel.dp
+        );
+    }
+    if s.training.dtype != Dtype::Fp32 {
+        eprintln!(
+            "note: the CPU executor computes in fp32; planning with training.dtype = \"fp32\" (the scenario says \"{}\")",
+            s.training.dtype.key()
+        );
+        s.training.dtype = Dtype::Fp32;
+    }
+    let steps = args.steps.unwrap_or(s.training.steps);
+    let plan = lower(&s)?;
+    verify(&plan).context("the plan of this scenario does not verify")?;
+    let seq = s.model.seq_len as usize;
+    let (corpus, data_name, entropy) = match &args.data {
+        Some(path) => {
+            let c = Corpus::from_text_file(path, seq)?;
+            let name = format!("{} ({} bytes)", path.display(), c.len());
+            (c, name, None)
+        }
+        None => {
+            let src = MarkovSource::new(s.model.vocab as usize, MARKOV_BRANCHING, s.training.seed)?;
+            let h = src.entropy_rate_nats();
+            let name = format!("markov(V={}, branching={MARKOV_BRANCHING}, seed={})", s.model.vocab, s.training.seed);
+            (src.corpus(MARKOV_TOKENS, s.training.seed.wrapping_add(1)), name, Some(h))
+        }
+    };
+    if !args.json {
+        println!(
+            "Training {} on {ranks} CPU ranks ({}), {steps} steps of {} tokens; data {data_name}{}",
+            s.name,
+            plan.grid,
+            s.tokens_per_step(),
+            entropy.map_or(String::new(), |h| format!(", entropy rate {h:.4} nats/token (the best loss possible)"))
+        );
+    }
+    let opts = TrainOptions {
+        steps,
+        data_name: data_name.clone(),
+        checkpoint: args.checkpoint_dir.clone().map(|dir| CheckpointOptions {
+            dir,
+            every: args.checkpoint_every,
+            resume: args.resume,
+            keep: 2,
+        }),
+        exec: ExecConfig { recv_timeout: Duration::from_secs(args.timeout.max(1)), trace_step: steps.checked_sub(1) },
+        fault: None,
+    };
+    let bar = progress_bar(steps as u64, args.json);
+    let (cb_bar, quiet) = (bar.clone(), args.json);
+    let progress = Box::new(move |r: &StepRecord| {
+        cb_bar.set_position(r.step as u64 + 1);
+        cb_bar.set_message(format!("loss {:.4}", r.loss));
+        if !quiet {
+            cb_bar.suspend(|| println!("step {:>5}  loss {:.4}  {:>10.0} tokens/s", r.step, r.loss, r.tokens_per_s));
+        }
+    });
+    let result = train_threads(Arc::new(plan), Arc::new(corpus), &opts, Some(progress));
+    bar.finish_and_clear();
+    let result = result.map_err(|e| match e {
+        TrainError::RankFailed { .. } | TrainError::RankExited { .. } => anyhow::Error::new(RunFailure(e.to_string())),
+        TrainError::Checkpoint(CheckpointError::Io { .. }) => anyhow::Error::new(RunFailure(e.to_string())),
+        other => anyhow::Error::new(other),
+    })?;
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &result).map_err(|e| RunFailure(format!("{e:#}")))?;
+    }
+    let report = Report {
+        scenario: &s.name,
+        ranks,
+        data: &data_name,
+        entropy_rate_nats: entropy,
+        start_step: result.start_step,
+        steps: &result.steps,
+        memory: &result.memory,
+    };
+    if args.json {
+        return common::print_json(&report);
+    }
+    summary(&result, args.out.as_deref());
+    Ok(())
+}
+
+fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} step {pos}/{len}  {msg}  [{elapsed} < {eta}]")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn write_outputs(dir: &Path, r: &TrainResult) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut csv = String::from("step,loss,tokens_per_s\n");
+    for s in &r.steps {
+        csv.push_str(&format!("{},{},{}\n", s.step, s.loss, s.tokens_per_s));
+    }
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("loss.csv", csv)?;
+    if let Some(t) = &r.trace {
+        write("trace.json", serde_json::to_string(t).context("serialising the trace")?)?;
+    }
+    write("memory.json", serde_json::to_string_pretty(&r.memory).context("serialising memory")?)?;
+    Ok(())
+}
+
+fn summary(r: &TrainResult, out: Option<&Path>) {
+    if let (Some(first), Some(last)) = (r.steps.first(), r.steps.last()) {
+        let n = r.steps.len() as f64;
+        let tps = r.steps.iter().map(|s| s.tokens_per_s).sum::<f64>() / n;
+        println!(
+            "\nLoss {:.4} → {:.4} over steps {}..{}; {:.0} tokens/s on average",
+            first.loss, last.loss, first.step, last.step, tps
+        );
+    }
+    println!("Peak memory per rank (measured plan buffers + workspace; the plan's prediction at the same instants):");
+    for m in &r.memory {
+        println!(
+            "  rank {:>3}: {:>10} measured ({} in plan buffers), {:>10} predicted",
+            m.rank,
+            common::bytes(m.peaks.measured_bytes as f64),
+            common::bytes(m.peaks.measured_plan_bytes as f64),
+            common::bytes(m.peaks.predicted_bytes as f64)
+        );
+    }
+    if let Some(dir) = out {
+        println!("Wrote {}/loss.csv, trace.json, memory.json", dir.display());
+    }
+}
