@@ -30,6 +30,9 @@ use crate::net::{self, NetError, Network, NetworkKind};
 use crate::profile::HardwareProfile;
 use crate::program::{ComputeTimer, ProgramTable};
 
+/// Full mode keeps per-op state for every rank: at most this many ranks.
+pub const FULL_MODE_RANKS_MAX: u32 = 4096;
+
 /// How to simulate.
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -88,6 +91,11 @@ pub enum SimError {
     InvalidPlan { program: usize, op: u32, reason: String },
     #[error("the plan deadlocks at {rank}: {ops_left} ops never run; {stuck}")]
     Deadlock { rank: String, ops_left: u64, stuck: String },
+    #[error(
+        "full mode simulates every rank; {ranks} ranks is over its limit of {limit}: use symmetric mode, \
+         which simulates one rank per pipeline stage"
+    )]
+    TooLarge { ranks: u32, limit: u32 },
     #[error(transparent)]
     Network(#[from] NetError),
     #[error(
@@ -156,6 +164,9 @@ pub fn simulate_timed(
 ) -> Result<SimReport, SimError> {
     let g = plan.grid;
     let symmetric = options.mode == Mode::Symmetric && plan.rank_programs.is_empty();
+    if !symmetric && g.ranks() > FULL_MODE_RANKS_MAX {
+        return Err(SimError::TooLarge { ranks: g.ranks(), limit: FULL_MODE_RANKS_MAX });
+    }
     // The programs that run: one per stage, or every distinct one.
     let mut used: Vec<usize> = if symmetric {
         (0..g.pp).map(|pp| plan.program_index(g.rank(strata_models::plan::Coord { tp: 0, dp: 0, pp }))).collect()

@@ -147,3 +147,27 @@ fn a_collective_one_member_skips_is_a_deadlock() {
     assert!(matches!(e, SimError::Deadlock { .. }), "{e}");
     assert!(e.to_string().contains("waits at"), "{e}");
 }
+
+#[test]
+fn compute_slows_down_while_a_data_parallel_transfer_runs_beside_it() {
+    // Gradient buckets reduce on the dp stream while the backward goes on; with a slowdown
+    // of 1.5 the overlapped compute stretches, by at most half the overlapped transfer time.
+    let plan = common::plan(&small("1f1b", 1));
+    let coll_ns = 200_000;
+    let dp_colls = plan.programs[0]
+        .ops
+        .iter()
+        .filter(|o| matches!(&o.kind, OpKind::Collective(c) if c.group == strata_models::plan::GroupKind::Dp))
+        .count() as f64;
+    let run = |dp_slowdown: f64| {
+        let mut profile = strata_sim::HardwareProfile::builtin(strata_models::GpuKind::A100_80gb);
+        profile.overlap = strata_sim::profile::OverlapParams { tp_slowdown: 1.0, dp_slowdown, pp_slowdown: 1.0 };
+        let timer = strata_sim::simulate::ProfileTimer::new(&profile, &plan);
+        let mut net = common::FixedNetwork::new(coll_ns, 0);
+        let opts = SimOptions::default();
+        strata_sim::simulate::simulate_timed(&plan, &opts, &mut net, &timer, &profile).unwrap().step_time_s
+    };
+    let (plain, slowed) = (run(1.0), run(1.5));
+    assert!(slowed > plain, "{slowed} vs {plain}");
+    assert!(slowed - plain <= 0.5 * dp_colls * coll_ns as f64 * 1e-9 + 1e-9, "{slowed} vs {plain}");
+}
