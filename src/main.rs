@@ -46,6 +46,8 @@ enum Command {
     Train(cmd::train::Args),
     /// nccl-tests in simulation: time, algbw and busbw of one collective over message sizes.
     Collbench(cmd::collbench::Args),
+    /// Build the predicted-vs-measured report (HTML, plots, tables, traces) from a results directory.
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Some(Command::Presets(a)) => cmd::presets::run(a),
         Some(Command::Train(a)) => cmd::train::run(a),
         Some(Command::Collbench(a)) => cmd::collbench::run(a),
+        Some(Command::Report(a)) => cmd::report::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

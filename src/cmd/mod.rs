@@ -4,5 +4,6 @@ pub mod collbench;
 pub mod inspect;
 pub mod plan;
 pub mod presets;
+pub mod report;
 pub mod train;
 pub mod verify;
