@@ -171,3 +171,21 @@ fn compute_slows_down_while_a_data_parallel_transfer_runs_beside_it() {
     assert!(slowed > plain, "{slowed} vs {plain}");
     assert!(slowed - plain <= 0.5 * dp_colls * coll_ns as f64 * 1e-9 + 1e-9, "{slowed} vs {plain}");
 }
+
+#[test]
+fn simulated_buffer_peaks_match_the_analytic_memory_model() {
+    // The Alloc/Free timeline's peak per stage against models' closed forms (ZeRO model
+    // states, Korthikanti activations × microbatches in flight): GPT-3 175B, 1F1B.
+    let plan = common::plan(
+        "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n\
+         [parallel]\ntp = 8\npp = 8\ndp = 16\nschedule = \"1f1b\"\nmicro_batch = 1\nglobal_batch = 1536\n\
+         zero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n",
+    );
+    let r = simulate(&plan, &SimOptions::default()).unwrap();
+    let analytic = strata_models::accounting::memory::stage_memory(&plan.scenario);
+    for (m, a) in r.memory.iter().zip(&analytic) {
+        let err = m.buffers_bytes as f64 / a.total_bytes() - 1.0;
+        assert!(err.abs() < 0.01, "stage {}: simulated {} B, analytic {} B", m.stage, m.buffers_bytes, a.total_bytes());
+        assert!(m.peak_bytes > m.buffers_bytes + m.cuda_context_bytes, "overheads are added");
+    }
+}
