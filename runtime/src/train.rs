@@ -183,24 +183,50 @@ pub fn run_rank(
     comm: Box<dyn Communicator>,
     corpus: Arc<Corpus>,
     opts: &TrainOptions,
-    mut progress: Option<&mut dyn FnMut(&StepRecord)>,
+    progress: Option<&mut dyn FnMut(&StepRecord)>,
 ) -> Result<Option<TrainResult>, TrainError> {
     let rank = comm.rank();
-    let n = comm.size();
-    let timeout = opts.exec.recv_timeout;
     let mut exec = RankExec::new(plan.clone(), rank, Mailbox::new(comm), corpus, opts.exec.clone())?;
+    let run = std::panic::AssertUnwindSafe(|| run_steps(&mut exec, &plan, opts, progress));
+    let out = std::panic::catch_unwind(run)
+        .unwrap_or_else(|panic| Err(rank_failed(&plan, rank, format!("panicked: {}", panic_text(panic.as_ref())))));
+    match &out {
+        // Another rank's failure, or a silent death (fault injection): nothing to tell.
+        Err(TrainError::RankFailed { rank: r, .. }) if *r != rank => {}
+        Err(TrainError::RankExited { .. }) | Ok(_) => {}
+        Err(e) => exec.mailbox.comm().abort(&e.to_string()),
+    }
+    out
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
+}
+
+fn run_steps(
+    exec: &mut RankExec,
+    plan: &Arc<Plan>,
+    opts: &TrainOptions,
+    mut progress: Option<&mut dyn FnMut(&StepRecord)>,
+) -> Result<Option<TrainResult>, TrainError> {
+    let (rank, n) = (exec.rank(), plan.grid.ranks());
+    let timeout = opts.exec.recv_timeout;
     let mut start_step = 0;
     if let Some(ck) = opts.checkpoint.as_ref().filter(|c| c.resume) {
         let (sdir, m) = checkpoint::latest(&ck.dir)?;
         checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name)?;
-        start_step = checkpoint::load_shard(&mut exec, &sdir, &m)?;
+        start_step = checkpoint::load_shard(exec, &sdir, &m)?;
     }
     let s = &plan.scenario;
     let tokens = s.tokens_per_step() as f64;
     let denom = (s.parallel.microbatches() * s.parallel.dp) as f64;
     let mut result = TrainResult { start_step, steps: Vec::new(), trace: None, memory: Vec::new() };
     let (mut spans, mut samples) = (Vec::new(), Vec::new());
-    let err = |e: ExecError| from_exec(&plan, rank, e);
+    let err = |e: ExecError| from_exec(plan, rank, e);
     for step in start_step..opts.steps {
         match opts.fault {
             Some(Fault::Panic { rank: r, step: k }) if r == rank && k == step => {
@@ -255,7 +281,7 @@ pub fn run_rank(
         if let Some(ck) = &opts.checkpoint {
             let last = step + 1 == opts.steps;
             if last || (ck.every > 0 && (step + 1) % ck.every == 0) {
-                checkpoint_step(&mut exec, &plan, ck, opts, step + 1, timeout)?;
+                checkpoint_step(exec, plan, ck, opts, step + 1, timeout)?;
             }
         }
     }
@@ -352,12 +378,7 @@ pub fn train_threads(
                         run_rank(plan.clone(), Box::new(comm), corpus, &opts, p)
                     });
                     let out = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
-                        let msg = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panicked".into());
-                        Err(rank_failed(&plan, rank, format!("panicked: {msg}")))
+                        Err(rank_failed(&plan, rank, format!("panicked: {}", panic_text(panic.as_ref()))))
                     });
                     match &out {
                         // A killed rank says nothing; the driver notices that it is gone.
@@ -413,4 +434,18 @@ fn watch(
         std::thread::sleep(POLL);
     }
     results.into_iter().map(|r| r.expect("all joined")).collect()
+}
+
+/// Tokens of the default synthetic corpus (4 MiB of u32 ids).
+pub const MARKOV_TOKENS: usize = 1 << 20;
+/// Successors per state of the default synthetic Markov source.
+pub const MARKOV_BRANCHING: usize = 3;
+
+/// The default training data of a scenario: a Markov source over the model's vocabulary,
+/// seeded by the training seed. Returns the corpus, its name (recorded in checkpoints) and
+/// the source's entropy rate in nats per token (the best loss any model can reach).
+pub fn synthetic_corpus(vocab: u32, seed: u64) -> Result<(Corpus, String, f64), crate::data::DataError> {
+    let src = crate::data::MarkovSource::new(vocab as usize, MARKOV_BRANCHING, seed)?;
+    let name = format!("markov(V={vocab}, branching={MARKOV_BRANCHING}, seed={seed})");
+    Ok((src.corpus(MARKOV_TOKENS, seed.wrapping_add(1)), name, src.entropy_rate_nats()))
 }

@@ -17,18 +17,13 @@ use strata_models::hardware::GpuKind;
 use strata_models::plan::{lower, verify};
 use strata_models::scenario::Dtype;
 use strata_runtime::checkpoint::CheckpointError;
-use strata_runtime::data::{Corpus, MarkovSource};
+use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
 use strata_runtime::train::{
-    CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, train_threads,
+    CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, synthetic_corpus, train_threads,
 };
 
 use crate::common::{self, RunFailure, ScenarioArgs};
-
-/// Tokens of the synthetic corpus (4 MiB of u32 ids).
-const MARKOV_TOKENS: usize = 1 << 20;
-/// Successors per state of the synthetic Markov source.
-const MARKOV_BRANCHING: usize = 3;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -110,10 +105,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (c, name, None)
         }
         None => {
-            let src = MarkovSource::new(s.model.vocab as usize, MARKOV_BRANCHING, s.training.seed)?;
-            let h = src.entropy_rate_nats();
-            let name = format!("markov(V={}, branching={MARKOV_BRANCHING}, seed={})", s.model.vocab, s.training.seed);
-            (src.corpus(MARKOV_TOKENS, s.training.seed.wrapping_add(1)), name, Some(h))
+            let (c, name, h) = synthetic_corpus(s.model.vocab, s.training.seed)?;
+            (c, name, Some(h))
         }
     };
     if !args.json {

@@ -1,0 +1,196 @@
+//! `strata-mpi-train`: one rank per MPI process (feature `mpi`).
+//!
+//! ```text
+//! mpirun -np 4 strata-mpi-train SCENARIO [--set KEY=VALUE]… [--steps K] [--timeout S]
+//!        [--check-single TOL] [--check-threads]
+//! ```
+//!
+//! Every process lowers the scenario (tp · pp · dp must equal the number of processes),
+//! runs its rank's program over MPI, and rank 0 prints the loss per step. With
+//! `--check-single TOL`, rank 0 then trains the same model on one rank in-process and
+//! fails (exit 1) if any step's loss differs by more than TOL nats; with
+//! `--check-threads`, it trains the same split on threads and fails unless the losses are
+//! bit-identical (the collectives sum in the same fixed order on both backends).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_models::Scenario;
+use strata_models::plan::{lower, verify};
+use strata_runtime::comm::Communicator;
+use strata_runtime::comm::mpi::{MpiComm, init};
+use strata_runtime::exec::ExecConfig;
+use strata_runtime::train::{StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads};
+
+struct Args {
+    scenario: String,
+    overrides: Vec<String>,
+    steps: Option<u32>,
+    timeout_s: u64,
+    check_single: Option<f64>,
+    check_threads: bool,
+}
+
+const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--check-single TOL] [--check-threads]";
+
+fn parse() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        scenario: String::new(),
+        overrides: vec![],
+        steps: None,
+        timeout_s: 120,
+        check_single: None,
+        check_threads: false,
+    };
+    while let Some(x) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value; {USAGE}"));
+        match x.as_str() {
+            "--set" => a.overrides.push(value("--set")?),
+            "--steps" => a.steps = Some(value("--steps")?.parse().map_err(|e| format!("--steps: {e}"))?),
+            "--timeout" => a.timeout_s = value("--timeout")?.parse().map_err(|e| format!("--timeout: {e}"))?,
+            "--check-single" => {
+                a.check_single = Some(value("--check-single")?.parse().map_err(|e| format!("--check-single: {e}"))?)
+            }
+            "--check-threads" => a.check_threads = true,
+            s if s.starts_with("--") => return Err(format!("unknown option {s}; {USAGE}")),
+            s => a.scenario = s.to_string(),
+        }
+    }
+    if a.scenario.is_empty() {
+        return Err(USAGE.to_string());
+    }
+    Ok(a)
+}
+
+fn options(steps: u32, data: &str, timeout_s: u64) -> TrainOptions {
+    TrainOptions {
+        steps,
+        data_name: data.to_string(),
+        checkpoint: None,
+        exec: ExecConfig { recv_timeout: Duration::from_secs(timeout_s), trace_step: None },
+        fault: None,
+    }
+}
+
+/// Rank 0's checks after the MPI run; returns the failures.
+fn checks(a: &Args, s: &Scenario, mpi: &[f64], steps: u32, data: &str) -> Result<Vec<String>, String> {
+    let mut failures = Vec::new();
+    let (corpus, _, _) = synthetic_corpus(s.model.vocab, s.training.seed).map_err(|e| e.to_string())?;
+    let corpus = Arc::new(corpus);
+    if let Some(tol) = a.check_single {
+        let mut o = a.overrides.clone();
+        for k in [
+            "parallel.tp=1",
+            "parallel.pp=1",
+            "parallel.dp=1",
+            "parallel.vpp=1",
+            "parallel.schedule=1f1b",
+            "parallel.zero=0",
+            "parallel.sequence_parallel=false",
+            "cluster.nodes=1",
+            "cluster.gpus_per_node=1",
+        ] {
+            o.push(k.to_string());
+        }
+        let one = Scenario::load(a.scenario.as_ref(), &o).map_err(|e| e.to_string())?;
+        let plan = Arc::new(lower(&one).map_err(|e| e.to_string())?);
+        let single = train_threads(plan, corpus.clone(), &options(steps, data, a.timeout_s), None)
+            .map_err(|e| e.to_string())?
+            .losses();
+        let diff = single.iter().zip(mpi).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        println!("check: max |loss(MPI) − loss(1 rank)| over {steps} steps = {diff:.3e} nats (tolerance {tol:e})");
+        if diff.is_nan() || diff > tol || single.len() != mpi.len() {
+            failures.push(format!("the MPI run differs from one rank by {diff:e} > {tol:e}"));
+        }
+    }
+    if a.check_threads {
+        let plan = Arc::new(lower(s).map_err(|e| e.to_string())?);
+        let threads =
+            train_threads(plan, corpus, &options(steps, data, a.timeout_s), None).map_err(|e| e.to_string())?.losses();
+        let same = threads.iter().map(|x| x.to_bits()).eq(mpi.iter().map(|x| x.to_bits()));
+        println!("check: MPI and threads losses bit-identical: {same}");
+        if !same {
+            failures.push(format!("MPI losses {mpi:?} differ from the threads' {threads:?}"));
+        }
+    }
+    Ok(failures)
+}
+
+fn main() -> ExitCode {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let universe = match init() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let comm = MpiComm::world();
+    let (rank, size) = (comm.rank(), comm.size());
+    let setup = (|| -> Result<_, String> {
+        let s = Scenario::load(a.scenario.as_ref(), &a.overrides).map_err(|e| e.to_string())?;
+        if s.parallel.ranks() != size as u64 {
+            return Err(format!(
+                "the scenario splits into tp · pp · dp = {} ranks but mpirun started {size} processes",
+                s.parallel.ranks()
+            ));
+        }
+        let plan = lower(&s).map_err(|e| e.to_string())?;
+        verify(&plan).map_err(|e| e.to_string())?;
+        let (corpus, data, _) = synthetic_corpus(s.model.vocab, s.training.seed).map_err(|e| e.to_string())?;
+        Ok((s, plan, corpus, data))
+    })();
+    let (s, plan, corpus, data) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            if rank == 0 {
+                eprintln!("error: {e}");
+            }
+            drop(comm);
+            drop(universe);
+            return ExitCode::from(2);
+        }
+    };
+    let steps = a.steps.unwrap_or(s.training.steps);
+    if rank == 0 {
+        println!("{}: {size} MPI ranks ({}), {steps} steps", s.name, plan.grid);
+    }
+    let mut print =
+        |r: &StepRecord| println!("step {:>4}  loss {:.6}  {:>9.0} tokens/s", r.step, r.loss, r.tokens_per_s);
+    let progress: Option<&mut dyn FnMut(&StepRecord)> = if rank == 0 { Some(&mut print) } else { None };
+    let out = run_rank(Arc::new(plan), Box::new(comm), Arc::new(corpus), &options(steps, &data, a.timeout_s), progress);
+    let result = match out {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error on rank {rank}: {e}");
+            // Let the other ranks print their view of the failure, then end the job.
+            std::thread::sleep(Duration::from_secs(2));
+            let w = mpi::topology::SimpleCommunicator::world();
+            mpi::topology::Communicator::abort(&w, 1);
+        }
+    };
+    let code = match result {
+        Some(r) => match checks(&a, &s, &r.losses(), steps, &data) {
+            Ok(f) if f.is_empty() => ExitCode::SUCCESS,
+            Ok(f) => {
+                eprintln!("FAILED: {}", f.join("; "));
+                ExitCode::from(1)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
+        None => ExitCode::SUCCESS,
+    };
+    drop(universe);
+    code
+}
