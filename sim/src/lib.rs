@@ -15,6 +15,7 @@ pub mod memory;
 pub mod net;
 pub mod profile;
 pub mod program;
+pub mod search;
 pub mod simulate;
 
 pub use engine::Mode;

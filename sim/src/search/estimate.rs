@@ -1,0 +1,217 @@
+//! The screening estimate: a closed-form step time for a candidate, in microseconds of
+//! arithmetic, used to decide which candidates deserve a full simulation.
+//!
+//! Per microbatch and pipeline stage i, with the simulator's compute model for every piece
+//! and the closed-form network for every collective:
+//!
+//! - F_i, B_i, W_i: the stage's forward, input-gradient and weight-gradient time (its layers,
+//!   plus the embedding on the first stage and the head on the last), tensor-parallel
+//!   collectives included (in backward only the part not hidden under weight gradients),
+//!   recomputation in B;
+//! - pipeline: T_pipe = m · max_i X_i + bubble, X_i = F_i + B_i + W_i; the bubble is
+//!   (p−1)/v · mean_i X_i for GPipe, 1F1B and interleaved (Narayanan et al.), and
+//!   (p−1) · mean_i (F_i + B_i − W_i) for ZB-H1 (Qi et al.); pipeline messages add
+//!   2·(p·v − 1) transfers on the critical path;
+//! - data parallelism: the gradient reduction overlaps the last microbatch's backward (or
+//!   every microbatch's under ZeRO-2/3) and only what does not fit under it is exposed, plus
+//!   the last bucket; ZeRO-1/2's parameter all-gather overlaps the first forward when asked;
+//!   ZeRO-3's per-unit gathers overlap each unit's compute;
+//! - the optimizer step.
+//!
+//! The estimate ranks candidates; it is not the prediction. `search` simulates the best
+//! estimated candidates in full and ranks by the simulation.
+
+use std::collections::BTreeMap;
+
+use strata_models::Scenario;
+use strata_models::accounting::memory::state_bytes_per_param;
+use strata_models::accounting::params::{layer_params, stage_params};
+use strata_models::parallel::{Recompute, Schedule};
+use strata_models::plan::cost::{optimizer_cost, piece_cost};
+use strata_models::plan::{CollKind, Phase, Piece};
+
+use crate::compute::ComputeModel;
+use crate::net::closed_form::ClosedFormNetwork;
+use crate::net::{CommKind, CommRequest, NcclEnv, NetError};
+
+/// Caches what many candidates share: collective times by (kind, group ranks, bytes).
+pub struct Estimator {
+    net: ClosedFormNetwork,
+    compute: ComputeModel,
+    comm: BTreeMap<(u8, u32, u32, u64), f64>,
+}
+
+fn kind_id(k: CommKind) -> u8 {
+    match k {
+        CommKind::Collective(CollKind::AllReduce) => 0,
+        CommKind::Collective(CollKind::ReduceScatter) => 1,
+        CommKind::Collective(CollKind::AllGather) => 2,
+        CommKind::Collective(CollKind::Broadcast) => 3,
+        CommKind::Collective(CollKind::AllToAll) => 4,
+        CommKind::SendRecv => 5,
+    }
+}
+
+impl Estimator {
+    pub fn new(base: &Scenario, compute: ComputeModel) -> Result<Estimator, NetError> {
+        Ok(Estimator {
+            net: ClosedFormNetwork::new(&base.cluster, NcclEnv::default())?,
+            compute,
+            comm: BTreeMap::new(),
+        })
+    }
+
+    /// Seconds of a communication over `n` ranks spaced `stride` apart, starting at rank 0.
+    fn comm_s(&mut self, kind: CommKind, n: u32, stride: u32, bytes: u64) -> f64 {
+        if n <= 1 || bytes == 0 {
+            return 0.0;
+        }
+        let key = (kind_id(kind), n, stride, bytes);
+        if let Some(t) = self.comm.get(&key) {
+            return *t;
+        }
+        let ranks: Vec<u32> = (0..n).map(|i| i * stride).collect();
+        let t = self.net.cost(&CommRequest { kind, ranks, bytes, multiplicity: 1 }).time_ns as f64 * 1e-9;
+        self.comm.insert(key, t);
+        t
+    }
+
+    /// Estimated step time of a candidate, seconds.
+    pub fn step_s(&mut self, s: &Scenario) -> f64 {
+        let m = &s.model;
+        let p = &s.parallel;
+        let dtype = s.training.dtype;
+        let flash = s.training.flash_attention;
+        let piece = |this: &Estimator, piece, phase| this.compute.cost_s(&piece_cost(m, p, dtype, flash, piece, phase));
+        let e = dtype.bytes();
+        let tensor = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * e;
+        let tp_kind = |k| CommKind::Collective(k);
+        // Tensor-parallel collectives of one layer (forward: two reductions, and two gathers
+        // under sequence parallelism).
+        let (reduce, gather) = if p.sequence_parallel {
+            (
+                self.comm_s(tp_kind(CollKind::ReduceScatter), p.tp, 1, tensor),
+                self.comm_s(tp_kind(CollKind::AllGather), p.tp, 1, tensor),
+            )
+        } else {
+            (self.comm_s(tp_kind(CollKind::AllReduce), p.tp, 1, tensor), 0.0)
+        };
+        let tp_fwd = 2.0 * (reduce + gather);
+        let layer_f: f64 = [Piece::AttnIn, Piece::Attn, Piece::MlpIn, Piece::Mlp, Piece::LayerOut]
+            .iter()
+            .map(|x| piece(self, *x, Phase::Forward))
+            .sum::<f64>()
+            + tp_fwd;
+        let w_attn = piece(self, Piece::Attn, Phase::BackwardWeight);
+        let w_mlp = piece(self, Piece::Mlp, Phase::BackwardWeight);
+        let layer_w = w_attn + w_mlp + if p.sequence_parallel { 2.0 * gather } else { 0.0 };
+        let recompute = match p.recompute {
+            Recompute::None => 0.0,
+            Recompute::Selective if flash => 0.0,
+            Recompute::Selective => piece(self, Piece::Attn, Phase::Recompute),
+            Recompute::Full => layer_f,
+        };
+        // The backward reductions overlap the weight passes when those run inline.
+        let tp_bwd = 2.0 * gather
+            + if p.schedule == Schedule::ZbH1 {
+                2.0 * reduce
+            } else {
+                (reduce - w_mlp).max(0.0) + (reduce - w_attn).max(0.0)
+            };
+        let layer_b: f64 = [Piece::LayerOut, Piece::Mlp, Piece::MlpIn, Piece::Attn, Piece::AttnIn]
+            .iter()
+            .map(|x| piece(self, *x, Phase::BackwardInput))
+            .sum::<f64>()
+            + tp_bwd
+            + recompute;
+        let embed_f = piece(self, Piece::Embed, Phase::Forward) + if p.tp > 1 { reduce } else { 0.0 };
+        let embed_w = piece(self, Piece::Embed, Phase::BackwardWeight);
+        let head_f = piece(self, Piece::FinalNorm, Phase::Forward)
+            + piece(self, Piece::Logits, Phase::Forward)
+            + piece(self, Piece::Loss, Phase::Forward)
+            + gather;
+        let head_b = piece(self, Piece::Logits, Phase::BackwardInput)
+            + piece(self, Piece::FinalNorm, Phase::BackwardInput)
+            + reduce;
+        let head_w = piece(self, Piece::Logits, Phase::BackwardWeight);
+
+        // Per stage, per microbatch (all chunks of the stage).
+        let stages = p.pp as usize;
+        let mut x = Vec::with_capacity(stages);
+        let mut fb_minus_w = Vec::with_capacity(stages);
+        let mut first_f = 0.0f64;
+        let mut last_b = 0.0f64;
+        for i in 0..p.pp {
+            let layers = p.stage_layers(m, i) as f64;
+            let mut f = layers * layer_f;
+            let mut b = layers * layer_b;
+            let mut w = layers * layer_w;
+            if i == 0 {
+                f += embed_f;
+                w += embed_w;
+            }
+            if i == p.pp - 1 {
+                f += head_f;
+                b += head_b;
+                w += head_w;
+            }
+            if i == 0 {
+                first_f = f;
+            }
+            last_b = last_b.max(b + w);
+            x.push(f + b + w);
+            fb_minus_w.push(f + b - w);
+        }
+        let mb = p.microbatches() as f64;
+        let max_x = x.iter().copied().fold(0.0, f64::max);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let bubble = match p.schedule {
+            Schedule::ZbH1 => (p.pp as f64 - 1.0) * mean(&fb_minus_w).max(0.0),
+            _ => (p.pp as f64 - 1.0) / p.vpp as f64 * mean(&x),
+        };
+        let p2p = self.comm_s(
+            CommKind::SendRecv,
+            2,
+            p.tp * p.dp,
+            if p.sequence_parallel { tensor / p.tp as u64 } else { tensor },
+        );
+        let pipe = mb * max_x + bubble + 2.0 * (p.pp * p.vpp - 1) as f64 * p2p;
+
+        // Data parallelism (the stage with the most parameters).
+        let psi = stage_params(m, p).iter().map(|sp| sp.per_rank()).max().unwrap_or(0);
+        let (w_bytes, g_bytes, _) = state_bytes_per_param(dtype);
+        let dp_coll = |this: &mut Estimator, kind: CollKind, bytes: u64| {
+            // Buckets of the configured size, each a collective of its own.
+            let bucket = ((p.grad_bucket_mb * 1024.0 * 1024.0) as u64).max(1);
+            let n = bytes.div_ceil(bucket).max(1);
+            let per = bytes.div_ceil(n);
+            n as f64 * this.comm_s(CommKind::Collective(kind), p.dp, p.tp, per)
+        };
+        let mut exposed = 0.0;
+        if p.dp > 1 {
+            let grad_kind = if p.zero == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
+            let grads = dp_coll(self, grad_kind, psi * g_bytes);
+            let per_mb = p.zero >= 2;
+            let hidden = if !p.overlap_grad_reduce { 0.0 } else { last_b };
+            exposed += if per_mb {
+                mb * (grads - hidden).max(0.0) + grads / mb.max(1.0)
+            } else {
+                (grads - hidden).max(0.0) + grads * 0.1
+            };
+            if (1..=2).contains(&p.zero) {
+                let gather = dp_coll(self, CollKind::AllGather, psi * w_bytes);
+                exposed += if p.overlap_param_gather { (gather - first_f).max(0.0) } else { gather };
+            }
+            if p.zero >= 3 {
+                let unit = layer_params(m).per_rank(p.tp) * w_bytes;
+                let g = self.comm_s(CommKind::Collective(CollKind::AllGather), p.dp, p.tp, unit);
+                let per_layer = if p.overlap_param_gather { (g - layer_f.min(layer_b)).max(0.0) } else { g };
+                let layers = p.stage_layers(m, 0) as f64;
+                exposed += 2.0 * mb * layers * per_layer + g;
+            }
+        }
+        let shard = if p.zero >= 1 { psi.div_ceil(p.dp as u64) } else { psi };
+        let optimizer = self.compute.cost_s(&optimizer_cost(shard));
+        pipe + exposed + optimizer
+    }
+}

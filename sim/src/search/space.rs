@@ -1,0 +1,194 @@
+//! The search space: every parallel configuration of a model on a cluster for a global
+//! batch, each either valid or rejected with the rule it breaks.
+//!
+//! Dimensions: tp (divisors of the GPUs per node), pp (divisors of GPUs / tp), dp (the rest),
+//! the schedule (GPipe, 1F1B, ZB-H1, and interleaved with every vpp that splits the layers
+//! evenly, up to 8), micro_batch (powers of two up to 16 that divide the replica's batch),
+//! ZeRO 0–3, recomputation none / selective / full, sequence parallelism (when tp > 1), the
+//! gradient bucket size, and whether gradient reduction and parameter all-gathers overlap
+//! compute (only where they can matter: dp > 1, ZeRO ≥ 1). Everything else — the model, the
+//! cluster, the global batch, the dtype, fused attention — comes from the base scenario.
+//!
+//! Enumeration is a plain nested loop in a fixed order, so the candidate list (and every
+//! index into it) is the same on every run.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use strata_models::Scenario;
+use strata_models::parallel::{ParallelConfig, Recompute, Schedule};
+
+/// What the search varies. `SearchSpace::full` is the default; tests narrow it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SearchSpace {
+    pub tp: Vec<u32>,
+    pub pp: Vec<u32>,
+    pub micro_batch: Vec<u32>,
+    /// Schedules without chunks, plus interleaved (whose vpp values are in `vpp`).
+    pub schedules: Vec<Schedule>,
+    pub vpp: Vec<u32>,
+    pub zero: Vec<u8>,
+    pub recompute: Vec<Recompute>,
+    pub sequence_parallel: Vec<bool>,
+    pub grad_bucket_mb: Vec<f64>,
+    pub overlap_grad_reduce: Vec<bool>,
+    pub overlap_param_gather: Vec<bool>,
+}
+
+fn divisors(n: u64) -> Vec<u32> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).map(|d| d as u32).collect()
+}
+
+impl SearchSpace {
+    /// The whole space for a base scenario's model and cluster.
+    pub fn full(base: &Scenario) -> SearchSpace {
+        let gpus = base.cluster.gpus();
+        let gpn = base.cluster.gpus_per_node as u64;
+        SearchSpace {
+            tp: divisors(gpn),
+            pp: divisors(gpus).into_iter().filter(|p| *p <= base.model.layers).collect(),
+            micro_batch: vec![1, 2, 4, 8, 16],
+            schedules: Schedule::ALL.to_vec(),
+            vpp: vec![2, 3, 4, 6, 8],
+            zero: vec![0, 1, 2, 3],
+            recompute: Recompute::ALL.to_vec(),
+            sequence_parallel: vec![false, true],
+            grad_bucket_mb: vec![10.0, 40.0, 160.0],
+            overlap_grad_reduce: vec![true, false],
+            overlap_param_gather: vec![true, false],
+        }
+    }
+
+    /// Only the split and schedule dimensions (tp, pp, micro_batch, schedule, vpp, ZeRO,
+    /// recomputation, sequence parallel); the rest as in the base scenario.
+    pub fn splits(base: &Scenario) -> SearchSpace {
+        let p = &base.parallel;
+        SearchSpace {
+            grad_bucket_mb: vec![p.grad_bucket_mb],
+            overlap_grad_reduce: vec![p.overlap_grad_reduce],
+            overlap_param_gather: vec![p.overlap_param_gather],
+            ..SearchSpace::full(base)
+        }
+    }
+}
+
+/// The outcome of enumeration.
+#[derive(Clone, Debug, Default)]
+pub struct Enumeration {
+    /// Valid candidates, in enumeration order.
+    pub valid: Vec<Scenario>,
+    /// Combinations the rules reject, counted by rule id (`tp-divides-heads`, …).
+    pub invalid: BTreeMap<&'static str, u64>,
+    /// Combinations skipped as duplicates of another (an option that cannot matter for this
+    /// split, e.g. overlapping a data-parallel reduction when dp = 1).
+    pub duplicates: u64,
+}
+
+impl Enumeration {
+    pub fn enumerated(&self) -> u64 {
+        self.valid.len() as u64 + self.invalid.values().sum::<u64>() + self.duplicates
+    }
+}
+
+/// Enumerates the space around `base`.
+pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
+    let mut out = Enumeration::default();
+    let gpus = base.cluster.gpus();
+    let gb = base.parallel.global_batch;
+    for &tp in &space.tp {
+        for &pp in &space.pp {
+            let grid = tp as u64 * pp as u64;
+            if grid == 0 || !gpus.is_multiple_of(grid) {
+                *out.invalid.entry("grid-equals-gpus").or_default() += 1;
+                continue;
+            }
+            let dp = (gpus / grid) as u32;
+            // (schedule, vpp) pairs.
+            let mut scheds: Vec<(Schedule, u32)> = Vec::new();
+            for &s in &space.schedules {
+                if s == Schedule::Interleaved {
+                    scheds.extend(
+                        space.vpp.iter().filter(|v| base.model.layers.is_multiple_of(pp * **v)).map(|v| (s, *v)),
+                    );
+                } else {
+                    scheds.push((s, 1));
+                }
+            }
+            for &mb in &space.micro_batch {
+                for &(schedule, vpp) in &scheds {
+                    for &zero in &space.zero {
+                        for &recompute in &space.recompute {
+                            for &sp in &space.sequence_parallel {
+                                if sp && tp == 1 {
+                                    // Sequence parallelism needs tp > 1: not a distinct candidate.
+                                    out.duplicates += 1;
+                                    continue;
+                                }
+                                for &bucket in &space.grad_bucket_mb {
+                                    for &ogr in &space.overlap_grad_reduce {
+                                        for &opg in &space.overlap_param_gather {
+                                            // Bucketing and overlap only matter with data parallelism,
+                                            // parameter all-gathers only under ZeRO.
+                                            let bucket_matters = dp > 1;
+                                            let gather_matters = dp > 1 && zero >= 1;
+                                            if (!bucket_matters
+                                                && (bucket != space.grad_bucket_mb[0]
+                                                    || ogr != space.overlap_grad_reduce[0]))
+                                                || (!gather_matters && opg != space.overlap_param_gather[0])
+                                            {
+                                                out.duplicates += 1;
+                                                continue;
+                                            }
+                                            let parallel = ParallelConfig {
+                                                tp,
+                                                pp,
+                                                dp,
+                                                vpp,
+                                                schedule,
+                                                micro_batch: mb,
+                                                global_batch: gb,
+                                                zero,
+                                                recompute,
+                                                sequence_parallel: sp,
+                                                grad_bucket_mb: bucket,
+                                                overlap_grad_reduce: ogr,
+                                                overlap_param_gather: opg,
+                                            };
+                                            match parallel.validate(&base.model, &base.cluster) {
+                                                Ok(()) => out.valid.push(Scenario { parallel, ..base.clone() }),
+                                                Err(e) => {
+                                                    *out.invalid.entry(e.violations[0].rule).or_default() += 1;
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A short label of a candidate's split: `tp8 pp8 dp16 1f1b mb1 z1 sel sp`.
+pub fn label(p: &ParallelConfig) -> String {
+    let sched =
+        if p.schedule == Schedule::Interleaved { format!("int{}", p.vpp) } else { p.schedule.key().to_string() };
+    let rc = match p.recompute {
+        Recompute::None => "none",
+        Recompute::Selective => "sel",
+        Recompute::Full => "full",
+    };
+    format!(
+        "tp{} pp{} dp{} {sched} mb{} z{} {rc}{}",
+        p.tp,
+        p.pp,
+        p.dp,
+        p.micro_batch,
+        p.zero,
+        if p.sequence_parallel { " sp" } else { "" }
+    )
+}
