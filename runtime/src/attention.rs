@@ -69,11 +69,10 @@ fn probs_block(sh: &AttnShape, qkv: &[f32], b: usize, h: usize, p: &mut [f32]) {
     for i in 0..s {
         let row = &mut p[i * s..(i + 1) * s];
         let max = row[..=i].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0.0f32;
         for v in &mut row[..=i] {
-            *v = (*v - max).exp();
-            sum += *v;
+            *v = crate::kernels::exp_fast(*v - max);
         }
+        let sum: f32 = row[..=i].iter().sum();
         let inv = 1.0 / sum;
         for v in &mut row[..=i] {
             *v *= inv;

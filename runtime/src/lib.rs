@@ -53,6 +53,7 @@
 //! are checked and reported as [`error::RuntimeError`] / [`data::DataError`] values.
 
 pub mod attention;
+pub mod bench;
 pub mod checkpoint;
 pub mod comm;
 pub mod data;
