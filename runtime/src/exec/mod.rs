@@ -169,6 +169,8 @@ pub struct MemoryPeaks {
     pub predicted_bytes: u64,
     /// Peak measured bytes per class (`params`, `grads`, …, `workspace`, `comm`).
     pub by_class: BTreeMap<String, u64>,
+    /// Peak predicted bytes per class of the plan's buffers.
+    pub predicted_by_class: BTreeMap<String, u64>,
 }
 
 /// One rank of a job: its state and its program.
@@ -422,10 +424,12 @@ impl RankExec {
     /// Measures every live buffer and the workspace; records a sample when the total moved.
     fn measure(&mut self, t_ns: u64, samples: &mut Vec<MemSample>) {
         let mut by_class: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut predicted: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut plan_total = 0;
         for (&buf, slot) in &self.pool.live {
             let b = self.slot_bytes(buf, slot.key);
             *by_class.entry(slot.class.key()).or_default() += b;
+            *predicted.entry(slot.class.key()).or_default() += slot.predicted;
             plan_total += b;
         }
         let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum();
@@ -439,6 +443,10 @@ impl RankExec {
         pk.predicted_bytes = pk.predicted_bytes.max(self.pool.predicted_bytes());
         for (k, v) in by_class {
             let e = pk.by_class.entry(k.to_string()).or_default();
+            *e = (*e).max(v);
+        }
+        for (k, v) in predicted {
+            let e = pk.predicted_by_class.entry(k.to_string()).or_default();
             *e = (*e).max(v);
         }
         if total != self.last_total {
