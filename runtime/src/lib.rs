@@ -12,7 +12,27 @@
 //! - [`embed`], [`layer`], [`head`]: the model pieces and what each saves for backward;
 //! - [`optim`]: AdamW on an (offset, size) ZeRO shard, gradient clipping in two halves;
 //! - [`reference`]: the single-rank trainer, the oracle for parallel runs;
-//! - [`data`]: a Markov corpus of known entropy rate and a byte-level text loader.
+//! - [`data`]: a Markov corpus of known entropy rate and a byte-level text loader;
+//! - [`comm`]: the `Communicator` trait (in-process threads; MPI behind the `mpi`
+//!   feature) and deterministic non-blocking collectives over it;
+//! - [`exec`]: the plan interpreter — one rank runs its program of a `Plan`, its streams
+//!   interleaved on one thread, `Alloc`/`Free` bound to real storage;
+//! - [`train`]: a whole job — [`train::train_threads`] (ranks as threads) or
+//!   [`train::run_rank`] per MPI process — returning the loss curve, the measured trace
+//!   and peak memory per rank ([`train::TrainResult`]);
+//! - [`checkpoint`]: per-rank shards with a manifest, atomic writes, bit-identical resume;
+//! - [`bench`]: the training-speed benchmark against the GEMM kernel's own rate.
+//!
+//! Running a plan (what `strata train` does, and what `strata compare` can do):
+//!
+//! ```text
+//! let plan = Arc::new(strata_models::plan::lower(&scenario)?);
+//! let (corpus, name, _entropy) = train::synthetic_corpus(scenario.model.vocab, scenario.training.seed)?;
+//! let opts = TrainOptions { steps, data_name: name, checkpoint: None,
+//!                           exec: ExecConfig { trace_step: Some(steps - 1), ..Default::default() }, fault: None };
+//! let r = train::train_threads(plan, Arc::new(corpus), &opts, None)?;
+//! r.losses();   r.trace /* Option<strata_models::trace::Trace>, source Measured */;   r.memory /* per rank */
+//! ```
 //!
 //! How a plan's `Compute` op maps to a call (`strata_models::plan::{Piece, Phase}`):
 //!
