@@ -80,7 +80,9 @@ impl ClusterSpec {
         Some(match name {
             // DGX A100: 8 A100-80GB, 8 ConnectX-6 HDR 200 Gb/s compute NICs, QM8700 switches.
             // DGX A100 SuperPOD scalable units hold 20 nodes (QM8700's 40 ports: 20 down, 20 up).
-            "dgx-a100" => ClusterSpec { nodes_per_unit: 20, ..c(GpuKind::A100_80gb, 8, 8, 200.0, Fabric::RailOptimized, 40) },
+            "dgx-a100" => {
+                ClusterSpec { nodes_per_unit: 20, ..c(GpuKind::A100_80gb, 8, 8, 200.0, Fabric::RailOptimized, 40) }
+            }
             // DGX H100 / H200: 8 GPUs, 8 ConnectX-7 NDR 400 Gb/s, QM9700 switches.
             "dgx-h100" => c(GpuKind::H100Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),
             "dgx-h200" => c(GpuKind::H200Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),

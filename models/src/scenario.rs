@@ -303,7 +303,8 @@ impl Scenario {
 pub fn load_cluster(path: &Path) -> Result<ClusterSpec, ScenarioError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
-    let raw: RawScenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse { origin: origin.clone(), message: e.to_string() })?;
+    let raw: RawScenario =
+        toml::from_str(&text).map_err(|e| ScenarioError::Parse { origin: origin.clone(), message: e.to_string() })?;
     let cluster = resolve_cluster(raw.cluster, &origin)?;
     cluster.check().map_err(|message| ScenarioError::Invalid { origin, message, config: None })?;
     Ok(cluster)
@@ -449,7 +450,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
 
 /// Resolves a `[cluster]` table: preset, then explicit keys.
 fn resolve_cluster(rc: RawCluster, origin: &str) -> Result<ClusterSpec, ScenarioError> {
-    let missing = |section: &'static str, key: &str| ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") };
+    let missing = |section: &'static str, key: &str| ScenarioError::Missing {
+        origin: origin.to_string(),
+        section,
+        key: format!("{section}.{key}"),
+    };
     let unknown = |section: &'static str, name: &str, known: &[&str]| ScenarioError::UnknownPreset {
         origin: origin.to_string(),
         section,

@@ -105,9 +105,10 @@ pub enum SimError {
     ProfileMismatch { profile: String, profile_gpu: String, cluster_gpu: String },
 }
 
-/// The default network model of a scenario's cluster: the closed form (contention-free).
+/// The default network model of a scenario's cluster: the fat-tree fabric (NCCL's algorithms as
+/// flows, max-min link sharing).
 pub fn default_network(scenario: &Scenario, seed: u64) -> Result<Box<dyn Network>, SimError> {
-    Ok(net::build(&scenario.cluster, seed, NetworkKind::ClosedForm)?)
+    Ok(net::build(&scenario.cluster, seed, NetworkKind::Fabric)?)
 }
 
 /// Simulates one step of `plan` on the default network.

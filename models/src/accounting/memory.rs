@@ -130,7 +130,8 @@ pub fn in_flight(p: &ParallelConfig, stage: u32) -> u64 {
         Schedule::ZbH1 => pp.min(m),
         Schedule::Interleaved => {
             let v = p.vpp as u64;
-            ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v)
+            // With m = p Megatron-LM runs every forward before any backward.
+            if m == pp { m * v } else { ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v) }
         }
     }
 }

@@ -164,9 +164,10 @@ pub fn piece_cost(
 /// The optimizer step over `params` parameters (the rank's shard under ZeRO ≥ 1): AdamW
 /// reads and writes fp32 master weights, momentum and variance, reads the gradient and
 /// writes the working-precision weights — 28 bytes per parameter in mixed precision and
-/// in fp32 alike (where the weights are the master copy but the gradient is 4 bytes).
-pub fn optimizer_cost(params: u64) -> ComputeCost {
-    cost(vec![], None, 28 * params, 4)
+/// in fp32 alike (where the weights are the master copy but the gradient is 4 bytes) —
+/// and the gradient is read once more for its norm and zeroed for the next step.
+pub fn optimizer_cost(params: u64, grad_bytes: u64) -> ComputeCost {
+    cost(vec![], None, (28 + 2 * grad_bytes) * params, 6)
 }
 
 #[cfg(test)]

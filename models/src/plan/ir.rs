@@ -15,8 +15,8 @@
 //! - a `Send` only *posts* its message: the next op of its stream may start at once; the
 //!   send is done when the message is delivered, which starts when the matching `Recv` (same
 //!   peer, kind, microbatch, virtual stage) is posted too; a `Recv` is done on delivery;
-//! - a `Free` never holds up its stream: it is posted at once and takes effect (is done) when
-//!   every op in its `deps` is done.
+//! - a `Free` never holds up its stream: it is posted when its stream reaches it (the op
+//!   before it has started) and takes effect (is done) when every op in its `deps` is done.
 //!
 //! Conventions:
 //! - bytes of a collective follow nccl-tests: the total buffer S (for all-gather and
@@ -153,8 +153,9 @@ impl Gemm {
 }
 
 /// The attention core of one piece: softmax(Q·Kᵀ/√d)·V over `batch_heads` independent
-/// (seq_q × seq_k) problems. Its GEMM FLOPs are listed separately in `ComputeCost::gemms`;
-/// this shape lets a cost model treat the softmax and masking (memory-bound on s² elements).
+/// (seq_q × seq_k) problems. Informational: its GEMMs are in `ComputeCost::gemms` and the
+/// bytes of its softmax, masking and dropout in `ComputeCost::mem_bytes`, so a cost model
+/// that uses only those counts everything once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttnShape {
     pub batch_heads: u64,

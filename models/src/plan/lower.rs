@@ -164,7 +164,7 @@ impl<'a> Planner<'a> {
         for b in &buckets {
             let params: u64 = b.iter().map(|b| b.params).sum();
             let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
-            costs.push(optimizer_cost(shard));
+            costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.dtype).1));
         }
         Ok(Planner { s, grid, costs, cost_ids, buckets })
     }
@@ -516,9 +516,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 self.persistent_alloc.insert(buf, op);
             }
         }
-        // ZeRO-1/2 overlapped: gather the shards the previous step updated, under the forward.
+        // ZeRO-1/2 overlapped: gather the shards the previous step updated, under the forward,
+        // in the order the forward needs them (chunks in order, each chunk's buckets — kept in
+        // backward order — reversed).
         if (1..=2).contains(&p.zero) && p.overlap_param_gather {
-            for i in 0..self.buckets().len() {
+            let mut order: Vec<usize> = (0..self.buckets().len()).collect();
+            order.sort_by_key(|i| (self.buckets()[*i].chunk, std::cmp::Reverse(self.buckets()[*i].index)));
+            for i in order {
                 let op = self.param_bucket_gather(i, &[]);
                 self.param_ready.insert(i, op);
             }
@@ -784,6 +788,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut bufs = vec![buf];
         bufs.extend(&pbufs);
         self.touch(chunk, &units, mb);
+        let saved = if self.sp && !split {
+            let after = self.last_compute.expect("the head's forward ran");
+            Some(self.tp_coll(TpSite::GatherSaved, Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, after))
+        } else {
+            None
+        };
         let op = self.compute(Piece::Logits, Phase::BackwardInput, mb, chunk, 0, &pdeps, &bufs);
         let wait: Vec<OpId> = if self.tp {
             vec![self.tp_coll(TpSite::Reduce, Piece::Logits, Phase::BackwardInput, mb, chunk, 0, op)]
@@ -791,7 +801,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             vec![]
         };
         if !split {
-            self.head_weight(chunk, mb);
+            self.head_weight(chunk, mb, saved);
         }
         let op = self.compute(Piece::FinalNorm, Phase::BackwardInput, mb, chunk, 0, &wait, &bufs);
         self.release_gathered(&pbufs, op);
@@ -802,13 +812,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
     }
 
-    fn head_weight(&mut self, chunk: u32, mb: u32) {
+    fn head_weight(&mut self, chunk: u32, mb: u32, saved: Option<OpId>) {
         let buf = self.head_buf[&mb];
-        let wait: Vec<OpId> = if self.sp {
-            let after = self.last_compute.expect("after the head's backward");
-            vec![self.tp_coll(TpSite::GatherSaved, Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, after)]
-        } else {
-            vec![]
+        let wait: Vec<OpId> = match saved {
+            Some(op) => vec![op],
+            None if self.sp => {
+                let after = self.last_compute.expect("after the head's backward");
+                vec![self.tp_coll(TpSite::GatherSaved, Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, after)]
+            }
+            None => vec![],
         };
         let op = self.compute(Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, &wait, &[buf]);
         let tied = self.s().model.tied_embeddings();
@@ -875,8 +887,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &[], &b);
                 scores = Some(buf);
             }
+            // Under sequence parallelism the saved input is gathered again for the weight
+            // gradient; issued before the input-gradient pass, it overlaps it (Megatron-LM).
+            let mut saved = None;
             if self.sp {
                 wait.push(self.tp_coll(TpSite::Gather, piece, Phase::BackwardInput, mb, chunk, layer, prev));
+                if !split {
+                    saved =
+                        Some(self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, prev));
+                }
             }
             let mut b = bufs.clone();
             b.extend(scores);
@@ -891,7 +910,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             };
             if !split {
                 // The weight gradient overlaps the reduction of the input gradient.
-                self.piece_weight(piece, layer, mb, chunk, act);
+                self.piece_weight(piece, layer, mb, chunk, act, saved);
             }
             prev = self.compute(
                 norm,
@@ -910,12 +929,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         first
     }
 
-    fn piece_weight(&mut self, piece: Piece, layer: u32, mb: u32, chunk: u32, act: BufId) -> OpId {
-        let wait: Vec<OpId> = if self.sp {
-            let after = self.last_compute.expect("weight pass follows an input pass");
-            vec![self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, after)]
-        } else {
-            vec![]
+    /// The weight pass of a piece; `saved` is the gather of its saved input if already issued.
+    fn piece_weight(&mut self, piece: Piece, layer: u32, mb: u32, chunk: u32, act: BufId, saved: Option<OpId>) -> OpId {
+        let wait: Vec<OpId> = match saved {
+            Some(op) => vec![op],
+            None if self.sp => {
+                let after = self.last_compute.expect("weight pass follows an input pass");
+                vec![self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, after)]
+            }
+            None => vec![],
         };
         let mut bufs = vec![act];
         if let Some(b) = self.recompute.get(&(layer, mb)) {
@@ -938,13 +960,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     fn backward_weight(&mut self, chunk: u32, mb: u32) {
         let vs = self.vstage(chunk);
         if vs == self.last_vs {
-            self.head_weight(chunk, mb);
+            self.head_weight(chunk, mb, None);
         }
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
         for layer in layers {
             let act = self.act[&(layer, mb)];
-            self.piece_weight(Piece::Mlp, layer, mb, chunk, act);
-            let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act);
+            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+            let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act, None);
             self.layer_done(layer, mb, chunk, op);
         }
         if vs == 0 {

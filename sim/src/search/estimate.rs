@@ -211,7 +211,7 @@ impl Estimator {
             }
         }
         let shard = if p.zero >= 1 { psi.div_ceil(p.dp as u64) } else { psi };
-        let optimizer = self.compute.cost_s(&optimizer_cost(shard));
+        let optimizer = self.compute.cost_s(&optimizer_cost(shard, g_bytes));
         pipe + exposed + optimizer
     }
 }

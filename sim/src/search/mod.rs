@@ -51,7 +51,7 @@ impl SearchOptions {
             space: SearchSpace::full(base),
             simulate_top: 24,
             exhaustive: false,
-            network: NetworkKind::ClosedForm,
+            network: NetworkKind::Fabric,
             seed: base.training.seed,
             profile: None,
         }
