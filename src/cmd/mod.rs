@@ -5,5 +5,6 @@ pub mod inspect;
 pub mod plan;
 pub mod presets;
 pub mod report;
+pub mod simulate;
 pub mod train;
 pub mod verify;

@@ -1,0 +1,150 @@
+//! `strata simulate`: one training step of a scenario through the discrete-event simulator
+//! — step time, throughput, MFU, where the time goes, memory per stage and whether it
+//! fits — and optionally its timeline as a Chrome/Perfetto trace.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use strata_models::plan;
+use strata_sim::net::{self, NetworkKind};
+use strata_sim::{HardwareProfile, Mode, SimOptions, SimReport};
+
+use crate::common::{self, ScenarioArgs};
+
+/// Options shared by the commands that simulate (simulate, search, compare).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Network model: fabric (NCCL's algorithms as flows on the fat-tree, max-min sharing)
+    /// or closed-form (per link class, no contention).
+    #[arg(long, default_value = "fabric", value_parser = ["fabric", "closed-form"])]
+    pub network: String,
+    /// A hardware profile (TOML) instead of the built-in one of the cluster's GPU, e.g. one
+    /// written by `strata calibrate`.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Seed of the simulator's randomness (static-routing hashes, jitter).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SimArgs {
+    pub fn network_kind(&self) -> NetworkKind {
+        if self.network == "closed-form" { NetworkKind::ClosedForm } else { NetworkKind::Fabric }
+    }
+
+    pub fn profile(&self) -> anyhow::Result<Option<HardwareProfile>> {
+        self.profile.as_ref().map(|p| HardwareProfile::load(p).map_err(anyhow::Error::from)).transpose()
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    #[command(flatten)]
+    pub sim: SimArgs,
+    /// Simulate every rank instead of one rank per pipeline stage (slower; for checking
+    /// that the stages' ranks really are alike).
+    #[arg(long)]
+    pub full: bool,
+    /// Write the step's timeline as Chrome/Perfetto JSON (open it in ui.perfetto.dev).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let s = args.scenario.load()?;
+    let plan = plan::lower(&s)?;
+    let seed = args.sim.seed.unwrap_or(s.training.seed);
+    let options = SimOptions {
+        mode: if args.full { Mode::Full } else { Mode::Symmetric },
+        seed,
+        profile: args.sim.profile()?,
+        trace: args.trace.is_some(),
+        jitter: 0.0,
+    };
+    let mut network = net::build(&s.cluster, seed, args.sim.network_kind())?;
+    let report = strata_sim::simulate_with(&plan, &options, network.as_mut())?;
+    if let (Some(path), Some(trace)) = (&args.trace, &report.trace) {
+        let json = strata_reports::chrome_trace_json(&plan, trace);
+        std::fs::write(path, json).with_context(|| format!("writing the trace to {}", path.display()))?;
+        if !args.json {
+            eprintln!("trace: {} (open it in ui.perfetto.dev)", path.display());
+        }
+    }
+    if args.json {
+        return common::print_json(&report);
+    }
+    print!("{}", text(&report, &s));
+    Ok(())
+}
+
+/// The report as text.
+pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
+    use std::fmt::Write;
+    let p = &s.parallel;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} on {} × {}: TP({})-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}",
+        s.model.name,
+        s.cluster.gpus(),
+        s.cluster.gpu,
+        p.tp,
+        p.pp,
+        p.dp,
+        p.schedule.key(),
+        if p.vpp > 1 { format!(" (vpp {})", p.vpp) } else { String::new() },
+        p.micro_batch,
+        p.microbatches(),
+        p.zero,
+        p.recompute.key(),
+        if p.sequence_parallel { "on" } else { "off" }
+    );
+    let _ = writeln!(
+        o,
+        "simulated ({} network, {} profile, {:?} mode, seed {}, {} events)\n",
+        r.network, r.profile, r.mode, r.seed, r.events
+    );
+    let _ = writeln!(o, "step time        {:>10.4} s", r.step_time_s);
+    let _ = writeln!(o, "throughput       {:>10} tokens/s", common::count(r.tokens_per_s));
+    let _ = writeln!(o, "model TFLOP/s    {:>10.1} per GPU (MFU {:.1}%)", r.model_tflops_per_gpu, 100.0 * r.mfu);
+    let _ = writeln!(o, "hardware TFLOP/s {:>10.1} per GPU (HFU {:.1}%)", r.hardware_tflops_per_gpu, 100.0 * r.hfu);
+    let b = &r.breakdown_s;
+    let _ = writeln!(o, "\nwhere the time goes (rank {}, stage {}, the last to finish):", r.last_rank, r.last_stage);
+    for (name, v) in [
+        ("compute", b.compute),
+        ("tensor-parallel exposed", b.tp_exposed),
+        ("data-parallel exposed", b.dp_exposed),
+        ("pipeline transfers exposed", b.pp_exposed),
+        ("pipeline bubble", b.bubble),
+        ("optimizer", b.optimizer),
+    ] {
+        let _ = writeln!(o, "  {name:<27} {v:>10.4} s {:>6.1}%", 100.0 * v / r.step_time_s.max(f64::MIN_POSITIVE));
+    }
+    let _ = writeln!(o, "\nmemory per GPU (peak of buffers + CUDA context + NCCL + allocator slack):");
+    for m in &r.memory {
+        let _ = writeln!(
+            o,
+            "  stage {:>3}: {:>10} of {:>10}  (buffers {}, context {}, NCCL {}, slack {})",
+            m.stage,
+            common::bytes(m.peak_bytes as f64),
+            common::bytes(m.capacity_bytes as f64),
+            common::bytes(m.buffers_bytes as f64),
+            common::bytes(m.cuda_context_bytes as f64),
+            common::bytes(m.nccl_bytes as f64),
+            common::bytes(m.fragmentation_bytes as f64)
+        );
+    }
+    if r.fits {
+        let _ = writeln!(o, "fits: yes");
+    } else {
+        for oom in &r.out_of_memory {
+            let _ = writeln!(o, "DOES NOT FIT: {oom}");
+        }
+    }
+    o
+}
