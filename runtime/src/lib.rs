@@ -21,7 +21,7 @@
 //!   [`train::run_rank`] per MPI process — returning the loss curve, the measured trace
 //!   and peak memory per rank ([`train::TrainResult`]);
 //! - [`checkpoint`]: per-rank shards with a manifest, atomic writes, bit-identical resume;
-//! - [`bench`]: the training-speed benchmark against the GEMM kernel's own rate.
+//! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate.
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!

@@ -194,6 +194,7 @@ pub fn run_rank(
         // Another rank's failure, or a silent death (fault injection): nothing to tell.
         Err(TrainError::RankFailed { rank: r, .. }) if *r != rank => {}
         Err(TrainError::RankExited { .. }) | Ok(_) => {}
+        Err(TrainError::RankFailed { reason, .. }) => exec.mailbox.comm().abort(reason),
         Err(e) => exec.mailbox.comm().abort(&e.to_string()),
     }
     out

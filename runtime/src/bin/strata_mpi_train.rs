@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! mpirun -np 4 strata-mpi-train SCENARIO [--set KEY=VALUE]… [--steps K] [--timeout S]
-//!        [--check-single TOL] [--check-threads]
+//!        [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]
 //! ```
 //!
 //! Every process lowers the scenario (tp · pp · dp must equal the number of processes),
@@ -21,7 +21,7 @@ use strata_models::plan::{lower, verify};
 use strata_runtime::comm::Communicator;
 use strata_runtime::comm::mpi::{MpiComm, init};
 use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads};
+use strata_runtime::train::{Fault, StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads};
 
 struct Args {
     scenario: String,
@@ -30,9 +30,11 @@ struct Args {
     timeout_s: u64,
     check_single: Option<f64>,
     check_threads: bool,
+    /// Fault injection: (rank, step) that panics.
+    panic_at: Option<(u32, u32)>,
 }
 
-const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--check-single TOL] [--check-threads]";
+const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -43,6 +45,7 @@ fn parse() -> Result<Args, String> {
         timeout_s: 120,
         check_single: None,
         check_threads: false,
+        panic_at: None,
     };
     while let Some(x) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value; {USAGE}"));
@@ -54,6 +57,12 @@ fn parse() -> Result<Args, String> {
                 a.check_single = Some(value("--check-single")?.parse().map_err(|e| format!("--check-single: {e}"))?)
             }
             "--check-threads" => a.check_threads = true,
+            "--inject-panic" => {
+                let v = value("--inject-panic")?;
+                let (r, k) = v.split_once(':').ok_or(format!("--inject-panic {v}: expected RANK:STEP"))?;
+                let num = |x: &str| x.parse::<u32>().map_err(|e| format!("--inject-panic {v}: {e}"));
+                a.panic_at = Some((num(r)?, num(k)?));
+            }
             s if s.starts_with("--") => return Err(format!("unknown option {s}; {USAGE}")),
             s => a.scenario = s.to_string(),
         }
@@ -166,7 +175,9 @@ fn main() -> ExitCode {
     let mut print =
         |r: &StepRecord| println!("step {:>4}  loss {:.6}  {:>9.0} tokens/s", r.step, r.loss, r.tokens_per_s);
     let progress: Option<&mut dyn FnMut(&StepRecord)> = if rank == 0 { Some(&mut print) } else { None };
-    let out = run_rank(Arc::new(plan), Box::new(comm), Arc::new(corpus), &options(steps, &data, a.timeout_s), progress);
+    let mut opts = options(steps, &data, a.timeout_s);
+    opts.fault = a.panic_at.map(|(rank, step)| Fault::Panic { rank, step });
+    let out = run_rank(Arc::new(plan), Box::new(comm), Arc::new(corpus), &opts, progress);
     let result = match out {
         Ok(r) => r,
         Err(e) => {
