@@ -4,7 +4,7 @@
 # Run from the repository root: bash runtime/ci/mpi-check.sh
 #
 # 1. the MPI message encoding round-trips (unit test);
-# 2. two splits as 4-process jobs give the 1-rank loss curve over 20 steps within 1e-6
+# 2. two splits as 4-process jobs give the 1-rank loss curve over 20 steps within 2e-6
 #    nats, and bit-for-bit the losses of the same split on threads;
 # 3. a rank that panics ends the 4-process job with an error naming it within 30 s.
 set -euo pipefail
@@ -18,11 +18,11 @@ FOUR=(--set cluster.gpus_per_node=4 --set training.dtype=fp32)
 
 echo "== MPI split 1: TP(2)-PP(2)-DP(1), 1F1B, ZeRO-1"
 timeout 300 mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 \
-  --steps 20 --check-single 1e-6 --check-threads
+  --steps 20 --check-single 2e-6 --check-threads
 
 echo "== MPI split 2: TP(1)-PP(2)-DP(2), GPipe, ZeRO-3"
 timeout 300 mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.tp=1 --set parallel.dp=2 \
-  --set parallel.zero=3 --set parallel.schedule=gpipe --steps 20 --check-single 1e-6 --check-threads
+  --set parallel.zero=3 --set parallel.schedule=gpipe --steps 20 --check-single 2e-6 --check-threads
 
 echo "== MPI failure: rank 2 panics at step 1"
 set +e
