@@ -338,6 +338,8 @@ struct StageLowering<'p, 'a> {
     deferred_grad_reduce: Vec<(usize, u32, Vec<OpId>)>,
     /// Ops the next compute op must wait for (synchronous ZeRO-2/3 reductions).
     pending_sync: Vec<OpId>,
+    /// ZeRO-3 gathers issued ahead: (bucket, mb, phase) → (gather op, buffer).
+    prefetched: BTreeMap<(usize, u32, Phase), (OpId, BufId)>,
     last_compute: Option<OpId>,
     persistent: Vec<BufId>,
     /// The `Alloc` op of each persistent buffer (ops on other streams that use it wait on it).
@@ -372,6 +374,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             dp_ops: Vec::new(),
             deferred_grad_reduce: Vec::new(),
             pending_sync: Vec::new(),
+            prefetched: BTreeMap::new(),
             last_compute: None,
             persistent: Vec::new(),
             persistent_alloc: BTreeMap::new(),
@@ -550,12 +553,30 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 deps.push(op);
             }
             if self.zero() >= 3 {
-                let (op, buf) = self.gather_unit(b, mb, phase);
+                let (op, buf) = match self.prefetched.remove(&(b, mb, phase)) {
+                    Some(x) => x,
+                    None => self.gather_unit(b, mb, phase),
+                };
                 deps.push(op);
                 bufs.push(buf);
             }
         }
         (deps, bufs)
+    }
+
+    /// ZeRO-3 in backward: gather the next layer's parameters now, ahead of this layer's
+    /// gradient reduce-scatter on the in-order data-parallel stream, so the gather overlaps
+    /// this layer's backward instead of waiting behind its reduction.
+    fn prefetch(&mut self, chunk: u32, unit: Unit, mb: u32, phase: Phase) {
+        if self.zero() < 3 || !self.s().parallel.overlap_param_gather {
+            return;
+        }
+        if let Some(&b) = self.unit_bucket.get(&(chunk, unit))
+            && !self.prefetched.contains_key(&(b, mb, phase))
+        {
+            let g = self.gather_unit(b, mb, phase);
+            self.prefetched.insert((b, mb, phase), g);
+        }
     }
 
     /// ZeRO-3: allocate and all-gather one unit's full parameters, at most `prefetch` ahead.
@@ -841,6 +862,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let act = self.act[&(layer, mb)];
         let mut first = None;
         let (pdeps, pbufs) = self.params_for(chunk, &[Unit::Layer(layer)], mb, Phase::BackwardInput);
+        if layer > self.layers(chunk).start {
+            self.prefetch(chunk, Unit::Layer(layer - 1), mb, Phase::BackwardInput);
+        }
         let mut d: Vec<OpId> = deps.to_vec();
         d.extend(pdeps);
         if p.recompute == Recompute::Full {

@@ -191,23 +191,27 @@ impl Estimator {
         if p.dp > 1 {
             let grad_kind = if p.zero == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
             let grads = dp_coll(self, grad_kind, psi * g_bytes);
-            let per_mb = p.zero >= 2;
-            let hidden = if !p.overlap_grad_reduce { 0.0 } else { last_b };
-            exposed += if per_mb {
-                mb * (grads - hidden).max(0.0) + grads / mb.max(1.0)
+            if p.zero >= 2 {
+                // Every microbatch reduce-scatters its gradients, and ZeRO-3 gathers every unit
+                // before its forward and its backward: one in-order stream of collectives per
+                // microbatch against that microbatch's compute.
+                let unit = layer_params(m).per_rank(p.tp) * w_bytes;
+                let gathers = if p.zero >= 3 {
+                    2.0 * self.comm_s(CommKind::Collective(CollKind::AllGather), p.dp, p.tp, unit)
+                        * (psi * w_bytes) as f64
+                        / unit.max(1) as f64
+                } else {
+                    0.0
+                };
+                let overlap = if p.overlap_grad_reduce && p.overlap_param_gather { max_x } else { 0.0 };
+                exposed += mb * (grads + gathers - overlap).max(0.0) + grads / mb.max(1.0);
             } else {
-                (grads - hidden).max(0.0) + grads * 0.1
-            };
+                let hidden = if p.overlap_grad_reduce { last_b } else { 0.0 };
+                exposed += (grads - hidden).max(0.0) + grads * 0.1;
+            }
             if (1..=2).contains(&p.zero) {
                 let gather = dp_coll(self, CollKind::AllGather, psi * w_bytes);
                 exposed += if p.overlap_param_gather { (gather - first_f).max(0.0) } else { gather };
-            }
-            if p.zero >= 3 {
-                let unit = layer_params(m).per_rank(p.tp) * w_bytes;
-                let g = self.comm_s(CommKind::Collective(CollKind::AllGather), p.dp, p.tp, unit);
-                let per_layer = if p.overlap_param_gather { (g - layer_f.min(layer_b)).max(0.0) } else { g };
-                let layers = p.stage_layers(m, 0) as f64;
-                exposed += 2.0 * mb * layers * per_layer + g;
             }
         }
         let shard = if p.zero >= 1 { psi.div_ceil(p.dp as u64) } else { psi };

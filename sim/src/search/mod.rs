@@ -49,7 +49,7 @@ impl SearchOptions {
     pub fn new(base: &Scenario) -> SearchOptions {
         SearchOptions {
             space: SearchSpace::full(base),
-            simulate_top: 24,
+            simulate_top: 64,
             exhaustive: false,
             network: NetworkKind::Fabric,
             seed: base.training.seed,

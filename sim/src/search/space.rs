@@ -182,7 +182,7 @@ pub fn label(p: &ParallelConfig) -> String {
         Recompute::Selective => "sel",
         Recompute::Full => "full",
     };
-    format!(
+    let mut l = format!(
         "tp{} pp{} dp{} {sched} mb{} z{} {rc}{}",
         p.tp,
         p.pp,
@@ -190,5 +190,16 @@ pub fn label(p: &ParallelConfig) -> String {
         p.micro_batch,
         p.zero,
         if p.sequence_parallel { " sp" } else { "" }
-    )
+    );
+    // The data-parallel knobs, where they matter.
+    if p.dp > 1 {
+        l += &format!(" b{}", p.grad_bucket_mb);
+        if !p.overlap_grad_reduce {
+            l += " sync-grads";
+        }
+        if p.zero >= 1 && !p.overlap_param_gather {
+            l += " sync-params";
+        }
+    }
+    l
 }

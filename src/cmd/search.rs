@@ -1,0 +1,386 @@
+//! `strata search`: which split of a model over a cluster trains fastest and fits? Every
+//! candidate is valid or rejected with its reason; memory is screened analytically; the
+//! rest are estimated in closed form and the best simulated in full. Prints the top-k with
+//! their breakdowns and the counts of rejections; `--out` writes the winner's scenario and
+//! plan, a CSV of every candidate, Megatron-LM arguments and a DeepSpeed config.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use strata_models::parallel::{Recompute, Schedule};
+use strata_models::{Scenario, plan};
+use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
+
+use crate::cmd::simulate::SimArgs;
+use crate::common::{self, ScenarioArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    #[command(flatten)]
+    pub sim: SimArgs,
+    /// Search for this many GPUs (the cluster gets GPUS / gpus_per_node nodes).
+    #[arg(long)]
+    pub gpus: Option<u64>,
+    /// Rows of the result table.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Candidates to simulate in full (best estimates first); the rest are ranked by estimate only.
+    #[arg(long, default_value_t = 64)]
+    pub simulate: usize,
+    /// Simulate every candidate that passes the memory screen (slow on large spaces).
+    #[arg(long)]
+    pub exhaustive: bool,
+    /// Vary only the split and schedule (tp, pp, micro-batch, schedule, vpp, ZeRO, recomputation,
+    /// sequence parallel); keep the bucket size and overlap flags of the scenario.
+    #[arg(long)]
+    pub splits_only: bool,
+    /// Write the winner's scenario, plan, Megatron-LM arguments, DeepSpeed config and a CSV of
+    /// every candidate to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut base = args.scenario.load()?;
+    if let Some(gpus) = args.gpus {
+        let gpn = base.cluster.gpus_per_node as u64;
+        if gpus == 0 || !gpus.is_multiple_of(gpn) {
+            anyhow::bail!("--gpus {gpus} is not a whole number of {}-GPU nodes", gpn);
+        }
+        base.cluster.nodes = u32::try_from(gpus / gpn).context("--gpus is too large")?;
+        // The base split may not fit the new size; the search does not need it to.
+        base.parallel.dp =
+            u32::try_from(gpus / (base.parallel.tp as u64 * base.parallel.pp as u64).max(1)).unwrap_or(1).max(1);
+    }
+    let mut opts = SearchOptions::new(&base);
+    opts.space = if args.splits_only { SearchSpace::splits(&base) } else { SearchSpace::full(&base) };
+    opts.simulate_top = args.simulate;
+    opts.exhaustive = args.exhaustive;
+    opts.network = args.sim.network_kind();
+    opts.profile = args.sim.profile()?;
+    if let Some(seed) = args.sim.seed {
+        opts.seed = seed;
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let start = Instant::now();
+    let result = search::search(&base, &opts, &|phase, done, total| {
+        bar.set_message(match phase {
+            Progress::Screening => "screening",
+            Progress::Simulating => "simulating",
+        });
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    let wall = start.elapsed().as_secs_f64();
+    if let Some(dir) = &args.out {
+        write_out(dir, &base, &result)?;
+    }
+    if args.json {
+        return common::print_json(&JsonResult { result: &result, wall_s: wall, top: top_rows(&result, args.top) });
+    }
+    print!("{}", text(&base, &result, args.top, wall));
+    if let Some(dir) = &args.out {
+        println!("\nwrote {}: best.toml, plan.json, candidates.csv, megatron-args.txt, deepspeed.json", dir.display());
+    }
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct JsonResult<'a> {
+    #[serde(flatten)]
+    result: &'a SearchResult,
+    wall_s: f64,
+    top: Vec<&'a Candidate>,
+}
+
+fn top_rows(r: &SearchResult, k: usize) -> Vec<&Candidate> {
+    r.ranking.iter().take(k).map(|i| &r.candidates[*i]).collect()
+}
+
+fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "search: {} on {} × {}, global batch {}, sequence {}",
+        base.model.name,
+        base.cluster.gpus(),
+        base.cluster.gpu,
+        base.parallel.global_batch,
+        base.model.seq_len
+    );
+    let invalid: u64 = r.invalid.values().sum();
+    let _ = writeln!(
+        o,
+        "candidates: {} enumerated — {} duplicates of others, {} invalid, {} valid; {} out of memory (analytic), {} estimated, {} simulated ({} out of memory); {:.1} s, {:.0} candidates/s\n",
+        r.enumerated,
+        r.duplicates,
+        invalid,
+        r.valid,
+        r.out_of_memory_analytic,
+        r.estimated,
+        r.simulated,
+        r.out_of_memory_simulated,
+        wall,
+        r.enumerated as f64 / wall.max(1e-9)
+    );
+    if r.ranking.is_empty() {
+        match &r.infeasible {
+            Some(s) => {
+                let _ = writeln!(
+                    o,
+                    "Nothing fits. The closest candidate, {}, needs {} per GPU; the GPU has {} ({} short).\nTry more GPUs, a smaller micro-batch or sequence, or a GPU with more memory.",
+                    s.label,
+                    common::bytes(s.needed_bytes),
+                    common::bytes(s.available_bytes),
+                    common::bytes(s.needed_bytes - s.available_bytes)
+                );
+            }
+            None => {
+                let _ = writeln!(o, "No valid candidate: every combination breaks a rule (see the counts below).");
+            }
+        }
+    } else {
+        let _ = writeln!(
+            o,
+            "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}",
+            "#", "split", "memory", "step (s)", "tokens/s", "MFU", "compute", "tp", "dp", "pp", "bubble", "optim"
+        );
+        for (rank, c) in top_rows(r, top).iter().enumerate() {
+            let rep = c.report.as_ref().expect("ranked candidates are simulated");
+            let b = &rep.breakdown_s;
+            let pct = |x: f64| 100.0 * x / rep.step_time_s;
+            let peak = rep.peak_memory_bytes.iter().copied().max().unwrap_or(0);
+            let _ = writeln!(
+                o,
+                "{:>3}  {:<44} {:>10} {:>9.3} {:>11} {:>5.1}%  {:>6.1}% {:>4.1}% {:>4.1}% {:>4.1}% {:>5.1}% {:>4.1}%",
+                rank + 1,
+                c.label,
+                common::bytes(peak as f64),
+                rep.step_time_s,
+                common::count(rep.tokens_per_s),
+                100.0 * rep.mfu,
+                pct(b.compute),
+                pct(b.tp_exposed),
+                pct(b.dp_exposed),
+                pct(b.pp_exposed),
+                pct(b.bubble),
+                pct(b.optimizer)
+            );
+        }
+    }
+    let _ = writeln!(o, "\nrejected as invalid, by rule:");
+    for (rule, n) in &r.invalid {
+        let _ = writeln!(o, "  {rule:<26} {n}");
+    }
+    if let (Some(b), Some(best)) = (r.base.map(|i| &r.candidates[i]), r.best()) {
+        let _ = writeln!(
+            o,
+            "\nthe scenario's own split, {}: {}",
+            b.label,
+            match b.tokens_per_s() {
+                Some(t) => format!(
+                    "{} tokens/s, rank {} — the winner is {:.1}% faster ({})",
+                    common::count(t),
+                    r.ranking.iter().position(|i| r.candidates[*i].label == b.label).map(|p| p + 1).unwrap_or(0),
+                    100.0 * (best.tokens_per_s().unwrap_or(t) / t - 1.0),
+                    differences(&b.scenario, &best.scenario)
+                ),
+                None => "does not fit".to_string(),
+            }
+        );
+    }
+    o
+}
+
+/// What the winner changes relative to another split.
+fn differences(a: &Scenario, b: &Scenario) -> String {
+    let (p, q) = (&a.parallel, &b.parallel);
+    let mut d = Vec::new();
+    let mut diff = |name: &str, x: String, y: String| {
+        if x != y {
+            d.push(format!("{name} {x} → {y}"));
+        }
+    };
+    diff("tp", p.tp.to_string(), q.tp.to_string());
+    diff("pp", p.pp.to_string(), q.pp.to_string());
+    diff("dp", p.dp.to_string(), q.dp.to_string());
+    diff("schedule", p.schedule.key().into(), q.schedule.key().into());
+    diff("vpp", p.vpp.to_string(), q.vpp.to_string());
+    diff("micro_batch", p.micro_batch.to_string(), q.micro_batch.to_string());
+    diff("zero", p.zero.to_string(), q.zero.to_string());
+    diff("recompute", p.recompute.key().into(), q.recompute.key().into());
+    diff("sequence_parallel", p.sequence_parallel.to_string(), q.sequence_parallel.to_string());
+    diff("grad_bucket_mb", p.grad_bucket_mb.to_string(), q.grad_bucket_mb.to_string());
+    diff("overlap_grad_reduce", p.overlap_grad_reduce.to_string(), q.overlap_grad_reduce.to_string());
+    diff("overlap_param_gather", p.overlap_param_gather.to_string(), q.overlap_param_gather.to_string());
+    if d.is_empty() { "the same split".into() } else { d.join(", ") }
+}
+
+fn write_out(dir: &Path, base: &Scenario, r: &SearchResult) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    let mut csv = String::from(
+        "label,tp,pp,dp,vpp,schedule,micro_batch,zero,recompute,sequence_parallel,grad_bucket_mb,overlap_grad_reduce,overlap_param_gather,status,memory_estimate_bytes,estimate_step_s,simulated_step_s,tokens_per_s,mfu,fits\n",
+    );
+    for c in &r.candidates {
+        let p = &c.scenario.parallel;
+        let rep = c.report.as_ref();
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.0},{},{},{},{},{}",
+            c.label,
+            p.tp,
+            p.pp,
+            p.dp,
+            p.vpp,
+            p.schedule.key(),
+            p.micro_batch,
+            p.zero,
+            p.recompute.key(),
+            p.sequence_parallel,
+            p.grad_bucket_mb,
+            p.overlap_grad_reduce,
+            p.overlap_param_gather,
+            serde_json::to_value(&c.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+            c.memory_estimate_bytes,
+            c.estimate_step_s.map(|v| format!("{v:.6}")).unwrap_or_default(),
+            rep.map(|x| format!("{:.6}", x.step_time_s)).unwrap_or_default(),
+            rep.map(|x| format!("{:.1}", x.tokens_per_s)).unwrap_or_default(),
+            rep.map(|x| format!("{:.4}", x.mfu)).unwrap_or_default(),
+            rep.map(|x| x.fits.to_string()).unwrap_or_default(),
+        );
+    }
+    write("candidates.csv", csv)?;
+    let Some(best) = r.best() else {
+        return Ok(());
+    };
+    let s = Scenario { name: format!("{}-best", base.name), ..best.scenario.clone() };
+    write("best.toml", format!("# The fastest split the search found for {}.\n{}", base.name, s.to_toml()))?;
+    let plan = plan::lower(&s)?;
+    write("plan.json", serde_json::to_string(&plan).context("serialising the plan")?)?;
+    write("megatron-args.txt", megatron_args(&s))?;
+    write(
+        "deepspeed.json",
+        serde_json::to_string_pretty(&deepspeed_config(&s)).context("serialising the DeepSpeed config")?,
+    )?;
+    Ok(())
+}
+
+/// Megatron-LM launch arguments (pretrain_gpt.py) for a scenario.
+pub fn megatron_args(s: &Scenario) -> String {
+    let m = &s.model;
+    let p = &s.parallel;
+    let mut a: Vec<String> = vec![
+        format!("--num-layers {}", m.layers),
+        format!("--hidden-size {}", m.hidden),
+        format!("--num-attention-heads {}", m.heads),
+        format!("--ffn-hidden-size {}", m.ffn_hidden),
+        format!("--seq-length {}", m.seq_len),
+        format!("--max-position-embeddings {}", m.seq_len),
+        format!("--tensor-model-parallel-size {}", p.tp),
+        format!("--pipeline-model-parallel-size {}", p.pp),
+        format!("--micro-batch-size {}", p.micro_batch),
+        format!("--global-batch-size {}", p.global_batch),
+        format!("--ddp-bucket-size {}", (p.grad_bucket_mb * 1024.0 * 1024.0 / s.training.dtype.bytes() as f64) as u64),
+        format!("--lr {}", s.training.lr),
+        format!("--weight-decay {}", s.training.weight_decay),
+        format!("--clip-grad {}", s.training.grad_clip),
+        "--adam-beta1 0.9 --adam-beta2 0.95".into(),
+    ];
+    if m.kv_heads < m.heads {
+        a.push(format!("--group-query-attention --num-query-groups {}", m.kv_heads));
+    }
+    if m.family == strata_models::Family::Llama {
+        a.push("--swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear".into());
+    }
+    if p.schedule == Schedule::Interleaved {
+        a.push(format!("--num-layers-per-virtual-pipeline-stage {}", m.layers / (p.pp * p.vpp)));
+    }
+    if p.sequence_parallel {
+        a.push("--sequence-parallel".into());
+    }
+    match p.recompute {
+        Recompute::None => {}
+        Recompute::Selective => a.push("--recompute-granularity selective".into()),
+        Recompute::Full => {
+            a.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
+        }
+    }
+    if p.zero >= 1 {
+        a.push("--use-distributed-optimizer".into());
+    }
+    if p.overlap_grad_reduce {
+        a.push("--overlap-grad-reduce".into());
+    }
+    if p.overlap_param_gather && p.zero >= 1 {
+        a.push("--overlap-param-gather".into());
+    }
+    a.push(match s.training.dtype {
+        strata_models::Dtype::Bf16 => "--bf16".into(),
+        strata_models::Dtype::Fp16 => "--fp16".into(),
+        strata_models::Dtype::Fp32 => String::new(),
+    });
+    if s.training.flash_attention {
+        a.push("--use-flash-attn".into());
+    }
+    let mut out = String::from("# Megatron-LM (pretrain_gpt.py) arguments for this split.\n");
+    if p.zero >= 2 {
+        out.push_str("# ZeRO-2/3 have no Megatron-LM equivalent (its distributed optimizer is ZeRO-1); run it with DeepSpeed (deepspeed.json).\n");
+    }
+    if p.schedule == Schedule::ZbH1 {
+        out.push_str("# ZB-H1 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --zero-bubble-v-schedule is not ZB-H1; use its --enable-zero-bubble.\n");
+    }
+    let args: Vec<String> = a.into_iter().filter(|x| !x.is_empty()).collect();
+    out.push_str(&args.join(" \\\n  "));
+    out.push('\n');
+    out
+}
+
+/// A DeepSpeed configuration (ds_config.json) for a scenario.
+pub fn deepspeed_config(s: &Scenario) -> serde_json::Value {
+    let p = &s.parallel;
+    let bucket = (p.grad_bucket_mb * 1024.0 * 1024.0 / s.training.dtype.bytes() as f64) as u64;
+    serde_json::json!({
+        "train_batch_size": p.global_batch,
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": p.microbatches(),
+        "gradient_clipping": s.training.grad_clip,
+        "bf16": { "enabled": s.training.dtype == strata_models::Dtype::Bf16 },
+        "fp16": { "enabled": s.training.dtype == strata_models::Dtype::Fp16 },
+        "optimizer": {
+            "type": "AdamW",
+            "params": { "lr": s.training.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": s.training.weight_decay }
+        },
+        "zero_optimization": {
+            "stage": p.zero,
+            "overlap_comm": p.overlap_grad_reduce,
+            "contiguous_gradients": true,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+            "stage3_prefetch_bucket_size": if p.zero >= 3 { bucket } else { 0 }
+        },
+        "activation_checkpointing": {
+            "partition_activations": p.sequence_parallel,
+            "contiguous_memory_optimization": p.recompute != Recompute::None
+        },
+        "pipeline": { "stages": p.pp, "partition_method": "uniform" },
+        "tensor_parallel": { "tp_size": p.tp }
+    })
+}
