@@ -46,6 +46,8 @@ enum Command {
     Train(cmd::train::Args),
     /// nccl-tests in simulation: time, algbw and busbw of one collective over message sizes.
     Collbench(cmd::collbench::Args),
+    /// Search the fastest split that fits: enumerate, screen memory, estimate, simulate the best.
+    Search(cmd::search::Args),
     /// Simulate one training step: step time, throughput, MFU, breakdown, memory, fits.
     Simulate(cmd::simulate::Args),
     /// Build the predicted-vs-measured report (HTML, plots, tables, traces) from a results directory.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
         Some(Command::Collbench(a)) => cmd::collbench::run(a),
         Some(Command::Report(a)) => cmd::report::run(a),
         Some(Command::Simulate(a)) => cmd::simulate::run(a),
+        Some(Command::Search(a)) => cmd::search::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
