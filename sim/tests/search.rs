@@ -96,3 +96,40 @@ fn an_infeasible_request_names_the_smallest_shortfall() {
     let min = r.candidates.iter().map(|c| c.memory_estimate_bytes).fold(f64::INFINITY, f64::min);
     assert!(s.needed_bytes <= min * 1.0001, "{} vs {min}", s.needed_bytes);
 }
+
+/// Korthikanti et al. 2022's four configurations (tp 8, SP + selective recomputation) as
+/// scenarios: the search must find a split at least as fast as the published one, under the
+/// same model of the cluster.
+#[test]
+fn never_worse_than_the_published_korthikanti_configurations() {
+    for (preset, pp, gb, mb, sched) in [
+        ("gpt-22b", 1, 4, 4, "schedule = \"1f1b\""),
+        ("gpt3-175b", 8, 64, 1, "schedule = \"interleaved\"\nvpp = 3"),
+        ("gpt-530b", 35, 280, 1, "schedule = \"interleaved\"\nvpp = 3"),
+        ("gpt-1t", 64, 512, 1, "schedule = \"1f1b\""),
+    ] {
+        let base = scenario(&format!(
+            "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = {pp}\n[parallel]\ntp = 8\npp = {pp}\ndp = 1\n{sched}\nmicro_batch = {mb}\nglobal_batch = {gb}\nrecompute = \"selective\"\nsequence_parallel = true\n"
+        ));
+        let mut opts = SearchOptions::new(&base);
+        opts.space = SearchSpace::splits(&base);
+        opts.space.vpp = vec![base.parallel.vpp.max(2), 4];
+        opts.simulate_top = 6;
+        let r = search(&base, &opts, &quiet).unwrap();
+        let published = &r.candidates[r.base.expect("the published split is in the space")];
+        let published_tps = published.tokens_per_s().expect("the published split is simulated and fits");
+        let best = r.best().unwrap();
+        assert!(
+            best.tokens_per_s().unwrap() >= published_tps,
+            "{preset}: {} < published {published_tps}",
+            best.tokens_per_s().unwrap()
+        );
+        println!(
+            "{preset}: best {} at {:.0} tok/s vs published {} at {published_tps:.0} (+{:.1}%)",
+            best.label,
+            best.tokens_per_s().unwrap(),
+            published.label,
+            100.0 * (best.tokens_per_s().unwrap() / published_tps - 1.0)
+        );
+    }
+}

@@ -43,8 +43,13 @@ fn ci() -> anyhow::Result<()> {
 }
 
 /// (name, what it measures).
-const BENCHES: &[(&str, &str)] =
-    &[("plan-405b", "lower Llama-3 405B on 16,384 H100 (TP 8, PP 16, DP 128, interleaved)")];
+const BENCHES: &[(&str, &str)] = &[
+    ("plan-405b", "lower Llama-3 405B on 16,384 H100 (TP 8, PP 16, DP 128, interleaved)"),
+    ("sim-gpt3", "simulate one step of GPT-3 175B on 1,024 A100 (TP 8, PP 8, DP 16)"),
+    ("sim-405b", "simulate one step of Llama-3 405B (seq 8192) on 16,384 H100, rail-optimised 3-tier fabric"),
+    ("flow-solver", "the fabric's max-min solver under 128 concurrent DP reduce-scatters on 2,048 nodes"),
+    ("search-gpt3", "search GPT-3 175B on 1,024 A100-80GB, global batch 1536"),
+];
 
 fn bench(only: Option<&str>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("locating xtask")?;
@@ -67,6 +72,13 @@ fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+fn print_peak() {
+    match peak_rss_bytes() {
+        Some(b) => println!("   peak memory of the process: {:.1} MB", b as f64 / 1e6),
+        None => println!("   peak memory: unavailable (no /proc/self/status)"),
+    }
 }
 
 fn bench_one(name: &str) -> anyhow::Result<()> {
@@ -94,10 +106,101 @@ fn bench_one(name: &str) -> anyhow::Result<()> {
                 report.collectives_matched,
                 report.messages_matched
             );
-            match peak_rss_bytes() {
-                Some(b) => println!("   peak memory: {:.1} MB (target < 500 MB)", b as f64 / 1e6),
-                None => println!("   peak memory: unavailable (no /proc/self/status)"),
+            print_peak();
+            Ok(())
+        }
+        "sim-gpt3" => {
+            let b = strata_sim::bench::simulate_gpt3_175b(3);
+            println!("   plan: {} ops, lowered in {:.3} s", b.ops, b.lower_wall_s);
+            println!(
+                "   simulation wall time: {:.3} s (target < 0.5 s), {} events, {:.2} M events/s",
+                b.simulate_wall_s,
+                b.events,
+                b.events_per_s / 1e6
+            );
+            println!("   simulated step {:.2} s, MFU {:.1}%", b.step_time_s, 100.0 * b.mfu);
+            print_peak();
+            Ok(())
+        }
+        "sim-405b" => {
+            let text = include_str!("../../scenarios/llama3-405b-16384xh100.toml");
+            let s = strata_models::Scenario::from_toml(text, "llama3-405b-16384xh100", "llama3-405b", &[])?;
+            let start = Instant::now();
+            let plan = strata_models::plan::lower(&s)?;
+            let lowered = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            let r = strata_sim::simulate(&plan, &strata_sim::SimOptions::default())?;
+            let simulated = start.elapsed().as_secs_f64();
+            println!(
+                "   network {}, {} GPUs on {} nodes, fabric {:?} ({} routing)",
+                r.network,
+                r.gpus,
+                s.cluster.nodes,
+                s.cluster.fabric,
+                format!("{:?}", s.cluster.routing).to_lowercase()
+            );
+            println!(
+                "   lowered in {lowered:.3} s; simulated in {simulated:.3} s; total {:.3} s (target < 2 s); {} events, {:.2} M events/s",
+                lowered + simulated,
+                r.events,
+                r.events as f64 / simulated / 1e6
+            );
+            println!(
+                "   simulated step {:.2} s, {:.2} M tokens/s, MFU {:.1}%",
+                r.step_time_s,
+                r.tokens_per_s / 1e6,
+                100.0 * r.mfu
+            );
+            print_peak();
+            Ok(())
+        }
+        "flow-solver" => {
+            for routing in [strata_models::Routing::Adaptive, strata_models::Routing::Static] {
+                for b in strata_sim::net::bench::dp_collectives(3, routing) {
+                    println!(
+                        "   {:<48} {:>8} events in {:.3} s: {:>9.0} events/s; {} solves, {:.1} variables and {:.1} elements per solve",
+                        b.name, b.events, b.wall_s, b.events_per_s, b.solves, b.vars_per_solve, b.elems_per_solve
+                    );
+                }
             }
+            print_peak();
+            Ok(())
+        }
+        "search-gpt3" => {
+            let text = include_str!("../../scenarios/gpt3-175b-1024xa100.toml");
+            let s = strata_models::Scenario::from_toml(text, "gpt3-175b-1024xa100", "gpt3", &[])?;
+            let opts = strata_sim::search::SearchOptions::new(&s);
+            let start = Instant::now();
+            let r = strata_sim::search::search(&s, &opts, &|_, _, _| {})?;
+            let wall = start.elapsed().as_secs_f64();
+            let invalid: u64 = r.invalid.values().sum();
+            println!(
+                "   enumerated {}: {} duplicates, {} invalid, {} valid; screened out (memory) {}; estimated {}; simulated {} ({} out of memory)",
+                r.enumerated,
+                r.duplicates,
+                invalid,
+                r.valid,
+                r.out_of_memory_analytic,
+                r.estimated,
+                r.simulated,
+                r.out_of_memory_simulated
+            );
+            println!(
+                "   wall time {wall:.2} s (target < 60 s): {:.0} configurations/s ({:.0} valid/s)",
+                r.enumerated as f64 / wall,
+                r.valid as f64 / wall
+            );
+            if let Some(best) = r.best() {
+                let rep = best.report.as_ref().expect("ranked candidates are simulated");
+                println!(
+                    "   best: {} — {:.3} s per step, {:.0} tokens/s, MFU {:.1}%",
+                    best.label,
+                    rep.step_time_s,
+                    rep.tokens_per_s,
+                    100.0 * rep.mfu
+                );
+            }
+            print_peak();
             Ok(())
         }
         other => bail!("unknown benchmark {other:?}"),
