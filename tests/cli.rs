@@ -125,7 +125,13 @@ fn collbench_prints_nccl_tests_rows() {
         assert!(rows[0].get(key).is_some(), "missing {key}");
     }
     assert_eq!(rows[10]["size_bytes"], 1u64 << 30);
-    rejects(&strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--op", "allreduce"]), &["--op \"allreduce\""]);
+    rejects(
+        &strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--op", "allreduce"]),
+        &["--op \"allreduce\""],
+    );
     rejects(&strata(&["collbench", "--cluster", "dgx-x", "--ranks", "8"]), &["neither a preset", "dgx-h100"]);
-    rejects(&strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--max", "lots"]), &["\"lots\" is not a number"]);
+    rejects(
+        &strata(&["collbench", "--cluster", "dgx-h100", "--ranks", "8", "--max", "lots"]),
+        &["\"lots\" is not a number"],
+    );
 }

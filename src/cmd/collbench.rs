@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use strata_models::ClusterSpec;
-use strata_sim::net::collbench::{self, BenchOp};
-use strata_sim::net::nccl::{Algo, NcclEnv, Proto, ALGOS, PROTOS};
 use strata_sim::net::NetworkKind;
+use strata_sim::net::collbench::{self, BenchOp};
+use strata_sim::net::nccl::{ALGOS, Algo, NcclEnv, PROTOS, Proto};
 
 use crate::common;
 
@@ -61,7 +61,8 @@ fn size(text: &str) -> anyhow::Result<u64> {
         Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    let n: u64 = num.parse().with_context(|| format!("size {text:?} is not a number of bytes (like 8, 64K, 8M, 8G)"))?;
+    let n: u64 =
+        num.parse().with_context(|| format!("size {text:?} is not a number of bytes (like 8, 64K, 8M, 8G)"))?;
     n.checked_mul(mult).filter(|b| *b > 0).with_context(|| format!("size {text:?} must be between 1 byte and 2^64"))
 }
 
@@ -123,7 +124,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         return common::print_json(&rows);
     }
-    println!("# cluster {}: {} nodes × {} {}, {} NICs × {} Gb/s, {:?}", c.name, c.nodes, c.gpus_per_node, c.gpu, c.nics_per_node, c.nic_gbps, c.fabric);
+    println!(
+        "# cluster {}: {} nodes × {} {}, {} NICs × {} Gb/s, {:?}",
+        c.name, c.nodes, c.gpus_per_node, c.gpu, c.nics_per_node, c.nic_gbps, c.fabric
+    );
     print!("{}", collbench::format_table(op, args.ranks, &rows));
     Ok(())
 }
