@@ -75,3 +75,18 @@ fn measured_memory_follows_the_plans_buffers_and_zero_sharding() {
     let (p3, _) = peak(&["parallel.dp=8", "parallel.zero=3"], "params");
     assert!(p3 * 2 < p0, "ZeRO-3 parameters {p3} (shards + gathered units) are not well below {p0}");
 }
+
+#[test]
+fn peaks_are_measured_on_every_step_even_untraced() {
+    let s = common::scenario(&["parallel.pp=2", "parallel.dp=2"]);
+    let mut opts = common::options(1);
+    opts.exec.trace_step = None;
+    let r = strata_runtime::train::train_threads(common::plan(&s), common::corpus(), &opts, None).unwrap();
+    assert!(r.trace.is_none());
+    for m in &r.memory {
+        let (acts, predicted) = (m.peaks.by_class["activations"], m.peaks.predicted_by_class["activations"]);
+        println!("rank {}: activations measured {acts} B, predicted {predicted} B", m.rank);
+        // Saved activations are real tensors: within a factor 2 of the plan's estimate.
+        assert!(acts > predicted / 2 && acts < predicted * 2, "rank {}: activations {acts} vs {predicted}", m.rank);
+    }
+}

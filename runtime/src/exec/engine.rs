@@ -73,7 +73,7 @@ impl RankExec {
         let ns = |t0: Instant| t0.elapsed().as_nanos() as u64;
         let mut idle = Duration::ZERO;
         self.last_total = u64::MAX;
-        self.measure(0, &mut samples);
+        self.measure(0, record.then_some(&mut samples));
         while done < ops.len() {
             let mut progress = false;
             for s in Stream::ALL {
@@ -104,9 +104,7 @@ impl RankExec {
                             }
                         }
                     }
-                    if record {
-                        self.measure(ns(t0), &mut samples);
-                    }
+                    self.measure(ns(t0), record.then_some(&mut samples));
                     cursor[s.index()] += 1;
                     progress = true;
                 }
@@ -122,8 +120,8 @@ impl RankExec {
                     progress = true;
                     if record {
                         spans.push(self.span(&ops[id as usize], id, started_ns[id as usize], ns(t0)));
-                        self.measure(ns(t0), &mut samples);
                     }
+                    self.measure(ns(t0), record.then_some(&mut samples));
                 } else {
                     i += 1;
                 }
@@ -136,9 +134,6 @@ impl RankExec {
                     return Err(self.stalled(ops, &flights, &cursor, &streams, idle));
                 }
             }
-        }
-        if !record {
-            self.measure(ns(t0), &mut samples);
         }
         self.check_step_end();
         let loss_sum = self.reports_loss().then_some(self.loss_sum);

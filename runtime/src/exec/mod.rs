@@ -421,8 +421,9 @@ impl RankExec {
         }
     }
 
-    /// Measures every live buffer and the workspace; records a sample when the total moved.
-    fn measure(&mut self, t_ns: u64, samples: &mut Vec<MemSample>) {
+    /// Measures every live buffer and the workspace (after every op of every step, so the
+    /// peaks are the run's); records a sample when the total moved and `samples` is given.
+    fn measure(&mut self, t_ns: u64, samples: Option<&mut Vec<MemSample>>) {
         let mut by_class: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut predicted: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut plan_total = 0;
@@ -451,7 +452,9 @@ impl RankExec {
         }
         if total != self.last_total {
             self.last_total = total;
-            samples.push(MemSample { rank: self.rank, t_ns, bytes: total });
+            if let Some(samples) = samples {
+                samples.push(MemSample { rank: self.rank, t_ns, bytes: total });
+            }
         }
     }
 
