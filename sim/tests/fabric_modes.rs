@@ -51,7 +51,7 @@ fn symmetric_equals_full_within_one_percent() {
 #[test]
 fn the_fabric_is_deterministic() {
     let gpt3 = include_str!("../../scenarios/gpt3-175b-1024xa100.toml");
-    let s = scenario(gpt3, &["parallel.global_batch=128", "cluster.routing=static", "parallel.tp=4", "parallel.dp=32"]);
+    let s = scenario(gpt3, &["parallel.global_batch=256", "cluster.routing=static", "parallel.tp=4", "parallel.dp=32"]);
     let plan = lower(&s).unwrap();
     let run = |seed| {
         let r = simulate(&plan, &SimOptions { seed, trace: true, ..SimOptions::default() }).unwrap();
