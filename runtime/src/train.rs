@@ -8,6 +8,9 @@
 //! Checkpoints are written every `every` steps and at the end (see [`crate::checkpoint`]).
 //! At the end every rank sends rank 0 its spans and memory peaks, and rank 0 returns the
 //! [`TrainResult`]: the loss curve, the measured trace of one step, the peaks per rank.
+//! The ranks enter the traced step through a barrier, so that each rank's span times,
+//! counted from its own start of the step, share one origin (up to the barrier's skew:
+//! microseconds on threads).
 //!
 //! Failure: a rank that errors or panics tells the others ([`Communicator::abort`]); they
 //! stop at their next wait with an error naming it. A rank that goes silent is noticed by

@@ -69,6 +69,11 @@ impl RankExec {
         let mut flights: Vec<(OpId, Flight)> = Vec::new();
         let mut done = 0;
         let (mut spans, mut samples) = (Vec::new(), Vec::new());
+        if record {
+            // Every rank starts the traced step together, so that each rank's times, counted
+            // from its own start, share one origin (up to the barrier's skew).
+            self.barrier()?;
+        }
         let t0 = Instant::now();
         let ns = |t0: Instant| t0.elapsed().as_nanos() as u64;
         let mut idle = Duration::ZERO;
@@ -144,6 +149,30 @@ impl RankExec {
             spans,
             memory: if record { samples } else { vec![] },
         })
+    }
+
+    /// Waits until every rank reached this point (an all-reduce on the world group, outside
+    /// the plan's sequence of collectives).
+    fn barrier(&mut self) -> Result<(), ExecError> {
+        let world = self.groups[&strata_models::plan::GroupKind::World].clone();
+        let pending =
+            self.mailbox.post(&world, strata_models::plan::CollKind::AllReduce, true, Payload::F32(vec![0.0]))?;
+        let start = Instant::now();
+        while self.mailbox.try_finish(&pending).is_none() {
+            if start.elapsed() >= self.cfg.recv_timeout {
+                return Err(ExecError::Stalled {
+                    rank: self.rank,
+                    step: self.step,
+                    secs: start.elapsed().as_secs_f64(),
+                    waiting: format!(
+                        "the barrier before the traced step, from rank(s) {:?}",
+                        self.mailbox.missing(&pending)
+                    ),
+                });
+            }
+            self.mailbox.poll(POLL)?;
+        }
+        Ok(())
     }
 
     fn span(&self, op: &Op, id: OpId, start_ns: u64, end_ns: u64) -> Span {
