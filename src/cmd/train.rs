@@ -48,7 +48,8 @@ pub struct Args {
     /// Resume from the newest checkpoint in --checkpoint-dir (bit-identical to not stopping).
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
-    /// Write loss.csv, trace.json (the measured trace of the last step) and memory.json here.
+    /// Write loss.csv, trace.json (the measured trace of the last step), memory.json (peak
+    /// bytes per rank, measured and predicted) and plan.json (the plan the trace refers to).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Stop the job when no rank made progress for this many seconds (a dead peer).
@@ -139,7 +140,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cb_bar.suspend(|| println!("step {:>5}  loss {:.4}  {:>10.0} tokens/s", r.step, r.loss, r.tokens_per_s));
         }
     });
-    let result = train_threads(Arc::new(plan), Arc::new(corpus), &opts, Some(progress));
+    let plan = Arc::new(plan);
+    let result = train_threads(plan.clone(), Arc::new(corpus), &opts, Some(progress));
     bar.finish_and_clear();
     let result = result.map_err(|e| match e {
         TrainError::RankFailed { .. } | TrainError::RankExited { .. } => anyhow::Error::new(RunFailure(e.to_string())),
@@ -147,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     if let Some(dir) = &args.out {
-        write_outputs(dir, &result).map_err(|e| RunFailure(format!("{e:#}")))?;
+        write_outputs(dir, &plan, &result).map_err(|e| RunFailure(format!("{e:#}")))?;
     }
     let report = Report {
         scenario: &s.name,
@@ -177,7 +179,7 @@ fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
     bar
 }
 
-fn write_outputs(dir: &Path, r: &TrainResult) -> anyhow::Result<()> {
+fn write_outputs(dir: &Path, plan: &strata_models::plan::Plan, r: &TrainResult) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut csv = String::from("step,loss,tokens_per_s\n");
     for s in &r.steps {
@@ -192,6 +194,8 @@ fn write_outputs(dir: &Path, r: &TrainResult) -> anyhow::Result<()> {
         write("trace.json", serde_json::to_string(t).context("serialising the trace")?)?;
     }
     write("memory.json", serde_json::to_string_pretty(&r.memory).context("serialising memory")?)?;
+    // The trace names ops by their index in this plan's programs.
+    write("plan.json", serde_json::to_string(plan).context("serialising the plan")?)?;
     Ok(())
 }
 
@@ -215,6 +219,6 @@ fn summary(r: &TrainResult, out: Option<&Path>) {
         );
     }
     if let Some(dir) = out {
-        println!("Wrote {}/loss.csv, trace.json, memory.json", dir.display());
+        println!("Wrote {}/loss.csv, trace.json, memory.json, plan.json", dir.display());
     }
 }
