@@ -6,7 +6,9 @@
 # 1. the MPI message encoding round-trips (unit test);
 # 2. two splits as 4-process jobs give the 1-rank loss curve over 20 steps within 2e-6
 #    nats, and bit-for-bit the losses of the same split on threads;
-# 3. a rank that panics ends the 4-process job with an error naming it within 30 s.
+# 3. a 4-process job stopped after step 3 and resumed from its checkpoint gives the
+#    uninterrupted job's losses bit for bit;
+# 4. a rank that panics ends the 4-process job with an error naming it within 30 s.
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
@@ -24,6 +26,19 @@ echo "== MPI split 2: TP(1)-PP(2)-DP(2), GPipe, ZeRO-3"
 timeout 300 mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.tp=1 --set parallel.dp=2 \
   --set parallel.zero=3 --set parallel.schedule=gpipe --steps 20 --check-single 2e-6 --check-threads
 
+echo "== MPI checkpoint: stop after step 3, resume to step 6"
+T=$(mktemp -d)
+mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 6 --out "$T/whole" >/dev/null
+mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 3 --checkpoint-dir "$T/ck" >/dev/null
+mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 6 --checkpoint-dir "$T/ck" --resume \
+  --out "$T/resumed" >/dev/null
+# Steps 3..5 (columns step and loss, all digits) must be equal.
+if ! diff <(tail -n +5 "$T/whole/loss.csv" | cut -d, -f1,2) <(tail -n +2 "$T/resumed/loss.csv" | cut -d, -f1,2); then
+  echo "FAILED: the resumed MPI job's losses differ from the uninterrupted job's"
+  exit 1
+fi
+rm -rf "$T"
+
 echo "== MPI failure: rank 2 panics at step 1"
 set +e
 out=$(RUST_BACKTRACE=0 timeout 30 mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 5 \
@@ -40,4 +55,4 @@ if ! grep -q "error on rank 0: rank 2 (TP(2)-PP(2)-DP(1)-rank(2)) failed" <<<"$o
   echo "FAILED: rank 0 did not name rank 2"
   exit 1
 fi
-echo "MPI checks: 4 passed, 0 failed"
+echo "MPI checks: 5 passed, 0 failed"

@@ -453,3 +453,25 @@ pub fn synthetic_corpus(vocab: u32, seed: u64) -> Result<(Corpus, String, f64), 
     let name = format!("markov(V={vocab}, branching={MARKOV_BRANCHING}, seed={seed})");
     Ok((src.corpus(MARKOV_TOKENS, seed.wrapping_add(1)), name, src.entropy_rate_nats()))
 }
+
+/// Writes a run's outputs to `dir`: `loss.csv` (columns `step,loss,tokens_per_s`),
+/// `trace.json` (the measured [`Trace`], if a step was traced), `memory.json` (peak bytes per
+/// rank, measured and predicted, per class) and `plan.json` (the plan whose op ids the trace
+/// uses).
+pub fn write_outputs(dir: &std::path::Path, plan: &Plan, r: &TrainResult) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut csv = String::from("step,loss,tokens_per_s\n");
+    for s in &r.steps {
+        csv.push_str(&format!("{},{},{}\n", s.step, s.loss, s.tokens_per_s));
+    }
+    std::fs::write(dir.join("loss.csv"), csv)?;
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).expect("plain data serialises")
+    }
+    if let Some(t) = &r.trace {
+        std::fs::write(dir.join("trace.json"), json(t))?;
+    }
+    std::fs::write(dir.join("memory.json"), json(&r.memory))?;
+    std::fs::write(dir.join("plan.json"), json(plan))?;
+    Ok(())
+}

@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! mpirun -np 4 strata-mpi-train SCENARIO [--set KEY=VALUE]… [--steps K] [--timeout S]
+//!        [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume]] [--out DIR]
 //!        [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]
 //! ```
+//!
+//! `--data`, the checkpoint flags and `--out` mean what they mean for `strata train`; across
+//! hosts, the checkpoint directory must be shared (every rank writes its own shard, rank 0
+//! the manifest), and `--out` is written by rank 0.
 //!
 //! Every process lowers the scenario (tp · pp · dp must equal the number of processes),
 //! runs its rank's program over MPI, and rank 0 prints the loss per step. With
@@ -12,6 +17,7 @@
 //! `--check-threads`, it trains the same split on threads and fails unless the losses are
 //! bit-identical (the collectives sum in the same fixed order on both backends).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +26,11 @@ use strata_models::Scenario;
 use strata_models::plan::{lower, verify};
 use strata_runtime::comm::Communicator;
 use strata_runtime::comm::mpi::{MpiComm, init};
+use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{Fault, StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads};
+use strata_runtime::train::{
+    CheckpointOptions, Fault, StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads, write_outputs,
+};
 
 struct Args {
     scenario: String,
@@ -32,9 +41,14 @@ struct Args {
     check_threads: bool,
     /// Fault injection: (rank, step) that panics.
     panic_at: Option<(u32, u32)>,
+    data: Option<PathBuf>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: u32,
+    resume: bool,
+    out: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
+const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume]] [--out DIR] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -46,6 +60,11 @@ fn parse() -> Result<Args, String> {
         check_single: None,
         check_threads: false,
         panic_at: None,
+        data: None,
+        checkpoint_dir: None,
+        checkpoint_every: 0,
+        resume: false,
+        out: None,
     };
     while let Some(x) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value; {USAGE}"));
@@ -57,6 +76,14 @@ fn parse() -> Result<Args, String> {
                 a.check_single = Some(value("--check-single")?.parse().map_err(|e| format!("--check-single: {e}"))?)
             }
             "--check-threads" => a.check_threads = true,
+            "--data" => a.data = Some(value("--data")?.into()),
+            "--checkpoint-dir" => a.checkpoint_dir = Some(value("--checkpoint-dir")?.into()),
+            "--checkpoint-every" => {
+                a.checkpoint_every =
+                    value("--checkpoint-every")?.parse().map_err(|e| format!("--checkpoint-every: {e}"))?
+            }
+            "--resume" => a.resume = true,
+            "--out" => a.out = Some(value("--out")?.into()),
             "--inject-panic" => {
                 let v = value("--inject-panic")?;
                 let (r, k) = v.split_once(':').ok_or(format!("--inject-panic {v}: expected RANK:STEP"))?;
@@ -69,6 +96,12 @@ fn parse() -> Result<Args, String> {
     }
     if a.scenario.is_empty() {
         return Err(USAGE.to_string());
+    }
+    if a.resume && a.checkpoint_dir.is_none() {
+        return Err(format!("--resume needs --checkpoint-dir; {USAGE}"));
+    }
+    if a.data.is_some() && (a.check_single.is_some() || a.check_threads) {
+        return Err("the checks compare runs on the synthetic corpus; drop --data".into());
     }
     Ok(a)
 }
@@ -154,7 +187,17 @@ fn main() -> ExitCode {
         }
         let plan = lower(&s).map_err(|e| e.to_string())?;
         verify(&plan).map_err(|e| e.to_string())?;
-        let (corpus, data, _) = synthetic_corpus(s.model.vocab, s.training.seed).map_err(|e| e.to_string())?;
+        let (corpus, data) = match &a.data {
+            Some(path) => {
+                let c = Corpus::from_text_file(path, s.model.seq_len as usize).map_err(|e| e.to_string())?;
+                let name = format!("{} ({} bytes)", path.display(), c.len());
+                (c, name)
+            }
+            None => {
+                let (c, name, _) = synthetic_corpus(s.model.vocab, s.training.seed).map_err(|e| e.to_string())?;
+                (c, name)
+            }
+        };
         Ok((s, plan, corpus, data))
     })();
     let (s, plan, corpus, data) = match setup {
@@ -177,7 +220,17 @@ fn main() -> ExitCode {
     let progress: Option<&mut dyn FnMut(&StepRecord)> = if rank == 0 { Some(&mut print) } else { None };
     let mut opts = options(steps, &data, a.timeout_s);
     opts.fault = a.panic_at.map(|(rank, step)| Fault::Panic { rank, step });
-    let out = run_rank(Arc::new(plan), Box::new(comm), Arc::new(corpus), &opts, progress);
+    opts.checkpoint = a.checkpoint_dir.clone().map(|dir| CheckpointOptions {
+        dir,
+        every: a.checkpoint_every,
+        resume: a.resume,
+        keep: 2,
+    });
+    if a.out.is_some() {
+        opts.exec.trace_step = steps.checked_sub(1);
+    }
+    let plan = Arc::new(plan);
+    let out = run_rank(plan.clone(), Box::new(comm), Arc::new(corpus), &opts, progress);
     let result = match out {
         Ok(r) => r,
         Err(e) => {
@@ -188,6 +241,13 @@ fn main() -> ExitCode {
             mpi::topology::Communicator::abort(&w, 1);
         }
     };
+    if let (Some(r), Some(dir)) = (&result, &a.out)
+        && let Err(e) = write_outputs(dir, &plan, r)
+    {
+        eprintln!("error: writing the outputs to {}: {e}", dir.display());
+        drop(universe);
+        return ExitCode::from(1);
+    }
     let code = match result {
         Some(r) => match checks(&a, &s, &r.losses(), steps, &data) {
             Ok(f) if f.is_empty() => ExitCode::SUCCESS,
