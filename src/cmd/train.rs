@@ -21,6 +21,7 @@ use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
 use strata_runtime::train::{
     CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, synthetic_corpus, train_threads,
+    write_outputs,
 };
 
 use crate::common::{self, RunFailure, ScenarioArgs};
@@ -149,7 +150,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     if let Some(dir) = &args.out {
-        write_outputs(dir, &plan, &result).map_err(|e| RunFailure(format!("{e:#}")))?;
+        write_outputs(dir, &plan, &result)
+            .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
     }
     let report = Report {
         scenario: &s.name,
@@ -177,26 +179,6 @@ fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
         bar.set_style(style);
     }
     bar
-}
-
-fn write_outputs(dir: &Path, plan: &strata_models::plan::Plan, r: &TrainResult) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut csv = String::from("step,loss,tokens_per_s\n");
-    for s in &r.steps {
-        csv.push_str(&format!("{},{},{}\n", s.step, s.loss, s.tokens_per_s));
-    }
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
-    };
-    write("loss.csv", csv)?;
-    if let Some(t) = &r.trace {
-        write("trace.json", serde_json::to_string(t).context("serialising the trace")?)?;
-    }
-    write("memory.json", serde_json::to_string_pretty(&r.memory).context("serialising memory")?)?;
-    // The trace names ops by their index in this plan's programs.
-    write("plan.json", serde_json::to_string(plan).context("serialising the plan")?)?;
-    Ok(())
 }
 
 fn summary(r: &TrainResult, out: Option<&Path>) {
