@@ -396,20 +396,14 @@ pub fn train_threads(
                 .expect("spawning a rank thread")
         })
         .collect();
-    let results = watch(handles, &flag);
+    let mut results = watch(handles, &flag);
     if let Some((rank, reason)) = flag.get() {
-        // Prefer the cause's own error (a bad setup or checkpoint) over a rank's report of it.
-        if let Some(Err(e)) =
-            results.iter().find(|r| matches!(r, Err(TrainError::Setup(_) | TrainError::Checkpoint(_))))
-        {
-            return Err(match e {
-                TrainError::Setup(s) => TrainError::Setup(RuntimeError::BadSetting(s.to_string())),
-                other => rank_failed(&plan, rank, other.to_string()),
-            });
+        // A bad setup (every rank fails alike) is reported as itself, not as a rank failure.
+        if let Some(i) = results.iter().position(|r| matches!(r, Err(TrainError::Setup(_)))) {
+            return results.swap_remove(i).map(|_| unreachable!("an error"));
         }
         return Err(rank_failed(&plan, rank, reason));
     }
-    let mut results = results;
     match results.swap_remove(0) {
         Ok(Some(r)) => Ok(r),
         Ok(None) => unreachable!("rank 0 returns the result"),
