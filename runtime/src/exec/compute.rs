@@ -16,7 +16,7 @@ impl RankExec {
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb, bufs),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),
-            (p, phase) if p.in_layer() => self.layer_piece(p, phase, chunk, mb, c.layer, bufs),
+            (p, _) if p.in_layer() => self.layer_piece(c, bufs),
             (Piece::FinalNorm | Piece::Logits | Piece::Loss, _) => self.head_piece(c.piece, c.phase, chunk, mb, bufs),
             (Piece::Optimizer, Phase::Step) => {
                 self.optimizer_step();
@@ -84,15 +84,8 @@ impl RankExec {
         !self.flash && (phase == Phase::Recompute || self.recompute == Recompute::None)
     }
 
-    fn layer_piece(
-        &mut self,
-        piece: Piece,
-        phase: Phase,
-        chunk: u32,
-        mb: u32,
-        layer: u32,
-        bufs: &[BufId],
-    ) -> Result<(), ExecError> {
+    fn layer_piece(&mut self, c: &ComputeOp, bufs: &[BufId]) -> Result<(), ExecError> {
+        let (piece, phase, chunk, mb, layer) = (c.piece, c.phase, c.chunk, c.mb, c.layer);
         let key = (layer, mb);
         let full_rc = self.recompute == Recompute::Full;
         // The activations this piece reads or fills: the forward's, or full recomputation's
@@ -116,6 +109,26 @@ impl RankExec {
         let needs_grads = matches!(phase, Phase::BackwardInput | Phase::BackwardWeight)
             && !(phase == Phase::BackwardInput && matches!(piece, Piece::Attn | Piece::Mlp));
         let mut grad = needs_grads.then(|| self.take_grad(chunk, Unit::Layer(layer), mb));
+        if matches!(phase, Phase::Forward | Phase::Recompute) {
+            self.layer_forward_piece(c, bufs, &mut acts);
+        } else {
+            self.layer_backward_piece(c, bufs, &mut acts, grad.as_mut());
+        }
+        if let Some(g) = grad {
+            self.put_grad(chunk, Unit::Layer(layer), mb, g);
+        }
+        if in_rc {
+            self.rc_acts.insert(key, acts);
+        } else {
+            self.acts.insert(key, acts);
+        }
+        Ok(())
+    }
+
+    /// A forward (or recomputed) layer piece; see `layer::*_forward`.
+    fn layer_forward_piece(&mut self, c: &ComputeOp, bufs: &[BufId], acts: &mut LayerActs) {
+        let (piece, phase, chunk, mb, layer) = (c.piece, c.phase, c.chunk, c.mb, c.layer);
+        let (key, full_rc) = ((layer, mb), self.recompute == Recompute::Full);
         let (t_all, h) = (self.micro.tokens(), self.plan.scenario.model.hidden as usize);
         let rows = self.my_rows(t_all * h);
         match (piece, phase) {
@@ -126,19 +139,19 @@ impl RankExec {
                     self.acts.get(&key).expect("the layer input kept for recomputation").r_in.to_vec()
                 };
                 let mut a = vec![0.0; r.len()];
-                attn_in_forward(&self.layer_params(chunk, layer, bufs), &r, &mut a, &mut acts);
+                attn_in_forward(&self.layer_params(chunk, layer, bufs), &r, &mut a, acts);
                 self.put(chunk, mb, T::R, r);
                 self.put(chunk, mb, T::X, a);
             }
             (Piece::Attn, Phase::Recompute) if !full_rc => {
-                attn_recompute_probs(self.chunks[chunk as usize].layout.dims(), self.micro, &mut acts);
+                attn_recompute_probs(self.chunks[chunk as usize].layout.dims(), self.micro, acts);
             }
             (Piece::Attn, Phase::Forward | Phase::Recompute) => {
                 let a = self.take(chunk, mb, self.gathered_input());
                 let mut out = vec![0.0; t_all * h];
                 let mode = if self.store_probs(phase) { Recompute::None } else { Recompute::Selective };
                 let d = self.chunks[chunk as usize].layout.dims();
-                attn_forward(d, &self.layer_params(chunk, layer, bufs), self.micro, &a, &mut out, &mut acts, mode);
+                attn_forward(d, &self.layer_params(chunk, layer, bufs), self.micro, &a, &mut out, acts, mode);
                 if self.sp {
                     acts.a.keep_rows(rows.start / h..rows.end / h);
                 }
@@ -148,7 +161,7 @@ impl RankExec {
                 let mut r = self.take(chunk, mb, T::R);
                 let p = self.take(chunk, mb, self.reduced(T::Out));
                 let mut m = vec![0.0; r.len()];
-                mlp_in_forward(&self.layer_params(chunk, layer, bufs), &mut r, &p, &mut m, &mut acts);
+                mlp_in_forward(&self.layer_params(chunk, layer, bufs), &mut r, &p, &mut m, acts);
                 self.put(chunk, mb, T::R, r);
                 self.put(chunk, mb, T::X, m);
             }
@@ -156,7 +169,7 @@ impl RankExec {
                 let m = self.take(chunk, mb, self.gathered_input());
                 let mut out = vec![0.0; t_all * h];
                 let d = self.chunks[chunk as usize].layout.dims();
-                mlp_forward(d, &self.layer_params(chunk, layer, bufs), &m, &mut out, &mut acts);
+                mlp_forward(d, &self.layer_params(chunk, layer, bufs), &m, &mut out, acts);
                 if self.sp {
                     acts.m.keep_rows(rows.start / h..rows.end / h);
                 }
@@ -173,9 +186,25 @@ impl RankExec {
                     }
                 }
             }
+            (p, ph) => panic!("rank {}: {} {} is not a forward layer op", self.rank, p.key(), ph.key()),
+        }
+    }
+
+    /// A backward layer piece (input or weight half); see `layer::*_backward*`. `grad` is
+    /// the layer's gradient accumulator, for the pieces that write weight gradients.
+    fn layer_backward_piece(
+        &mut self,
+        c: &ComputeOp,
+        bufs: &[BufId],
+        acts: &mut LayerActs,
+        grad: Option<&mut Vec<f32>>,
+    ) {
+        let (piece, phase, chunk, mb, layer) = (c.piece, c.phase, c.chunk, c.mb, c.layer);
+        let (t_all, h) = (self.micro.tokens(), self.plan.scenario.model.hidden as usize);
+        match (piece, phase) {
             (Piece::LayerOut, Phase::BackwardInput) => {
                 let dr = self.grad_in(chunk, mb);
-                let g = grad.as_mut().expect("layer gradients");
+                let g = grad.expect("layer gradients");
                 layer_out_backward(&mut self.chunks[chunk as usize].layout.layer_block_mut(g), &dr);
                 self.put(chunk, mb, T::Dr, dr);
             }
@@ -185,9 +214,9 @@ impl RankExec {
                 {
                     let (d, p) = (self.chunks[chunk as usize].layout.dims(), self.layer_params(chunk, layer, bufs));
                     if piece == Piece::Mlp {
-                        mlp_backward_input(d, &p, &mut acts, &d_out, &mut part);
+                        mlp_backward_input(d, &p, acts, &d_out, &mut part);
                     } else {
-                        attn_backward_input(d, &p, self.micro, &mut acts, &d_out, &mut part);
+                        attn_backward_input(d, &p, self.micro, acts, &d_out, &mut part);
                     }
                 }
                 if !self.sp {
@@ -198,38 +227,29 @@ impl RankExec {
             (Piece::MlpIn | Piece::AttnIn, Phase::BackwardInput) => {
                 let dx = self.take(chunk, mb, self.reduced(T::DPart));
                 let mut dr = self.take(chunk, mb, T::Dr);
-                let g = grad.as_mut().expect("layer gradients");
+                let g = grad.expect("layer gradients");
                 let layout = &self.chunks[chunk as usize].layout;
                 let (p, mut gv) = (self.layer_params(chunk, layer, bufs), layout.layer_block_mut(g));
                 if piece == Piece::MlpIn {
-                    mlp_in_backward(&p, &mut gv, &acts, &dx, &mut dr);
+                    mlp_in_backward(&p, &mut gv, acts, &dx, &mut dr);
                 } else {
-                    attn_in_backward(&p, &mut gv, &acts, &dx, &mut dr);
+                    attn_in_backward(&p, &mut gv, acts, &dx, &mut dr);
                 }
                 self.put(chunk, mb, T::Dr, dr);
             }
             (Piece::Mlp | Piece::Attn, Phase::BackwardWeight) => {
                 let saved = if self.sp { Some(self.take(chunk, mb, T::Saved)) } else { None };
-                let g = grad.as_mut().expect("layer gradients");
+                let g = grad.expect("layer gradients");
                 let layout = &self.chunks[chunk as usize].layout;
                 let (d, mut gv) = (layout.dims(), layout.layer_block_mut(g));
                 if piece == Piece::Mlp {
-                    mlp_backward_weight(d, &acts, saved.as_deref().unwrap_or(&acts.m), &mut gv);
+                    mlp_backward_weight(d, acts, saved.as_deref().unwrap_or(&acts.m), &mut gv);
                 } else {
-                    attn_backward_weight(d, &acts, saved.as_deref().unwrap_or(&acts.a), &mut gv);
+                    attn_backward_weight(d, acts, saved.as_deref().unwrap_or(&acts.a), &mut gv);
                 }
             }
-            (p, ph) => panic!("rank {}: {} {} is not a layer op", self.rank, p.key(), ph.key()),
+            (p, ph) => panic!("rank {}: {} {} is not a backward layer op", self.rank, p.key(), ph.key()),
         }
-        if let Some(g) = grad {
-            self.put_grad(chunk, Unit::Layer(layer), mb, g);
-        }
-        if in_rc {
-            self.rc_acts.insert(key, acts);
-        } else {
-            self.acts.insert(key, acts);
-        }
-        Ok(())
     }
 
     fn layer_params(&self, chunk: u32, layer: u32, bufs: &[BufId]) -> crate::params::LayerParams<'_> {
