@@ -38,6 +38,7 @@
 mod coll;
 mod compute;
 mod engine;
+mod memory;
 pub mod pool;
 pub mod units;
 
@@ -46,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_models::Recompute;
-use strata_models::plan::{BufClass, BufId, Coord, GroupKind, Plan, Unit};
+use strata_models::plan::{BufId, Coord, GroupKind, Plan, Unit};
 use strata_models::trace::{MemSample, Span};
 use thiserror::Error;
 
@@ -363,99 +364,6 @@ impl RankExec {
     fn my_rows(&self, len: usize) -> std::ops::Range<usize> {
         let per = len / self.tp;
         self.coord.tp as usize * per..(self.coord.tp as usize + 1) * per
-    }
-
-    // ---- measurement ------------------------------------------------------------------
-
-    fn units_bytes(u: &UnitVecs) -> u64 {
-        u.values().map(|v| v.len() as u64 * 4).sum()
-    }
-
-    /// Real bytes of the storage bound to a plan buffer.
-    fn slot_bytes(&self, buf: BufId, key: BufKey) -> u64 {
-        let c = |chunk: u32| &self.chunks[chunk as usize];
-        let acts_bytes = |a: Option<&LayerActs>| a.map_or(0, |a| a.bytes() as u64);
-        match key {
-            BufKey::Params { chunk } => {
-                Self::units_bytes(&c(chunk).params)
-                    + c(chunk).param_shards.iter().map(|v| v.len() as u64 * 4).sum::<u64>()
-            }
-            BufKey::Grads { chunk } => {
-                Self::units_bytes(&c(chunk).grads)
-                    + c(chunk).grad_shards.iter().map(|v| v.len() as u64 * 4).sum::<u64>()
-            }
-            BufKey::Optimizer { chunk } => c(chunk).opt.iter().map(|o| o.adamw.state_bytes() as u64).sum(),
-            BufKey::Embed { .. } => 0,
-            BufKey::Act { layer, mb } => {
-                let a = self.acts.get(&(layer, mb));
-                let probs = if self.live_keys.contains(&BufKey::Scores { layer, mb })
-                    && !self.rc_acts.contains_key(&(layer, mb))
-                {
-                    a.map_or(0, |a| a.probs.bytes() as u64)
-                } else {
-                    0
-                };
-                acts_bytes(a) - probs
-            }
-            BufKey::Recompute { layer, mb } => {
-                let a = self.rc_acts.get(&(layer, mb));
-                let probs = if self.live_keys.contains(&BufKey::Scores { layer, mb }) {
-                    a.map_or(0, |a| a.probs.bytes() as u64)
-                } else {
-                    0
-                };
-                acts_bytes(a) - probs
-            }
-            BufKey::Scores { layer, mb } => {
-                let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));
-                a.map_or(0, |a| a.probs.bytes() as u64)
-            }
-            BufKey::Head { mb } => self.heads.get(&mb).map_or(0, |h| h.bytes() as u64),
-            BufKey::Msg { .. } => {
-                self.msgs.get(&key).map_or(0, |v| v.len() as u64 * 4) + self.msg_held.get(&key).map_or(0, |b| *b as u64)
-            }
-            BufKey::Gathered { .. } => self.gathered.get(&buf).map_or(0, Self::units_bytes),
-            BufKey::GradBucket { chunk, bucket, mb } => {
-                self.grad_buckets.get(&(chunk, bucket, mb)).map_or(0, Self::units_bytes)
-            }
-        }
-    }
-
-    /// Measures every live buffer and the workspace (after every op of every step, so the
-    /// peaks are the run's); records a sample when the total moved and `samples` is given.
-    fn measure(&mut self, t_ns: u64, samples: Option<&mut Vec<MemSample>>) {
-        let mut by_class: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut predicted: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut plan_total = 0;
-        for (&buf, slot) in &self.pool.live {
-            let b = self.slot_bytes(buf, slot.key);
-            *by_class.entry(slot.class.key()).or_default() += b;
-            *predicted.entry(slot.class.key()).or_default() += slot.predicted;
-            plan_total += b;
-        }
-        let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum();
-        let comm = self.mailbox.inbox_bytes() as u64;
-        *by_class.entry(BufClass::Workspace.key()).or_default() += workspace;
-        *by_class.entry(BufClass::CommBuffer.key()).or_default() += comm;
-        let total = plan_total + workspace + comm;
-        let pk = &mut self.peaks;
-        pk.measured_bytes = pk.measured_bytes.max(total);
-        pk.measured_plan_bytes = pk.measured_plan_bytes.max(plan_total);
-        pk.predicted_bytes = pk.predicted_bytes.max(self.pool.predicted_bytes());
-        for (k, v) in by_class {
-            let e = pk.by_class.entry(k.to_string()).or_default();
-            *e = (*e).max(v);
-        }
-        for (k, v) in predicted {
-            let e = pk.predicted_by_class.entry(k.to_string()).or_default();
-            *e = (*e).max(v);
-        }
-        if total != self.last_total {
-            self.last_total = total;
-            if let Some(samples) = samples {
-                samples.push(MemSample { rank: self.rank, t_ns, bytes: total });
-            }
-        }
     }
 
     // ---- flight tensors ---------------------------------------------------------------
