@@ -303,7 +303,10 @@ mod tests {
             let ar = mb.post(&g, CollKind::AllReduce, false, Payload::F32(x.clone())).unwrap();
             let rs = mb.post(&g, CollKind::ReduceScatter, false, Payload::F32(x.clone())).unwrap();
             let ag = mb.post(&g, CollKind::AllGather, false, Payload::F32(vec![r as f32])).unwrap();
+            let bc = mb.post(&g, CollKind::Broadcast, false, Payload::F32(vec![r as f32; 2])).unwrap();
             // Finish in the reverse order of posting: contributions wait in the mailbox.
+            let bc = finish(mb, &bc);
+            assert_eq!(bc, vec![(r % 2) as f32; 2], "rank {r}: broadcast comes from member 0");
             (finish(mb, &ag), finish(mb, &rs), finish(mb, &ar))
         });
         // Group [0, 2]: x0 = 0..5, x2 = 20..25; sums 20, 22, 24, 26, 28; parts 3 + 2.
