@@ -286,6 +286,11 @@ pub enum CollPurpose {
     ParamGather { chunk: u32, bucket: u32, mb: u32, phase: Phase },
     /// Sum the gradients of the two copies of a tied embedding (first and last stage).
     TiedEmbeddingGrad,
+    /// Sequence parallelism: each tensor-parallel rank computed the gradients of the
+    /// replicated tensors (norms, row-parallel biases) from its own slice of the sequence;
+    /// all-reduce them over the tensor-parallel group (Megatron-LM's layer-norm grad
+    /// all-reduce). Once per step, over the rank's owned gradients.
+    SpReplicatedGrads,
     /// Sum of squared gradient norms over all ranks, for clipping.
     GradNorm,
 }

@@ -1108,6 +1108,28 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             );
             sync.push(op);
         }
+        // Sequence parallelism leaves the replicated tensors' gradients partial per tp rank.
+        if p.sequence_parallel && p.tp > 1 {
+            let m = &self.s().model;
+            let per_layer = layer_params(m).replicated;
+            let mut params: u64 = (0..p.vpp).map(|c| self.layers(c).len() as u64 * per_layer).sum();
+            if self.stage == p.pp - 1 {
+                params += m.norm_params();
+            }
+            let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let bytes = owned * state_bytes_per_param(self.dtype()).1;
+            let grads: Vec<BufId> = (0..p.vpp as usize).map(|c| self.persistent[c * 3 + 1]).collect();
+            let op = self.collective(
+                Stream::Tp,
+                &sync,
+                &grads,
+                CollKind::AllReduce,
+                GroupKind::Tp,
+                bytes,
+                CollPurpose::SpReplicatedGrads,
+            );
+            sync.push(op);
+        }
         if self.s().training.grad_clip > 0.0 {
             let op = self.collective(
                 Stream::Dp,

@@ -55,6 +55,7 @@ fn purpose(p: &CollPurpose) -> String {
             format!("gather params c{chunk} b{bucket} mb{mb} {}", phase.key())
         }
         CollPurpose::TiedEmbeddingGrad => "tied embedding grads".to_string(),
+        CollPurpose::SpReplicatedGrads => "replicated grads (sequence parallel)".to_string(),
         CollPurpose::GradNorm => "grad norm".to_string(),
     }
 }

@@ -24,29 +24,26 @@ fn f32s(p: Payload) -> Vec<f32> {
 
 impl RankExec {
     pub(super) fn post_collective(&mut self, _id: OpId, c: &CollectiveOp, bufs: &[BufId]) -> Result<Flight, ExecError> {
-        if c.purpose == CollPurpose::GradNorm {
-            if self.sp && !self.sp_reduced {
-                return Ok(Flight::Coll { pending: self.post_sp_reduce()?, stage: 0 });
-            }
-            return Ok(Flight::Coll { pending: self.post_grad_norm()?, stage: 1 });
+        match c.purpose {
+            CollPurpose::GradNorm => return Ok(Flight::Coll { pending: self.post_grad_norm()? }),
+            CollPurpose::SpReplicatedGrads => return Ok(Flight::Coll { pending: self.post_sp_reduce()? }),
+            _ => {}
         }
         let data = self.coll_input(c, bufs);
         let g = self.groups[&c.group].clone();
-        Ok(Flight::Coll { pending: self.mailbox.post(&g, c.kind, false, Payload::F32(data))?, stage: 1 })
+        Ok(Flight::Coll { pending: self.mailbox.post(&g, c.kind, false, Payload::F32(data))? })
     }
 
     pub(super) fn finish_collective(&mut self, f: &mut Flight, op: &Op) -> Result<bool, ExecError> {
-        let (Flight::Coll { pending, stage }, OpKind::Collective(c)) = (f, &op.kind) else {
+        let (Flight::Coll { pending }, OpKind::Collective(c)) = (f, &op.kind) else {
             unreachable!("a collective flight belongs to a collective op")
         };
         let Some(out) = self.mailbox.try_finish(pending) else { return Ok(false) };
+        if c.purpose == CollPurpose::SpReplicatedGrads {
+            self.apply_sp_reduce(out);
+            return Ok(true);
+        }
         if c.purpose == CollPurpose::GradNorm {
-            if *stage == 0 {
-                self.apply_sp_reduce(out);
-                *pending = self.post_grad_norm()?;
-                *stage = 1;
-                return Ok(false);
-            }
             let Payload::F64(total) = out else { panic!("the gradient norm is reduced in f64") };
             self.grad_norm = Some(total[0].sqrt());
             self.clip_scale = clip_scale(total[0], self.clip);
@@ -108,7 +105,9 @@ impl RankExec {
                 let b = &ch.buckets[bi];
                 if self.zero < 2 { read_segment(b, &ch.grads, b.owned.clone()) } else { ch.grad_shards[bi].clone() }
             }
-            CollPurpose::GradNorm => unreachable!("posted by post_grad_norm"),
+            CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => {
+                unreachable!("posted by post_grad_norm / post_sp_reduce")
+            }
         }
     }
 
@@ -173,7 +172,7 @@ impl RankExec {
                     ch.grad_shards[bi] = out;
                 }
             }
-            CollPurpose::GradNorm => unreachable!("finished in finish_collective"),
+            CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => unreachable!("finished in finish_collective"),
         }
     }
 
@@ -234,7 +233,6 @@ impl RankExec {
             at += n;
         }
         assert_eq!(at, out.len());
-        self.sp_reduced = true;
     }
 
     /// Σ g² over this rank's owned gradients, every parameter of the model counted once

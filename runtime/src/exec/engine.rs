@@ -14,14 +14,8 @@ use crate::comm::{Payload, Tag};
 
 /// An op that was started and is not done yet.
 pub(super) enum Flight {
-    /// A collective; `stage` counts the sub-collectives of a multi-part op (the gradient
-    /// norm's implicit sequence-parallel reduction first).
+    /// A collective.
     Coll {
-        pending: Pending,
-        stage: u8,
-    },
-    /// An op that waits for the implicit sequence-parallel reduction before it runs.
-    Deferred {
         pending: Pending,
     },
     Send {
@@ -53,7 +47,6 @@ impl RankExec {
         self.loss_sum = 0.0;
         self.grad_norm = None;
         self.clip_scale = 1.0;
-        self.sp_reduced = false;
         self.adamw.lr = self.lr_at(step);
         self.load_batches(step)?;
         let plan = self.plan.clone();
@@ -204,7 +197,7 @@ impl RankExec {
             .map(|(id, f)| {
                 let what = strata_models::plan::text::op_line(&self.plan, &ops[*id as usize]);
                 match f {
-                    Flight::Coll { pending, .. } | Flight::Deferred { pending } => {
+                    Flight::Coll { pending } => {
                         format!("op #{id} ({what}) from rank(s) {:?}", self.mailbox.missing(pending))
                     }
                     Flight::Recv { peer, .. } | Flight::Send { peer, .. } => {
@@ -226,9 +219,6 @@ impl RankExec {
     fn start(&mut self, id: OpId, op: &Op) -> Result<Option<Flight>, ExecError> {
         Ok(match &op.kind {
             OpKind::Compute(c) => {
-                if c.piece == strata_models::plan::Piece::Optimizer && self.sp && !self.sp_reduced {
-                    return Ok(Some(Flight::Deferred { pending: self.post_sp_reduce()? }));
-                }
                 self.compute(c, &op.bufs)?;
                 None
             }
@@ -270,13 +260,6 @@ impl RankExec {
                 self.msgs.insert(*key, v);
                 let Tag::P2p { step, kind, mb, vstage } = *tag else { unreachable!("receives carry p2p tags") };
                 self.mailbox.send(*peer, Tag::Ack { step, kind, mb, vstage }, Payload::Empty)?;
-                Ok(true)
-            }
-            Flight::Deferred { pending } => {
-                let Some(out) = self.mailbox.try_finish(pending) else { return Ok(false) };
-                self.apply_sp_reduce(out);
-                let OpKind::Compute(c) = &op.kind else { unreachable!("only compute is deferred") };
-                self.compute(c, &op.bufs)?;
                 Ok(true)
             }
             Flight::Coll { .. } => self.finish_collective(f, op),

@@ -22,13 +22,12 @@
 //! ZeRO-3 also only the owned part of the parameters, each unit all-gathered into a
 //! transient buffer before a piece uses it (`ParamGather`) and dropped after.
 //!
-//! **A reduction the plan does not name.** Under sequence parallelism each tp rank's
+//! **Sequence-parallel replicated gradients.** Under sequence parallelism each tp rank's
 //! gradients of replicated tensors (LayerNorms, the row-parallel biases, the final norm)
-//! are partial sums over its rows. The executor all-reduces them over the tp group once
-//! per step, on the owned gradients, right before the gradient-norm all-reduce (or the
-//! optimizer step when clipping is off); it is timed inside that op's span. The position
-//! table is excluded: its gradient comes from the gathered full gradient and is already
-//! complete on every rank.
+//! are partial sums over its rows; the plan's `SpReplicatedGrads` all-reduce sums them over
+//! the tp group once per step, on the owned gradients, before the gradient norm. The
+//! position table is excluded: its gradient comes from the gathered full gradient and is
+//! already complete on every rank.
 //!
 //! **Loss and gradient scale.** Microbatch k of data-parallel replica d in step n reads
 //! batch (n·dp + d)·m + k of the corpus, so the global batch is the one a single rank
@@ -213,7 +212,6 @@ pub struct RankExec {
     loss_sum: f64,
     grad_norm: Option<f64>,
     clip_scale: f32,
-    sp_reduced: bool,
     // Measurement.
     peaks: MemoryPeaks,
     last_total: u64,
@@ -324,7 +322,6 @@ impl RankExec {
             loss_sum: 0.0,
             grad_norm: None,
             clip_scale: 1.0,
-            sp_reduced: false,
             peaks: MemoryPeaks::default(),
             last_total: u64::MAX,
             plan,
