@@ -49,6 +49,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("sim-405b", "simulate one step of Llama-3 405B (seq 8192) on 16,384 H100, rail-optimised 3-tier fabric"),
     ("flow-solver", "the fabric's max-min solver under 128 concurrent DP reduce-scatters on 2,048 nodes"),
     ("search-gpt3", "search GPT-3 175B on 1,024 A100-80GB, global batch 1536"),
+    ("train-cpu", "train a GPT-2-small-shaped model on 1 and 2 CPU ranks against the GEMM crate's rate"),
 ];
 
 fn bench(only: Option<&str>) -> anyhow::Result<()> {
@@ -200,6 +201,22 @@ fn bench_one(name: &str) -> anyhow::Result<()> {
                     100.0 * rep.mfu
                 );
             }
+            print_peak();
+            Ok(())
+        }
+        "train-cpu" => {
+            let c = strata_runtime::bench::BenchConfig::default();
+            println!(
+                "   model: {} layers, hidden {}, {} heads, sequence {}, {} sequences per step",
+                c.layers, c.hidden, c.heads, c.seq, c.global_batch
+            );
+            strata_runtime::bench::run(&c, |r| {
+                println!(
+                    "   {:<10} {} rank(s): step {:.2} s, {:.0} tokens/s, {:.1} GFLOP/s achieved vs {:.1} GFLOP/s GEMM alone = {:.0}% (target ≥ 60%)",
+                    r.split, r.ranks, r.step_s, r.tokens_per_s, r.achieved_gflops, r.gemm_gflops, 100.0 * r.efficiency
+                );
+            })
+            .map_err(|e| anyhow::anyhow!(e))?;
             print_peak();
             Ok(())
         }
