@@ -249,6 +249,7 @@ fn purpose_args(p: &CollPurpose, a: &mut BTreeMap<&'static str, Arg>) {
             "parameter gather"
         }
         CollPurpose::TiedEmbeddingGrad => "tied embedding gradient",
+        CollPurpose::SpReplicatedGrads => "sequence-parallel replicated gradients",
         CollPurpose::GradNorm => "gradient norm",
     };
     a.insert("purpose", Str(purpose.to_string()));
