@@ -336,18 +336,24 @@ fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError
     Ok(())
 }
 
-fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
-    let missing = |section: &'static str, key: &str| ScenarioError::Missing {
-        origin: origin.to_string(),
-        section,
-        key: format!("{section}.{key}"),
-    };
-    let unknown = |section: &'static str, name: &str, known: &[&str]| ScenarioError::UnknownPreset {
+/// A key that neither the table nor its preset gives.
+fn missing(origin: &str, section: &'static str, key: &str) -> ScenarioError {
+    ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") }
+}
+
+/// A preset name not in the catalog.
+fn unknown_preset(origin: &str, section: &'static str, name: &str, known: &[&str]) -> ScenarioError {
+    ScenarioError::UnknownPreset {
         origin: origin.to_string(),
         section,
         name: name.to_string(),
         known: known.join(", "),
-    };
+    }
+}
+
+fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+    let missing = |section, key: &str| missing(origin, section, key);
+    let unknown = |section, name: &str, known: &[&str]| unknown_preset(origin, section, name, known);
 
     // Model: preset, then explicit keys.
     let rm = raw.model;
@@ -450,17 +456,8 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
 
 /// Resolves a `[cluster]` table: preset, then explicit keys.
 fn resolve_cluster(rc: RawCluster, origin: &str) -> Result<ClusterSpec, ScenarioError> {
-    let missing = |section: &'static str, key: &str| ScenarioError::Missing {
-        origin: origin.to_string(),
-        section,
-        key: format!("{section}.{key}"),
-    };
-    let unknown = |section: &'static str, name: &str, known: &[&str]| ScenarioError::UnknownPreset {
-        origin: origin.to_string(),
-        section,
-        name: name.to_string(),
-        known: known.join(", "),
-    };
+    let missing = |section, key: &str| missing(origin, section, key);
+    let unknown = |section, name: &str, known: &[&str]| unknown_preset(origin, section, name, known);
     macro_rules! pick {
         ($raw:expr, $base:expr, $section:literal, $field:ident) => {
             match ($raw.$field.clone(), $base.as_ref()) {
