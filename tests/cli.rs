@@ -139,10 +139,28 @@ fn collbench_prints_nccl_tests_rows() {
 #[test]
 fn simulate_reports_the_keys_scripts_rely_on_and_writes_a_trace() {
     let trace = tmp("trace.json");
-    let out = strata(&["simulate", "scenarios/gpt3-175b-1024xa100.toml", "--set", "parallel.global_batch=256", "--json", "--trace", trace.to_str().unwrap()]);
+    let out = strata(&[
+        "simulate",
+        "scenarios/gpt3-175b-1024xa100.toml",
+        "--set",
+        "parallel.global_batch=256",
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for key in ["step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "breakdown_s", "peak_memory_bytes", "fits", "seed"] {
+    for key in [
+        "step_time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "breakdown_s",
+        "peak_memory_bytes",
+        "fits",
+        "seed",
+    ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     for key in ["compute", "tp_exposed", "dp_exposed", "pp_exposed", "bubble", "optimizer"] {
@@ -152,9 +170,21 @@ fn simulate_reports_the_keys_scripts_rely_on_and_writes_a_trace() {
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     assert!(t["traceEvents"].as_array().unwrap().len() > 1000);
     // Same scenario and seed: the same bytes.
-    let again = strata(&["simulate", "scenarios/gpt3-175b-1024xa100.toml", "--set", "parallel.global_batch=256", "--json"]);
+    let again =
+        strata(&["simulate", "scenarios/gpt3-175b-1024xa100.toml", "--set", "parallel.global_batch=256", "--json"]);
     assert_eq!(out.stdout, again.stdout);
-    let oom = strata(&["simulate", "scenarios/gpt3-175b-1024xa100.toml", "--set", "parallel.pp=1", "--set", "parallel.dp=128", "--set", "parallel.schedule=1f1b", "--set", "parallel.vpp=1"]);
+    let oom = strata(&[
+        "simulate",
+        "scenarios/gpt3-175b-1024xa100.toml",
+        "--set",
+        "parallel.pp=1",
+        "--set",
+        "parallel.dp=128",
+        "--set",
+        "parallel.schedule=1f1b",
+        "--set",
+        "parallel.vpp=1",
+    ]);
     let text = String::from_utf8_lossy(&oom.stdout);
     assert!(oom.status.success() && text.contains("DOES NOT FIT: stage 0"), "{text}");
 }
@@ -162,7 +192,16 @@ fn simulate_reports_the_keys_scripts_rely_on_and_writes_a_trace() {
 #[test]
 fn search_writes_the_winner_and_answers_infeasible_requests() {
     let dir = tmp("search-out");
-    let out = strata(&["search", "scenarios/tiny-gpt-cpu.toml", "--splits-only", "--simulate", "4", "--out", dir.to_str().unwrap(), "--json"]);
+    let out = strata(&[
+        "search",
+        "scenarios/tiny-gpt-cpu.toml",
+        "--splits-only",
+        "--simulate",
+        "4",
+        "--out",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["valid"].as_u64().unwrap() > 10 && !v["top"].as_array().unwrap().is_empty());
@@ -171,20 +210,57 @@ fn search_writes_the_winner_and_answers_infeasible_requests() {
     }
     let best = strata(&["inspect", dir.join("best.toml").to_str().unwrap()]);
     assert!(best.status.success(), "{}", String::from_utf8_lossy(&best.stderr));
-    let none = strata(&["search", "--set", "model.preset=llama3-405b", "--set", "model.vocab=128256", "--set", "cluster.preset=dgx-a100", "--set", "cluster.gpus_per_node=8", "--set", "parallel.tp=8", "--set", "parallel.pp=1", "--set", "parallel.dp=1", "--set", "parallel.global_batch=8", "--set", "training.dtype=bf16", "--splits-only"]);
+    let none = strata(&[
+        "search",
+        "--set",
+        "model.preset=llama3-405b",
+        "--set",
+        "model.vocab=128256",
+        "--set",
+        "cluster.preset=dgx-a100",
+        "--set",
+        "cluster.gpus_per_node=8",
+        "--set",
+        "parallel.tp=8",
+        "--set",
+        "parallel.pp=1",
+        "--set",
+        "parallel.dp=1",
+        "--set",
+        "parallel.global_batch=8",
+        "--set",
+        "training.dtype=bf16",
+        "--splits-only",
+    ]);
     let text = String::from_utf8_lossy(&none.stdout);
-    assert!(none.status.success() && text.contains("Nothing fits") && text.contains("short"), "{text}{}", String::from_utf8_lossy(&none.stderr));
+    assert!(
+        none.status.success() && text.contains("Nothing fits") && text.contains("short"),
+        "{text}{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
 }
 
 #[test]
 fn train_writes_its_outputs_and_refuses_bad_input() {
     let dir = tmp("train-out");
-    let out = strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "8", "--steps", "2", "--out", dir.to_str().unwrap()]);
+    let out = strata(&[
+        "train",
+        "scenarios/tiny-gpt-cpu.toml",
+        "--ranks",
+        "8",
+        "--steps",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let loss = std::fs::read_to_string(dir.join("loss.csv")).unwrap();
     assert!(loss.starts_with("step,loss,tokens_per_s"), "{loss}");
     assert_eq!(loss.lines().count(), 3);
     rejects(&strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "4", "--steps", "1"]), &["--ranks 4", "8"]);
-    rejects(&strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "8", "--data", "no/such/corpus.txt"]), &["no/such/corpus.txt"]);
+    rejects(
+        &strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "8", "--data", "no/such/corpus.txt"]),
+        &["no/such/corpus.txt"],
+    );
     rejects(&strata(&["train", "scenarios/gpt3-175b-1024xa100.toml", "--ranks", "1024", "--steps", "1"]), &["cpu"]);
 }
