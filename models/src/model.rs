@@ -44,6 +44,12 @@ pub struct ModelSpec {
     pub vocab: u32,
     pub seq_len: u32,
     pub activation: Activation,
+    /// Dropout probability on the attention probabilities and the residual branches
+    /// (Megatron-LM's `attention_dropout` and `hidden_dropout`, one value). It decides
+    /// whether masks are saved for backward. GPT presets 0.1, Llama 0; 0 on a CPU cluster,
+    /// whose executor has no dropout (see `scenario`).
+    #[serde(default)]
+    pub dropout: f64,
 }
 
 /// Names of the built-in model presets, in the order `--help` lists them.
@@ -74,6 +80,7 @@ impl ModelSpec {
         use Activation::*;
         use Family::*;
         let m = |family, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, activation| ModelSpec {
+            dropout: if family == Gpt { 0.1 } else { 0.0 },
             name: name.to_string(),
             family,
             layers,
@@ -158,6 +165,9 @@ impl ModelSpec {
             if v == 0 {
                 bad.push(format!("model.{key} = 0: it must be at least 1"));
             }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bad.push(format!("model.dropout = {}: a dropout probability is in [0, 1)", self.dropout));
         }
         if bad.is_empty() {
             if !self.hidden.is_multiple_of(self.heads) {

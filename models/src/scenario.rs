@@ -145,6 +145,7 @@ raw_table!(RawModel {
     vocab: u32,
     seq_len: u32,
     activation: Activation,
+    dropout: f64,
 });
 raw_table!(RawCluster {
     preset: String,
@@ -242,6 +243,7 @@ impl Scenario {
                 vocab: Some(m.vocab),
                 seq_len: Some(m.seq_len),
                 activation: Some(m.activation),
+                dropout: Some(m.dropout),
             },
             cluster: RawCluster {
                 preset: None,
@@ -392,10 +394,18 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
             .activation
             .or(base.as_ref().map(|b| b.activation))
             .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
+        dropout: 0.0,
     };
 
     let cluster = resolve_cluster(raw.cluster, origin)?;
     let single = cluster.gpu == GpuKind::Cpu;
+    // Dropout: as given; else none on CPU ranks (the CPU executor has no dropout, so its plans
+    // hold no masks), else Megatron's 0.1 for GPT (the preset's value) and none for Llama.
+    let family_dropout = if model.family == Family::Gpt { 0.1 } else { 0.0 };
+    let model = ModelSpec {
+        dropout: rm.dropout.unwrap_or(if single { 0.0 } else { base.as_ref().map_or(family_dropout, |b| b.dropout) }),
+        ..model
+    };
 
     // Parallel: defaults, dp derived from the GPU count when absent.
     let rp = raw.parallel;
@@ -623,5 +633,18 @@ sequence_parallel = true
         let s = Scenario::from_toml(GPT3, "t", "t", &[]).unwrap();
         let back = Scenario::from_toml(&s.to_toml(), "t", "t", &[]).unwrap();
         assert_eq!(s, back);
+    }
+
+    #[test]
+    fn dropout_follows_the_family_except_on_cpu_ranks() {
+        let gpt3 = Scenario::from_toml(GPT3, "t", "t", &[]).unwrap();
+        assert_eq!(gpt3.model.dropout, 0.1);
+        let cpu = "[model]\npreset = \"tiny-gpt\"\n[cluster]\npreset = \"cpu-local\"\n[parallel]\nglobal_batch = 8\n";
+        // The CPU executor has no dropout: its plans hold no masks unless asked to.
+        assert_eq!(Scenario::from_toml(cpu, "t", "t", &[]).unwrap().model.dropout, 0.0);
+        let asked = Scenario::from_toml(cpu, "t", "t", &["model.dropout=0.2".into()]).unwrap();
+        assert_eq!(asked.model.dropout, 0.2);
+        let e = Scenario::from_toml(cpu, "t", "t", &["model.dropout=1.5".into()]).unwrap_err().to_string();
+        assert!(e.contains("model.dropout = 1.5"), "{e}");
     }
 }

@@ -185,6 +185,7 @@ mod tests {
             vocab: 12,
             seq_len: 4,
             activation: Activation::Gelu,
+            dropout: 0.0,
         };
         ParamLayout::new(&spec, TpRank::SINGLE, ChunkSpec { embedding: true, layers: 0..0, head: true }).unwrap()
     }

@@ -42,6 +42,7 @@ fn spec() -> ModelSpec {
         vocab: 32,
         seq_len: 6,
         activation: Activation::Gelu,
+        dropout: 0.0,
     }
 }
 

@@ -25,7 +25,7 @@
 use serde::Serialize;
 
 use crate::accounting::params::stage_params;
-use crate::model::{Family, ModelSpec};
+use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Recompute, Schedule};
 use crate::scenario::{Dtype, Scenario};
 
@@ -48,9 +48,10 @@ pub fn model_state_bytes(psi: u64, dtype: Dtype, zero: u8, dp: u32) -> (f64, f64
     (weights, grads, optim)
 }
 
-/// Whether the model family applies dropout (GPT: Megatron's default 0.1; Llama: none).
+/// Whether the model trains with dropout, so that its masks are saved for backward (GPT
+/// presets: Megatron's default 0.1; Llama: none; CPU clusters: none).
 pub fn has_dropout(m: &ModelSpec) -> bool {
-    m.family == Family::Gpt
+    m.dropout > 0.0
 }
 
 /// Activation bytes saved for backward by one transformer layer for one microbatch, split

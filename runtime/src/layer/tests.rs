@@ -23,6 +23,7 @@ fn spec() -> ModelSpec {
         vocab: 16,
         seq_len: 4,
         activation: Activation::Gelu,
+        dropout: 0.0,
     }
 }
 

@@ -18,6 +18,7 @@ fn model(vocab: u32) -> ModelSpec {
         vocab,
         seq_len: 16,
         activation: Activation::Gelu,
+        dropout: 0.0,
     }
 }
 
