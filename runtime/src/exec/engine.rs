@@ -90,6 +90,15 @@ impl RankExec {
                     }
                     started_ns[id as usize] = ns(t0);
                     match self.start(id, op)? {
+                        Some(Flight::Free { buf }) if op.deps.iter().all(|d| state[*d as usize] == State::Done) => {
+                            // Its deps are done already: the free takes effect at once.
+                            self.free(buf);
+                            state[id as usize] = State::Done;
+                            done += 1;
+                            if record {
+                                spans.push(self.span(op, id, started_ns[id as usize], ns(t0)));
+                            }
+                        }
                         Some(f) => {
                             state[id as usize] = State::Posted;
                             flights.push((id, f));
@@ -99,6 +108,26 @@ impl RankExec {
                             done += 1;
                             if record {
                                 spans.push(self.span(op, id, started_ns[id as usize], ns(t0)));
+                            }
+                            // A free whose deps just completed takes effect now, not after
+                            // the rest of the stream's run (the plan frees it here).
+                            let mut i = 0;
+                            while i < flights.len() {
+                                let (fid, Flight::Free { buf }) = flights[i] else {
+                                    i += 1;
+                                    continue;
+                                };
+                                if !ops[fid as usize].deps.iter().all(|d| state[*d as usize] == State::Done) {
+                                    i += 1;
+                                    continue;
+                                }
+                                self.free(buf);
+                                flights.swap_remove(i);
+                                state[fid as usize] = State::Done;
+                                done += 1;
+                                if record {
+                                    spans.push(self.span(&ops[fid as usize], fid, started_ns[fid as usize], ns(t0)));
+                                }
                             }
                         }
                     }
