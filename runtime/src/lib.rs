@@ -21,7 +21,9 @@
 //!   [`train::run_rank`] per MPI process — returning the loss curve, the measured trace
 //!   and peak memory per rank ([`train::TrainResult`]);
 //! - [`checkpoint`]: per-rank shards with a manifest, atomic writes, bit-identical resume;
-//! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate.
+//! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate;
+//! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
+//!   cores) that `strata calibrate` fits into a hardware profile.
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!
@@ -74,6 +76,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod data;

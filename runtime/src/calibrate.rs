@@ -1,0 +1,552 @@
+//! Measuring the machine the executor runs on, for `strata calibrate`: plain samples that
+//! the simulator's fit turns into a hardware profile (`strata_sim::calibrate`).
+//!
+//! Four measurements, each with the machine as loaded as a job loads it:
+//! - [`time_gemms`]: seconds of one `matmul` call of each (m, n, k), timed on as many
+//!   threads at once as the host has cores (every core busy, as in a job with at least as
+//!   many ranks as cores), median over repetitions and threads;
+//! - [`time_pieces`]: every compute op of one-rank jobs of a model (tp = pp = dp = 1, so no
+//!   communication), run as the executor runs them, several jobs at once (one per core):
+//!   each op's measured span with its plan cost — what a piece really costs beside its
+//!   GEMMs;
+//! - [`time_comm`]: every collective (and a pipeline message) on the threads communicator
+//!   over group sizes and message sizes, with all of the job's ranks at once (every group of
+//!   the size runs concurrently): each member's CPU work posting its contribution and
+//!   finishing (combining what arrived) — thread CPU time (`CLOCK_THREAD_CPUTIME_ID` on
+//!   64-bit Linux; wall time elsewhere) — and the delay from the last
+//!   member's post until a waiting member notices it; medians over repetitions;
+//! - [`shared_cores`]: how many cores' worth of compute N busy threads get, relative to one
+//!   thread's speed while every core is busy (processor sharing's capacity).
+//!
+//! Nothing here chooses a configuration or knows the simulator; the samples are plain data.
+//! Units: seconds, bytes.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_models::Scenario;
+use strata_models::plan::{CollKind, ComputeCost, GroupKind, OpKind, Phase, Piece, Stream, lower};
+
+use crate::comm::collective::{Group, Mailbox, Pending};
+use crate::comm::threads::{AbortFlag, ThreadComm};
+use crate::comm::{CommError, Communicator, Payload, Tag};
+use crate::data::MarkovSource;
+use crate::exec::ExecConfig;
+use crate::matmul::{MatMut, MatRef, Transpose, matmul};
+use crate::train::{TrainOptions, train_threads};
+
+/// Cores of this host (at least 1).
+pub fn host_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// One GEMM shape: seconds per call.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmSample {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub seconds: f64,
+}
+
+/// One compute op as it ran: its piece, its plan cost and its seconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PieceSample {
+    pub piece: Piece,
+    pub phase: Phase,
+    pub cost: ComputeCost,
+    pub seconds: f64,
+}
+
+/// What a communication sample moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CommOp {
+    Collective(CollKind),
+    /// A pipeline message: send, receive, acknowledgement.
+    SendRecv,
+}
+
+/// One communication of `bytes` (nccl-tests' S) over `ranks` ranks: a member's CPU seconds
+/// posting and finishing, and the seconds between the last post and a waiting member
+/// noticing it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommSample {
+    pub op: CommOp,
+    pub ranks: u32,
+    pub bytes: u64,
+    pub post_s: f64,
+    pub finish_s: f64,
+    pub latency_s: f64,
+}
+
+/// CPU time this thread has run, ns (POSIX `CLOCK_THREAD_CPUTIME_ID`), where available.
+pub fn thread_cpu_ns() -> Option<u64> {
+    cputime::thread_ns()
+}
+
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+mod cputime {
+    /// `struct timespec` of 64-bit Linux.
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+
+    /// Linux's `CLOCK_THREAD_CPUTIME_ID`.
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
+    pub fn thread_ns() -> Option<u64> {
+        let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime (libc, which std links) writes one timespec through the valid,
+        // exclusive pointer it is given and has no other effect.
+        let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (rc == 0 && ts.tv_sec >= 0 && ts.tv_nsec >= 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+mod cputime {
+    /// Not reported on this platform: callers fall back to wall time.
+    pub fn thread_ns() -> Option<u64> {
+        None
+    }
+}
+
+/// One member's view of one communication (seconds since the run's epoch; CPU seconds).
+#[derive(Clone, Copy, Debug, Default)]
+struct Member {
+    post_end: f64,
+    post_cpu: f64,
+    finish_start: f64,
+    finish_cpu: f64,
+    /// Whether this member waits for others (not the last to post; a message's receiver).
+    waits: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+}
+
+/// Seconds per call of each shape, median over `reps` calls (after one warm-up call), on
+/// `threads` threads at once: all threads time the same shape together.
+pub fn time_gemms(shapes: &[(u64, u64, u64)], threads: u32, reps: u32) -> Vec<GemmSample> {
+    let threads = threads.max(1);
+    let shapes = Arc::new(shapes.to_vec());
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (shapes, barrier) = (shapes.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                shapes
+                    .iter()
+                    .map(|&(m, n, k)| {
+                        let (m, n, k) = (m as usize, n as usize, k as usize);
+                        let a: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 * 1e-2).collect();
+                        let b: Vec<f32> = (0..k * n).map(|i| (i % 89) as f32 * 1e-2).collect();
+                        let mut c = vec![0.0f32; m * n];
+                        let mut run = || {
+                            let t = Instant::now();
+                            matmul(
+                                MatRef::new(&a, m, k),
+                                MatRef::new(&b, k, n),
+                                MatMut::new(&mut c, m, n),
+                                Transpose::Nn,
+                                1.0,
+                                0.0,
+                            );
+                            t.elapsed().as_secs_f64()
+                        };
+                        barrier.wait();
+                        run();
+                        median((0..reps.max(1)).map(|_| run()).collect())
+                    })
+                    .collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    let per_thread: Vec<Vec<f64>> = handles.into_iter().map(|h| h.join().expect("a GEMM timing thread")).collect();
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(m, n, k))| GemmSample { m, n, k, seconds: median(per_thread.iter().map(|t| t[i]).collect()) })
+        .collect()
+}
+
+/// Runs each one-rank scenario as `copies` concurrent jobs of `steps` steps and returns
+/// every compute op of their last step. Each scenario must have tp = pp = dp = 1.
+pub fn time_pieces(scenarios: &[Scenario], copies: u32, steps: u32) -> Result<Vec<PieceSample>, String> {
+    let mut out = Vec::new();
+    for s in scenarios {
+        let p = &s.parallel;
+        if p.tp * p.pp * p.dp != 1 {
+            return Err(format!("time_pieces runs one-rank jobs; {} has {} ranks", s.name, p.tp * p.pp * p.dp));
+        }
+        let plan = Arc::new(lower(s).map_err(|e| e.to_string())?);
+        let need = (steps as usize + 1) * p.global_batch as usize * (s.model.seq_len as usize + 1);
+        let src = MarkovSource::new(s.model.vocab as usize, 3, s.training.seed).map_err(|e| e.to_string())?;
+        let corpus = Arc::new(src.corpus(need.max(4096), s.training.seed + 1));
+        let opts = TrainOptions {
+            steps,
+            data_name: "calibration".into(),
+            checkpoint: None,
+            exec: ExecConfig { recv_timeout: Duration::from_secs(600), trace_step: steps.checked_sub(1) },
+            fault: None,
+        };
+        let jobs: Vec<_> = (0..copies.max(1))
+            .map(|_| {
+                let (plan, corpus, opts) = (plan.clone(), corpus.clone(), opts.clone());
+                std::thread::spawn(move || train_threads(plan, corpus, &opts, None))
+            })
+            .collect();
+        for job in jobs {
+            let r = job.join().map_err(|_| "a calibration job panicked".to_string())?.map_err(|e| e.to_string())?;
+            let trace = r.trace.ok_or("a calibration job recorded no trace")?;
+            for span in trace.spans.iter().filter(|s| s.stream == Stream::Compute) {
+                if let OpKind::Compute(c) = &plan.program(span.rank).ops[span.op as usize].kind {
+                    out.push(PieceSample {
+                        piece: c.piece,
+                        phase: c.phase,
+                        cost: plan.cost(c.cost).clone(),
+                        seconds: (span.end_ns - span.start_ns) as f64 * 1e-9,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+const KINDS: [CommOp; 5] = [
+    CommOp::Collective(CollKind::AllReduce),
+    CommOp::Collective(CollKind::ReduceScatter),
+    CommOp::Collective(CollKind::AllGather),
+    CommOp::Collective(CollKind::Broadcast),
+    CommOp::SendRecv,
+];
+
+/// Every communication kind over every group size in `groups` (each dividing `world`) and
+/// every size in `sizes` (bytes), `reps` times after one warm-up, on `world` rank threads at
+/// once (every group of a size runs concurrently).
+pub fn time_comm(world: u32, groups: &[u32], sizes: &[u64], reps: u32) -> Result<Vec<CommSample>, CommError> {
+    let mut cases = Vec::new();
+    for &g in groups.iter().filter(|g| **g >= 2 && world.is_multiple_of(**g)) {
+        for op in KINDS {
+            for &bytes in sizes {
+                cases.push((op, g, bytes));
+            }
+        }
+    }
+    let cases = Arc::new(cases);
+    let epoch = Instant::now();
+    let flag = AbortFlag::default();
+    let reps = reps.max(1) as usize;
+    let handles: Vec<_> = ThreadComm::group(world, &flag)
+        .into_iter()
+        .map(|c| {
+            let cases = cases.clone();
+            std::thread::spawn(move || {
+                let rank = c.rank();
+                let mut mb = Mailbox::new(Box::new(c));
+                let mut out = Vec::new();
+                for (i, &(op, g, bytes)) in cases.iter().enumerate() {
+                    for rep in 0..=reps {
+                        let m = comm_once(&mut mb, rank, world, op, g, bytes, (i * 64 + rep) as u32, epoch)?;
+                        if rep > 0 {
+                            out.push(m);
+                        }
+                    }
+                }
+                Ok::<_, CommError>(out)
+            })
+        })
+        .collect();
+    let per_rank: Vec<Vec<Member>> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| Err(CommError::Transport { rank: 0, what: "panicked".into() })))
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for (i, &(op, g, bytes)) in cases.iter().enumerate() {
+        let (mut post, mut finish, mut latency) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..reps {
+            for grp in 0..world / g {
+                let members: Vec<Member> =
+                    (grp * g..(grp + 1) * g).map(|m| per_rank[m as usize][i * reps + r]).collect();
+                let last_post = members.iter().map(|m| m.post_end).fold(0.0, f64::max);
+                for m in &members {
+                    post.push(m.post_cpu);
+                    finish.push(m.finish_cpu);
+                    if m.waits {
+                        latency.push((m.finish_start - last_post).max(0.0));
+                    }
+                }
+            }
+        }
+        let latency = if latency.is_empty() { 0.0 } else { median(latency) };
+        out.push(CommSample {
+            op,
+            ranks: g,
+            bytes,
+            post_s: median(post),
+            finish_s: median(finish),
+            latency_s: latency,
+        });
+    }
+    Ok(out)
+}
+
+/// CPU seconds of `f` on this thread (wall seconds where thread CPU time is not reported).
+fn cpu_of<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let (w0, c0) = (Instant::now(), thread_cpu_ns());
+    let out = f();
+    let secs = match (c0, thread_cpu_ns()) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as f64 * 1e-9,
+        _ => w0.elapsed().as_secs_f64(),
+    };
+    (out, secs)
+}
+
+/// One communication on every group of `g` consecutive ranks: this member's view. Ranks
+/// line up first on a world barrier.
+#[allow(clippy::too_many_arguments)]
+fn comm_once(
+    mb: &mut Mailbox,
+    rank: u32,
+    world: u32,
+    op: CommOp,
+    g: u32,
+    bytes: u64,
+    step: u32,
+    epoch: Instant,
+) -> Result<Member, CommError> {
+    let all = Group { kind: GroupKind::World, members: (0..world).collect(), position: rank as usize };
+    let barrier = mb.post(&all, CollKind::AllReduce, true, Payload::F32(vec![0.0]))?;
+    wait(mb, &barrier)?;
+    let first = rank / g * g;
+    let group = Group { kind: GroupKind::Tp, members: (first..first + g).collect(), position: (rank - first) as usize };
+    let len = (bytes / 4) as usize;
+    let t = || epoch.elapsed().as_secs_f64();
+    let mut m = Member::default();
+    match op {
+        CommOp::Collective(kind) => {
+            // An all-gather's input is this member's part of the whole buffer S.
+            let mine = if kind == CollKind::AllGather { len / g as usize } else { len };
+            let data = Payload::F32(vec![1.0; mine]);
+            let (p, cpu) = cpu_of(|| mb.post(&group, kind, false, data));
+            let p = p?;
+            (m.post_end, m.post_cpu) = (t(), cpu);
+            m.waits = !mb.missing(&p).is_empty();
+            wait_until(mb, |mb| mb.missing(&p).is_empty(), "a calibration collective")?;
+            m.finish_start = t();
+            let (out, cpu) = cpu_of(|| mb.try_finish(&p));
+            assert!(out.is_some(), "every contribution was in");
+            m.finish_cpu = cpu;
+        }
+        CommOp::SendRecv => {
+            // Member 0 sends to member 1 (pairs within the group), as a pipeline stage does;
+            // the receiver acknowledges, as the executor's receive does.
+            let kind = strata_models::plan::P2pKind::Activation;
+            let tag = Tag::P2p { step, kind, mb: 0, vstage: 0 };
+            let ack = Tag::Ack { step, kind, mb: 0, vstage: 0 };
+            let pos = group.position;
+            if pos.is_multiple_of(2) && pos + 1 < g as usize {
+                let to = group.members[pos + 1];
+                let data = Payload::F32(vec![1.0; len]);
+                let (r, cpu) = cpu_of(|| mb.send(to, tag, data));
+                r?;
+                (m.post_end, m.post_cpu) = (t(), cpu);
+                wait_until(mb, |mb| mb.has(ack, to), "a calibration acknowledgement")?;
+                m.finish_start = t();
+                mb.take(ack, to);
+            } else if pos % 2 == 1 {
+                let from = group.members[pos - 1];
+                m.waits = true;
+                wait_until(mb, |mb| mb.has(tag, from), "a calibration message")?;
+                m.finish_start = t();
+                let (r, cpu) = cpu_of(|| {
+                    let msg = mb.take(tag, from);
+                    std::hint::black_box(&msg);
+                    mb.send(from, ack, Payload::Empty)
+                });
+                r?;
+                m.finish_cpu = cpu;
+            }
+        }
+    }
+    Ok(m)
+}
+
+fn wait(mb: &mut Mailbox, p: &Pending) -> Result<(), CommError> {
+    let start = Instant::now();
+    while mb.try_finish(p).is_none() {
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(CommError::Transport { rank: mb.rank(), what: "a calibration collective stalled".into() });
+        }
+        mb.poll(Duration::from_millis(20))?;
+    }
+    Ok(())
+}
+
+fn wait_until(mb: &mut Mailbox, ready: impl Fn(&Mailbox) -> bool, what: &str) -> Result<(), CommError> {
+    let start = Instant::now();
+    while !ready(mb) {
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(CommError::Transport { rank: mb.rank(), what: format!("{what} stalled") });
+        }
+        mb.poll(Duration::from_millis(20))?;
+    }
+    Ok(())
+}
+
+/// A fixed unit of compute (GEMMs of a transformer's shapes and an element-wise pass), as a
+/// job's ranks run them: seconds it takes.
+fn work_unit() -> f64 {
+    let (m, n, k) = (256, 256, 256);
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 * 1e-2).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 89) as f32 * 1e-2).collect();
+    let mut c = vec![0.0f32; m * n];
+    let t = Instant::now();
+    for _ in 0..24 {
+        matmul(MatRef::new(&a, m, k), MatRef::new(&b, k, n), MatMut::new(&mut c, m, n), Transpose::Nn, 1.0, 0.0);
+        let mut y = vec![0.0f32; c.len()];
+        crate::kernels::gelu_forward(&c, &mut y);
+        c.copy_from_slice(&y);
+    }
+    std::hint::black_box(&c);
+    t.elapsed().as_secs_f64()
+}
+
+/// Seconds of `threads` threads each running `units` work units, started together: (wall
+/// time of the last to finish, median per-unit seconds).
+fn run_units(threads: u32, units: u32) -> (f64, f64) {
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let start = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (barrier, start) = (barrier.clone(), start.clone());
+            std::thread::spawn(move || {
+                work_unit();
+                if barrier.wait().is_leader() {
+                    *start.lock().expect("start time") = Some(Instant::now());
+                }
+                let per: Vec<f64> = (0..units).map(|_| work_unit()).collect();
+                (Instant::now(), per)
+            })
+        })
+        .collect();
+    let results: Vec<(Instant, Vec<f64>)> = handles.into_iter().map(|h| h.join().expect("a work thread")).collect();
+    let t0 = start.lock().expect("start time").expect("the leader set it");
+    let wall = results.iter().map(|(end, _)| end.duration_since(t0).as_secs_f64()).fold(0.0, f64::max);
+    (wall, median(results.into_iter().flat_map(|(_, p)| p).collect()))
+}
+
+/// Processor sharing's capacity: with `threads` threads computing at once, the cores'
+/// worth of work done per second, in units of one thread's speed while every core is busy.
+/// (c cores with no loss from oversubscription give c.)
+/// Three trials, each pairing the two runs back to back; the median ratio, at most the
+/// host's cores.
+pub fn shared_cores(threads: u32) -> f64 {
+    let cores = host_cores();
+    let units = 6;
+    let threads = threads.max(1);
+    let trials: Vec<f64> = (0..3)
+        .map(|_| {
+            // One thread's speed with every core busy: a work unit's median time on `cores`
+            // threads; then the wall time of `threads` threads doing `units` each.
+            let (_, unit_s) = run_units(cores, units);
+            let (wall, _) = run_units(threads, units);
+            (threads * units) as f64 * unit_s / wall
+        })
+        .collect();
+    median(trials).min(cores as f64)
+}
+
+/// CPU time of the whole host and of this process, to tell how much of the machine other
+/// processes took while a measurement ran (Linux `/proc/stat` and `/proc/self/stat`, in
+/// clock ticks). On other systems every reading is `None`.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuMeter {
+    host_busy: u64,
+    host_total: u64,
+    own: u64,
+}
+
+impl CpuMeter {
+    pub fn now() -> Option<CpuMeter> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+        // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
+        let total: u64 = cpu.iter().take(8).sum();
+        let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces): utime is the 14th field.
+        let rest = own_stat.rsplit_once(')')?.1;
+        let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+        let own = f.get(11)? + f.get(12)?;
+        Some(CpuMeter { host_busy: total - idle, host_total: total, own })
+    }
+
+    /// The share of the machine's CPU time since `self` that other processes used (0 = the
+    /// machine was ours; 0.5 = half of every core went elsewhere).
+    pub fn foreign_share(&self) -> Option<f64> {
+        let now = CpuMeter::now()?;
+        let total = now.host_total.saturating_sub(self.host_total);
+        if total == 0 {
+            return Some(0.0);
+        }
+        let busy = now.host_busy.saturating_sub(self.host_busy);
+        let own = now.own.saturating_sub(self.own);
+        Some(busy.saturating_sub(own) as f64 / total as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meter_sees_this_process_as_its_own() {
+        let Some(m) = CpuMeter::now() else { return };
+        work_unit();
+        let share = m.foreign_share().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{share}");
+    }
+
+    #[test]
+    fn comm_samples_cover_every_kind_and_group_and_grow_with_size() {
+        let s = time_comm(4, &[2, 4], &[4096, 1 << 20], 2).unwrap();
+        assert_eq!(s.len(), 2 * 5 * 2);
+        let ok = |v: f64| v >= 0.0 && v.is_finite();
+        assert!(s.iter().all(|x| ok(x.post_s) && ok(x.finish_s) && ok(x.latency_s)), "{s:?}");
+        // Summing 1 MiB from 4 ranks is more work than 4 KiB.
+        let ar = |bytes| {
+            s.iter().find(|x| x.op == CommOp::Collective(CollKind::AllReduce) && x.ranks == 4 && x.bytes == bytes)
+        };
+        assert!(ar(1 << 20).unwrap().finish_s > ar(4096).unwrap().finish_s);
+    }
+
+    #[test]
+    fn gemm_and_piece_samples_are_positive_and_name_their_ops() {
+        let g = time_gemms(&[(64, 64, 64), (128, 32, 64)], 2, 2);
+        assert_eq!((g[1].m, g[1].n, g[1].k), (128, 32, 64));
+        assert!(g.iter().all(|x| x.seconds > 0.0));
+        let text = "[model]\npreset = \"tiny-gpt\"\nlayers = 2\n[cluster]\npreset = \"cpu-local\"\ngpus_per_node = 1\n\
+                    [parallel]\ntp = 1\npp = 1\ndp = 1\nmicro_batch = 2\nglobal_batch = 4\n";
+        let s = Scenario::from_toml(text, "t", "t", &[]).unwrap();
+        let p = time_pieces(&[s], 2, 2).unwrap();
+        // Two jobs, each: 2 microbatches × (embed, 2 layers × 5 pieces, head) fwd and bwd, and a step.
+        assert!(p.iter().any(|x| x.piece == Piece::Optimizer && x.phase == Phase::Step));
+        assert!(p.iter().any(|x| x.piece == Piece::Attn && x.phase == Phase::BackwardWeight));
+        assert!(p.iter().all(|x| x.seconds >= 0.0));
+        assert!(shared_cores(2) > 0.3);
+    }
+}
