@@ -27,10 +27,19 @@
 //!
 //! **Element-wise** work moves `mem_bytes` at η_mem of the HBM bandwidth.
 //!
+//! **Measured profiles** (`strata calibrate`) refine both terms where they have data: a
+//! GEMM whose (m, n, k) was measured takes 2·m·n·k·batch / its measured rate, and a piece
+//! whose (piece, phase) was measured spends `mem_bytes / rate + overhead` beside its GEMMs
+//! (the rate and the overhead fitted to the piece's real time), replacing the uniform
+//! bandwidth and the per-kernel cost. [`ComputeModel::op_cost_s`] applies them;
+//! [`ComputeModel::cost_s`] is the shape-only model.
+//!
 //! Units: seconds inside, integer nanoseconds out (rounded up).
 
+use std::collections::BTreeMap;
+
 use strata_models::Dtype;
-use strata_models::plan::{ComputeCost, Gemm};
+use strata_models::plan::{ComputeCost, Gemm, Phase, Piece};
 
 use crate::profile::HardwareProfile;
 
@@ -45,6 +54,10 @@ pub struct ComputeModel {
     mem_bytes_per_s: f64,
     kernel_s: f64,
     elem_bytes: f64,
+    /// Measured seconds of one GEMM of shape (m, n, k).
+    measured_gemm_s: BTreeMap<(u64, u64, u64), f64>,
+    /// Measured (bytes/s, fixed seconds) of a piece's work beside its GEMMs.
+    measured_piece: BTreeMap<(Piece, Phase), (f64, f64)>,
 }
 
 impl ComputeModel {
@@ -59,11 +72,33 @@ impl ComputeModel {
             mem_bytes_per_s: c.hbm_gb_per_s * 1e9 * c.elementwise_bw_efficiency,
             kernel_s: c.kernel_overhead_us * 1e-6,
             elem_bytes: dtype.bytes() as f64,
+            measured_gemm_s: c
+                .gemms
+                .iter()
+                .map(|g| ((g.m, g.n, g.k), 2.0 * (g.m * g.n * g.k) as f64 / (g.gflops * 1e9)))
+                .collect(),
+            measured_piece: c
+                .pieces
+                .iter()
+                .map(|p| ((p.piece, p.phase), (p.gb_per_s * 1e9, p.overhead_us * 1e-6)))
+                .collect(),
         }
     }
 
-    /// Seconds for one GEMM (or a batch of identical ones).
+    /// Seconds for one GEMM (or a batch of identical ones): measured when the profile has
+    /// this shape, else the tile model.
     pub fn gemm_s(&self, g: &Gemm) -> f64 {
+        if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
+            return 0.0;
+        }
+        if let Some(s) = self.measured_gemm_s.get(&(g.m, g.n, g.k)) {
+            return s * g.batch as f64;
+        }
+        self.tile_model_s(g)
+    }
+
+    /// Seconds for one GEMM (or a batch) from the tile and wave model alone.
+    pub fn tile_model_s(&self, g: &Gemm) -> f64 {
         if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
             return 0.0;
         }
@@ -97,6 +132,21 @@ impl ComputeModel {
     /// Nanoseconds for one op of this cost, rounded up.
     pub fn cost_ns(&self, c: &ComputeCost) -> u64 {
         (self.cost_s(c) * 1e9).ceil() as u64
+    }
+
+    /// Seconds for one op of a known piece: its GEMMs, and its other work at the piece's
+    /// measured rate when the profile has one (else as [`ComputeModel::cost_s`]).
+    pub fn op_cost_s(&self, piece: Piece, phase: Phase, c: &ComputeCost) -> f64 {
+        let Some(&(bytes_per_s, fixed_s)) = self.measured_piece.get(&(piece, phase)) else {
+            return self.cost_s(c);
+        };
+        let gemms: f64 = c.gemms.iter().map(|g| self.gemm_s(g)).sum();
+        gemms + c.mem_bytes as f64 / bytes_per_s + fixed_s
+    }
+
+    /// Whether the profile measured any piece (op times then depend on the piece).
+    pub fn has_piece_rates(&self) -> bool {
+        !self.measured_piece.is_empty()
     }
 }
 
@@ -142,6 +192,29 @@ mod tests {
         let t = m.gemm_s(&g);
         assert!(t >= bytes / (2039e9 * 0.99), "{t}");
         assert!(g.flops() as f64 / t < 0.6 * 312e12);
+    }
+
+    #[test]
+    fn measured_shapes_and_pieces_override_the_shape_model() {
+        use crate::profile::{MeasuredGemm, PieceRate};
+        let mut p = HardwareProfile::builtin(GpuKind::Cpu);
+        p.compute.gemms.push(MeasuredGemm { m: 256, n: 768, k: 256, gflops: 50.0 });
+        p.compute.pieces.push(PieceRate {
+            piece: Piece::Attn,
+            phase: Phase::Forward,
+            gb_per_s: 2.0,
+            overhead_us: 10.0,
+        });
+        let m = ComputeModel::new(&p, Dtype::Fp32);
+        let g = Gemm { m: 256, n: 768, k: 256, batch: 3 };
+        assert!((m.gemm_s(&g) - 3.0 * 2.0 * 256.0 * 768.0 * 256.0 / 50e9).abs() < 1e-15);
+        let other = Gemm { m: 256, n: 768, k: 255, batch: 1 };
+        assert_eq!(m.gemm_s(&other), m.tile_model_s(&other));
+        let c = ComputeCost { flops: g.flops(), gemms: vec![g], attention: None, mem_bytes: 4_000_000, kernels: 7 };
+        let want = m.gemm_s(&g) + 4e6 / 2e9 + 10e-6;
+        assert!((m.op_cost_s(Piece::Attn, Phase::Forward, &c) - want).abs() < 1e-15);
+        // A piece without a measured rate keeps the uniform model.
+        assert_eq!(m.op_cost_s(Piece::Mlp, Phase::Forward, &c), m.cost_s(&c));
     }
 
     #[test]

@@ -13,12 +13,27 @@
 //! file documents where its numbers come from. `strata calibrate` writes a file of the same
 //! shape from measurements; [`HardwareProfile::load`] reads one. Unknown keys are errors.
 //!
-//! Units are in the key names: TFLOP/s (1e12 FLOP/s), GB/s (1e9 bytes/s), µs, MiB (2^20
-//! bytes).
+//! A measured profile can carry more than the datasheet-shaped parameters, each optional
+//! (absent in the GPU profiles, which keep their meaning unchanged):
+//! - `compute.gemms`: the GEMM rate measured at exact (m, n, k) shapes, used for those
+//!   shapes instead of the tile model;
+//! - `compute.pieces`: per (piece, phase), the rate at which that piece moves the bytes the
+//!   plan counts for its element-wise work, and a fixed cost per call (what the piece does
+//!   besides its GEMMs, measured rather than assumed to stream at one bandwidth);
+//! - `[execution]`: how ranks run — on one thread each, so a rank's compute never overlaps
+//!   its own communication (the CPU executor), and on a number of cores shared by the ranks
+//!   that compute at the same instant (processor sharing);
+//! - `[network]`: a latency and a bandwidth per collective kind and group size, measured on
+//!   the executor's own communicator; the simulator then uses
+//!   [`crate::net::CalibratedNetwork`] instead of a topology model.
+//!
+//! Units are in the key names: TFLOP/s (1e12 FLOP/s), GB/s (1e9 bytes/s), GFLOP/s, µs, MiB
+//! (2^20 bytes).
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use strata_models::plan::{Phase, Piece};
 use strata_models::{Dtype, GpuKind};
 
 /// One GEMM tile shape the library can pick, with how well it keeps an SM busy relative to
@@ -56,6 +71,35 @@ pub struct ComputeParams {
     pub elementwise_bw_efficiency: f64,
     /// Fixed cost per kernel: launch gap and tail of a kernel on a busy stream.
     pub kernel_overhead_us: f64,
+    /// GEMM rates measured at exact shapes; they override the tile model for those shapes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemms: Vec<MeasuredGemm>,
+    /// Measured element-wise rates per model piece; they override
+    /// `elementwise_bw_efficiency` and `kernel_overhead_us` for those pieces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pieces: Vec<PieceRate>,
+}
+
+/// One GEMM shape as measured: C(m×n) = A(m×k)·B(k×n) at `gflops` (2·m·n·k FLOPs per call,
+/// the call's fixed costs included).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredGemm {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub gflops: f64,
+}
+
+/// What one (piece, phase) costs beyond its GEMMs: its element-wise bytes (as the plan
+/// counts them) at `gb_per_s`, plus `overhead_us` per call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PieceRate {
+    pub piece: Piece,
+    pub phase: Phase,
+    pub gb_per_s: f64,
+    pub overhead_us: f64,
 }
 
 /// How much compute slows down while communication kernels of a stream run beside it:
@@ -94,6 +138,84 @@ pub struct HostParams {
     pub step_overhead_us: f64,
 }
 
+/// How ranks execute and share the machine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutionParams {
+    /// A rank runs its four streams interleaved on one thread (the CPU executor): while it
+    /// computes, none of its communication is posted or completed; GPUs run streams
+    /// concurrently (false).
+    #[serde(default)]
+    pub one_thread_per_rank: bool,
+    /// Cores shared by every rank of the job (processor sharing: n ranks computing at once
+    /// each run at min(1, cores / n) of their speed). 0: every rank has a device of its own.
+    #[serde(default)]
+    pub shared_cores: f64,
+}
+
+/// The communicator as measured: one line per collective kind and group size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkParams {
+    /// What was measured, one line.
+    pub source: String,
+    pub links: Vec<CommFit>,
+}
+
+/// What a calibrated communication moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CommFitKind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    AllToAll,
+    SendRecv,
+}
+
+impl CommFitKind {
+    pub const ALL: [CommFitKind; 6] = [
+        CommFitKind::AllReduce,
+        CommFitKind::ReduceScatter,
+        CommFitKind::AllGather,
+        CommFitKind::Broadcast,
+        CommFitKind::AllToAll,
+        CommFitKind::SendRecv,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            CommFitKind::AllReduce => "all-reduce",
+            CommFitKind::ReduceScatter => "reduce-scatter",
+            CommFitKind::AllGather => "all-gather",
+            CommFitKind::Broadcast => "broadcast",
+            CommFitKind::AllToAll => "all-to-all",
+            CommFitKind::SendRecv => "send-recv",
+        }
+    }
+}
+
+/// One communication kind over `ranks` ranks on the executor's communicator: the delay
+/// from the last member's post until the others notice it (a thread waking up), and the CPU
+/// work each member does on its own thread — posting its contribution (copies to the
+/// others) and combining what it received (the sum, the concatenation) — at each measured
+/// size S (nccl-tests' S). Work between sizes is interpolated linearly in S, and beyond the
+/// measured range extrapolated from the nearest two sizes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommFit {
+    pub kind: CommFitKind,
+    pub ranks: u32,
+    pub latency_us: f64,
+    /// Measured sizes, ascending.
+    pub bytes: Vec<u64>,
+    /// CPU work of one member posting, µs, at each size.
+    pub post_us: Vec<f64>,
+    /// CPU work of one member combining, µs, at each size.
+    pub finish_us: Vec<f64>,
+}
+
 /// A hardware profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,6 +229,10 @@ pub struct HardwareProfile {
     pub overlap: OverlapParams,
     pub memory: MemoryParams,
     pub host: HostParams,
+    #[serde(default)]
+    pub execution: ExecutionParams,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkParams>,
 }
 
 /// Why a profile could not be had.
@@ -220,7 +346,61 @@ impl HardwareProfile {
                 m.cuda_context_mib, m.nccl_buffer_mib, m.allocator_fragmentation
             ));
         }
+        self.check_measured(&mut bad);
         if bad.is_empty() { Ok(()) } else { Err(bad.join("\n")) }
+    }
+
+    /// Range checks of the measured (optional) sections.
+    fn check_measured(&self, bad: &mut Vec<String>) {
+        let rate = |v: f64| v > 0.0 && v.is_finite();
+        for (i, g) in self.compute.gemms.iter().enumerate() {
+            if g.m == 0 || g.n == 0 || g.k == 0 || !rate(g.gflops) {
+                bad.push(format!(
+                    "compute.gemms[{i}] = {}×{}×{} at {} GFLOP/s: shapes must be positive and the rate a positive number",
+                    g.m, g.n, g.k, g.gflops
+                ));
+            }
+        }
+        for (i, p) in self.compute.pieces.iter().enumerate() {
+            if !(rate(p.gb_per_s) && p.overhead_us >= 0.0 && p.overhead_us.is_finite()) {
+                bad.push(format!(
+                    "compute.pieces[{i}] ({} {}) = {} GB/s + {} us: the rate must be positive and the overhead not negative",
+                    p.piece.key(),
+                    p.phase.key(),
+                    p.gb_per_s,
+                    p.overhead_us
+                ));
+            }
+        }
+        let cores = self.execution.shared_cores;
+        if !(cores >= 0.0 && cores.is_finite()) {
+            bad.push(format!("execution.shared_cores = {cores}: give the cores the ranks share, or 0 for none"));
+        }
+        if let Some(n) = &self.network {
+            for (i, l) in n.links.iter().enumerate() {
+                let sizes_ok = !l.bytes.is_empty()
+                    && l.bytes.windows(2).all(|w| w[0] < w[1])
+                    && l.post_us.len() == l.bytes.len()
+                    && l.finish_us.len() == l.bytes.len();
+                let work_ok = l.post_us.iter().chain(&l.finish_us).all(|v| *v >= 0.0 && v.is_finite());
+                if !(l.ranks >= 2 && l.latency_us >= 0.0 && l.latency_us.is_finite() && sizes_ok && work_ok) {
+                    bad.push(format!(
+                        "network.links[{i}] ({} over {} ranks): a line needs at least 2 ranks, a latency not negative, \
+                         ascending sizes, and one post and one finish time (not negative) per size",
+                        l.kind.key(),
+                        l.ranks
+                    ));
+                }
+            }
+            for kind in CommFitKind::ALL.into_iter().filter(|k| *k != CommFitKind::AllToAll) {
+                if !n.links.iter().any(|l| l.kind == kind) {
+                    bad.push(format!(
+                        "network.links has no {} line: measure every kind (strata calibrate)",
+                        kind.key()
+                    ));
+                }
+            }
+        }
     }
 
     /// The GEMM peak for a training dtype, FLOP/s.
@@ -249,6 +429,36 @@ mod tests {
             // A profile written back reads back equal.
             assert_eq!(HardwareProfile::from_toml(&p.to_toml(), "round trip").unwrap(), p);
         }
+    }
+
+    #[test]
+    fn a_measured_profile_round_trips_and_its_bad_lines_are_named() {
+        let mut p = HardwareProfile::builtin(GpuKind::Cpu);
+        p.compute.gemms.push(MeasuredGemm { m: 256, n: 768, k: 256, gflops: 90.5 });
+        p.compute.pieces.push(PieceRate {
+            piece: Piece::Attn,
+            phase: Phase::Forward,
+            gb_per_s: 2.5,
+            overhead_us: 12.0,
+        });
+        p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9 };
+        let line = |kind| CommFit {
+            kind,
+            ranks: 2,
+            latency_us: 20.0,
+            bytes: vec![4096, 1 << 20],
+            post_us: vec![1.0, 100.0],
+            finish_us: vec![2.0, 200.0],
+        };
+        let links = CommFitKind::ALL.iter().filter(|k| **k != CommFitKind::AllToAll).map(|k| line(*k)).collect();
+        p.network = Some(NetworkParams { source: "test".into(), links });
+        assert_eq!(HardwareProfile::from_toml(&p.to_toml(), "round trip").unwrap(), p);
+        let mut bad = p.clone();
+        bad.network.as_mut().unwrap().links.retain(|l| l.kind != CommFitKind::Broadcast);
+        bad.network.as_mut().unwrap().links[0].post_us.pop();
+        bad.execution.shared_cores = -1.0;
+        let e = bad.check().unwrap_err();
+        assert!(e.contains("no broadcast line") && e.contains("network.links[0]") && e.contains("shared_cores"), "{e}");
     }
 
     #[test]

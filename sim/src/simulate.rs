@@ -105,21 +105,31 @@ pub enum SimError {
     ProfileMismatch { profile: String, profile_gpu: String, cluster_gpu: String },
 }
 
-/// The default network model of a scenario's cluster: the fat-tree fabric (NCCL's algorithms as
-/// flows, max-min link sharing).
-pub fn default_network(scenario: &Scenario, seed: u64) -> Result<Box<dyn Network>, SimError> {
-    Ok(net::build(&scenario.cluster, seed, NetworkKind::Fabric)?)
+/// The default network model of a scenario's cluster for a hardware profile: the measured
+/// network when the profile carries one (a host calibrated with `strata calibrate`), else the
+/// fat-tree fabric (NCCL's algorithms as flows, max-min link sharing).
+pub fn default_network(
+    scenario: &Scenario,
+    profile: &HardwareProfile,
+    seed: u64,
+) -> Result<Box<dyn Network>, SimError> {
+    Ok(net::build_for(&scenario.cluster, seed, Some(NetworkKind::default_for(profile)), profile)?)
+}
+
+/// The profile a simulation uses: the given one, or the built-in one of the cluster's GPU.
+pub fn profile_of(plan: &Plan, options: &SimOptions) -> HardwareProfile {
+    options.profile.clone().unwrap_or_else(|| HardwareProfile::builtin(plan.scenario.cluster.gpu))
 }
 
 /// Simulates one step of `plan` on the default network.
 pub fn simulate(plan: &Plan, options: &SimOptions) -> Result<SimReport, SimError> {
-    let mut net = default_network(&plan.scenario, options.seed)?;
+    let mut net = default_network(&plan.scenario, &profile_of(plan, options), options.seed)?;
     simulate_with(plan, options, net.as_mut())
 }
 
 /// Simulates one step of `plan` on a given network.
 pub fn simulate_with(plan: &Plan, options: &SimOptions, net: &mut dyn Network) -> Result<SimReport, SimError> {
-    let profile = options.profile.clone().unwrap_or_else(|| HardwareProfile::builtin(plan.scenario.cluster.gpu));
+    let profile = profile_of(plan, options);
     if profile.gpu != plan.scenario.cluster.gpu {
         return Err(SimError::ProfileMismatch {
             profile: profile.name.clone(),
@@ -131,10 +141,12 @@ pub fn simulate_with(plan: &Plan, options: &SimOptions, net: &mut dyn Network) -
     simulate_timed(plan, options, net, &timer, &profile)
 }
 
-/// Compute times from a profile: one cost per cost id, plus the host's per-step overhead on
-/// the optimizer step.
+/// Compute times from a profile: one cost per cost id (or, when the profile measured
+/// pieces, per piece and cost), plus the host's per-step overhead on the optimizer step.
 pub struct ProfileTimer {
     ns: Vec<u64>,
+    /// Set when the profile has measured piece rates: op times then depend on the piece.
+    model: Option<ComputeModel>,
     step_overhead_ns: u64,
 }
 
@@ -143,15 +155,20 @@ impl ProfileTimer {
         let model = ComputeModel::new(profile, plan.scenario.training.dtype);
         ProfileTimer {
             ns: plan.costs.iter().map(|c| model.cost_ns(c)).collect(),
+            model: model.has_piece_rates().then_some(model),
             step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
         }
     }
 }
 
 impl ComputeTimer for ProfileTimer {
-    fn duration_ns(&self, op: &ComputeOp, _cost: &ComputeCost) -> u64 {
+    fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
         let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
-        self.ns[op.cost as usize] + extra
+        let ns = match &self.model {
+            Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
+            None => self.ns[op.cost as usize],
+        };
+        ns + extra
     }
 }
 
@@ -185,6 +202,8 @@ pub fn simulate_timed(
         slowdown: [o.tp_slowdown, o.dp_slowdown, o.pp_slowdown],
         jitter: options.jitter,
         record_memory: options.trace,
+        one_thread_per_rank: profile.execution.one_thread_per_rank,
+        shared_cores: profile.execution.shared_cores,
     };
     let outcome = engine::run(plan, tables, used, cfg, net)?;
     Ok(report(plan, options, profile, net.name(), outcome))

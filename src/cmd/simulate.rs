@@ -14,9 +14,11 @@ use crate::common::{self, ScenarioArgs};
 /// Options shared by the commands that simulate (simulate, search, compare).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimArgs {
-    /// Network model: fabric (NCCL's algorithms as flows on the fat-tree, max-min sharing)
-    /// or closed-form (per link class, no contention).
-    #[arg(long, default_value = "fabric", value_parser = ["fabric", "closed-form"])]
+    /// Network model: auto (the profile's measured network when it has one, else fabric),
+    /// fabric (NCCL's algorithms as flows on the fat-tree, max-min sharing), closed-form (per
+    /// link class, no contention) or calibrated (the profile's measured latency and bandwidth
+    /// per collective, from strata calibrate).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "fabric", "closed-form", "calibrated"])]
     pub network: String,
     /// A hardware profile (TOML) instead of the built-in one of the cluster's GPU, e.g. one
     /// written by `strata calibrate`.
@@ -28,8 +30,14 @@ pub struct SimArgs {
 }
 
 impl SimArgs {
-    pub fn network_kind(&self) -> NetworkKind {
-        if self.network == "closed-form" { NetworkKind::ClosedForm } else { NetworkKind::Fabric }
+    /// The chosen network; `None` for auto (what the profile implies).
+    pub fn network_kind(&self) -> Option<NetworkKind> {
+        match self.network.as_str() {
+            "closed-form" => Some(NetworkKind::ClosedForm),
+            "fabric" => Some(NetworkKind::Fabric),
+            "calibrated" => Some(NetworkKind::Calibrated),
+            _ => None,
+        }
     }
 
     pub fn profile(&self) -> anyhow::Result<Option<HardwareProfile>> {
@@ -66,7 +74,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         trace: args.trace.is_some(),
         jitter: 0.0,
     };
-    let mut network = net::build(&s.cluster, seed, args.sim.network_kind())?;
+    let profile = strata_sim::simulate::profile_of(&plan, &options);
+    let mut network = net::build_for(&s.cluster, seed, args.sim.network_kind(), &profile)?;
     let report = strata_sim::simulate_with(&plan, &options, network.as_mut())?;
     if let (Some(path), Some(trace)) = (&args.trace, &report.trace) {
         let json = strata_reports::chrome_trace_json(&plan, trace);

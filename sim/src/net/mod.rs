@@ -21,6 +21,8 @@
 //! Code map: [`node`] (what a node offers the network: effective NVLink / NIC bandwidth,
 //! rank placement), [`nccl_graph`] and [`nccl`] (NCCL's topology-search outcome and its
 //! tuning model, pinned to v2.30.7), [`closed_form`] (the contention-free model),
+//! [`calibrated`] (latency and bandwidth per collective as `strata calibrate` measured them
+//! on the CPU executor's communicator),
 //! [`topology`] and [`routing`] (the switch fabric as a graph, paths through it),
 //! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
 //! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
@@ -29,7 +31,10 @@
 use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
 
+use crate::profile::HardwareProfile;
+
 pub mod bench;
+pub mod calibrated;
 pub mod closed_form;
 pub mod collbench;
 pub mod fabric;
@@ -43,6 +48,7 @@ pub mod topology;
 #[cfg(test)]
 mod validation;
 
+pub use calibrated::CalibratedNetwork;
 pub use closed_form::ClosedFormNetwork;
 pub use fabric::FabricNetwork;
 pub use nccl::NcclEnv;
@@ -82,6 +88,15 @@ pub struct CommChoice {
     pub channels: u32,
 }
 
+/// CPU work one member of a communication does on its own thread (nanoseconds at full
+/// speed): posting its contribution, and finishing (combining the others') after the
+/// transfer. For communicators that move data with the ranks' cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostWork {
+    pub post_ns: u64,
+    pub finish_ns: u64,
+}
+
 /// A network model.
 pub trait Network {
     /// Short name for reports ("closed-form", "fabric").
@@ -95,6 +110,13 @@ pub trait Network {
     fn advance(&mut self, now_ns: u64) -> Vec<CommId>;
     /// The algorithm, protocol and channels the request would use.
     fn choice(&self, req: &CommRequest) -> CommChoice;
+    /// The CPU work each member spends on the request, when the ranks' own threads move the
+    /// data (the CPU executor's communicator); the engine then runs it like compute, on
+    /// ranks that run one thread each. `None` (the default): the transfer needs no work of
+    /// the rank's thread (GPU collectives run on their own streams).
+    fn host_work(&self, _req: &CommRequest) -> Option<HostWork> {
+        None
+    }
 }
 
 /// Which [`Network`] implementation to build.
@@ -105,6 +127,17 @@ pub enum NetworkKind {
     ClosedForm,
     /// [`FabricNetwork`]: NCCL's choice laid onto the fabric, max-min link sharing.
     Fabric,
+    /// [`CalibratedNetwork`]: the hardware profile's measured latency and bandwidth per
+    /// collective kind and group size (needs a profile with a `[network]` table).
+    Calibrated,
+}
+
+impl NetworkKind {
+    /// The network a profile implies: its measured one when it carries a `[network]` table
+    /// (a host calibrated with `strata calibrate`), else the fat-tree fabric.
+    pub fn default_for(profile: &HardwareProfile) -> NetworkKind {
+        if profile.network.is_some() { NetworkKind::Calibrated } else { NetworkKind::Fabric }
+    }
 }
 
 /// Why a network could not be built for a cluster.
@@ -136,6 +169,7 @@ pub fn build(cluster: &ClusterSpec, seed: u64, kind: NetworkKind) -> Result<Box<
 }
 
 /// [`build`] with an explicit NCCL environment (forced algorithm / protocol, NVLS off …).
+/// A calibrated network needs a profile: use [`build_for`].
 pub fn build_with(
     cluster: &ClusterSpec,
     seed: u64,
@@ -145,5 +179,31 @@ pub fn build_with(
     Ok(match kind {
         NetworkKind::ClosedForm => Box::new(ClosedFormNetwork::new(cluster, env.clone())?),
         NetworkKind::Fabric => Box::new(FabricNetwork::new(cluster, seed, env.clone())?),
+        NetworkKind::Calibrated => {
+            return Err(NetError::Cluster(
+                "the calibrated network is built from a hardware profile; pass one (strata calibrate writes it)".into(),
+            ));
+        }
     })
+}
+
+/// Builds the network of `kind` (`None`: the one the profile implies,
+/// [`NetworkKind::default_for`]) for `cluster` and `profile`.
+pub fn build_for(
+    cluster: &ClusterSpec,
+    seed: u64,
+    kind: Option<NetworkKind>,
+    profile: &HardwareProfile,
+) -> Result<Box<dyn Network + Send>, NetError> {
+    match kind.unwrap_or_else(|| NetworkKind::default_for(profile)) {
+        NetworkKind::Calibrated => match &profile.network {
+            Some(p) => Ok(Box::new(CalibratedNetwork::new(p)?)),
+            None => Err(NetError::Cluster(format!(
+                "hardware profile {} has no [network] table to build the calibrated network from; \
+                 measure one with strata calibrate, or choose --network fabric",
+                profile.name
+            ))),
+        },
+        other => build(cluster, seed, other),
+    }
 }

@@ -18,6 +18,10 @@
 //!   ZeRO-3's per-unit gathers overlap each unit's compute;
 //! - the optimizer step.
 //!
+//! Collectives are costed by the closed-form network, or by the profile's measured one when
+//! it has one. Shared cores and one-thread ranks (the CPU executor) are left to the
+//! simulation.
+//!
 //! The estimate ranks candidates; it is not the prediction. `search` simulates the best
 //! estimated candidates in full and ranks by the simulation.
 
@@ -32,11 +36,18 @@ use strata_models::plan::{CollKind, Phase, Piece};
 
 use crate::compute::ComputeModel;
 use crate::net::closed_form::ClosedFormNetwork;
-use crate::net::{CommKind, CommRequest, NcclEnv, NetError};
+use crate::net::{CalibratedNetwork, CommKind, CommRequest, NcclEnv, NetError};
+use crate::profile::HardwareProfile;
+
+/// The network the estimate asks: closed form, or the profile's measured one.
+enum EstimateNet {
+    ClosedForm(ClosedFormNetwork),
+    Calibrated(CalibratedNetwork),
+}
 
 /// Caches what many candidates share: collective times by (kind, group ranks, bytes).
 pub struct Estimator {
-    net: ClosedFormNetwork,
+    net: EstimateNet,
     compute: ComputeModel,
     comm: BTreeMap<(u8, u32, u32, u64), f64>,
 }
@@ -53,12 +64,12 @@ fn kind_id(k: CommKind) -> u8 {
 }
 
 impl Estimator {
-    pub fn new(base: &Scenario, compute: ComputeModel) -> Result<Estimator, NetError> {
-        Ok(Estimator {
-            net: ClosedFormNetwork::new(&base.cluster, NcclEnv::default())?,
-            compute,
-            comm: BTreeMap::new(),
-        })
+    pub fn new(base: &Scenario, compute: ComputeModel, profile: &HardwareProfile) -> Result<Estimator, NetError> {
+        let net = match &profile.network {
+            Some(p) => EstimateNet::Calibrated(CalibratedNetwork::new(p)?),
+            None => EstimateNet::ClosedForm(ClosedFormNetwork::new(&base.cluster, NcclEnv::default())?),
+        };
+        Ok(Estimator { net, compute, comm: BTreeMap::new() })
     }
 
     /// Seconds of a communication over `n` ranks spaced `stride` apart, starting at rank 0.
@@ -71,7 +82,12 @@ impl Estimator {
             return *t;
         }
         let ranks: Vec<u32> = (0..n).map(|i| i * stride).collect();
-        let t = self.net.cost(&CommRequest { kind, ranks, bytes, multiplicity: 1 }).time_ns as f64 * 1e-9;
+        let req = CommRequest { kind, ranks, bytes, multiplicity: 1 };
+        let ns = match &self.net {
+            EstimateNet::ClosedForm(n) => n.cost(&req).time_ns,
+            EstimateNet::Calibrated(n) => n.cost_ns(&req),
+        };
+        let t = ns as f64 * 1e-9;
         self.comm.insert(key, t);
         t
     }

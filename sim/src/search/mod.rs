@@ -40,7 +40,8 @@ pub struct SearchOptions {
     pub simulate_top: usize,
     /// Simulate every candidate that passes the memory screen.
     pub exhaustive: bool,
-    pub network: NetworkKind,
+    /// `None`: the network the profile implies ([`NetworkKind::default_for`]).
+    pub network: Option<NetworkKind>,
     pub seed: u64,
     pub profile: Option<HardwareProfile>,
 }
@@ -51,7 +52,7 @@ impl SearchOptions {
             space: SearchSpace::full(base),
             simulate_top: 64,
             exhaustive: false,
-            network: NetworkKind::Fabric,
+            network: None,
             seed: base.training.seed,
             profile: None,
         }
@@ -158,7 +159,7 @@ pub fn search(
         .valid
         .par_iter()
         .map_init(
-            || estimate::Estimator::new(base, ComputeModel::new(&profile, base.training.dtype)),
+            || estimate::Estimator::new(base, ComputeModel::new(&profile, base.training.dtype), &profile),
             |est, s| {
                 let need = stage_memory(s).iter().map(|st| st.total_bytes()).fold(0.0, f64::max)
                     * (1.0 + mem.allocator_fragmentation)
@@ -200,7 +201,7 @@ pub fn search(
     let sim_one = |i: usize| -> Result<SimReport, SimError> {
         let s = &candidates[i].scenario;
         let plan = lower(s).map_err(|e| SimError::InvalidPlan { program: 0, op: 0, reason: e.to_string() })?;
-        let mut network = net::build(&s.cluster, opts.seed, opts.network)?;
+        let mut network = net::build_for(&s.cluster, opts.seed, opts.network, &profile)?;
         let o = SimOptions {
             mode: Mode::Symmetric,
             seed: opts.seed,
