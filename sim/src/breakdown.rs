@@ -14,6 +14,9 @@
 //! - before such an op itself started, whatever held *it* up (its own blocker), and so on.
 //!
 //! Idle time after the last compute op is charged the same way to the op that ends last.
+//! A rank that runs on one thread (the CPU executor) may start an op after its blocker
+//! ended because the thread was busy posting or finishing other communication; that wait
+//! is charged to the communication whose work ended last in it.
 //! The pieces partition [0, finish], so the components sum to the rank's step time exactly.
 //!
 //! Units: nanoseconds inside, seconds in [`Breakdown`].
@@ -98,6 +101,23 @@ fn blocker(run: &ActorRun, table: &ProgramTable, program: &Program, op: u32) -> 
         .unwrap_or(NONE)
 }
 
+/// What held a one-thread rank busy until `w1` after `w0`: the communication op whose
+/// work ended last in (w0, w1] (its stream's class), else a wait (bubble).
+fn busy_thread_class(run: &ActorRun, table: &ProgramTable, w0: u64, w1: u64) -> usize {
+    (0..table.len())
+        .filter(|&i| {
+            matches!(table.info[i], OpInfo::Collective { .. } | OpInfo::Send { .. } | OpInfo::Recv { .. })
+                && run.end_ns[i] > w0
+                && run.end_ns[i] <= w1
+        })
+        .max_by_key(|&i| (run.end_ns[i], std::cmp::Reverse(i)))
+        .map_or(BUBBLE, |i| match table.stream[i] {
+            Stream::Tp => TP,
+            Stream::Pp => PP,
+            Stream::Compute | Stream::Dp => DP,
+        })
+}
+
 /// Charges the window [w0, w1) to what `b` stood for, following blockers back.
 fn charge(
     run: &ActorRun,
@@ -139,7 +159,13 @@ fn charge(
                 b = blocker(run, table, program, b);
             }
             OpInfo::Alloc { .. } | OpInfo::Free { .. } => {
-                w1 = w1.min(run.end_ns[o]);
+                let end = run.end_ns[o];
+                if w1 > end.max(w0) {
+                    // The op waited past its blocker's end: its rank's one thread was busy
+                    // with other work — posting or finishing communication (CPU ranks).
+                    acc[busy_thread_class(run, table, end.max(w0), w1)] += w1 - end.max(w0);
+                }
+                w1 = w1.min(end);
                 b = blocker(run, table, program, b);
             }
             OpInfo::Compute { .. } => break,

@@ -33,6 +33,19 @@
 //! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
 //! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
 //! bandwidth); a running compute op is re-timed whenever that factor changes.
+//!
+//! **Shared cores** (`shared_cores` = c > 0, the CPU executor: every rank a thread of one
+//! process). The ranks computing at an instant, n of them (an actor counts for the ranks it
+//! stands for), share c cores by processor sharing: each runs at min(1, c/n) of its speed,
+//! so its compute time stretches by max(1, n/c). Ranks waiting on communication leave their
+//! cores to the others (a pipeline bubble is not idle hardware). Every running compute op
+//! is re-timed when n changes; times stay integer nanoseconds (work left is kept in
+//! full-speed ns and the end rounded up).
+//!
+//! **One thread per rank** (`one_thread_per_rank`, the CPU executor): see [`thread`]. A
+//! rank's streams share one thread that runs compute, and — when the network says so
+//! ([`Network::host_work`]) — the CPU work of posting and finishing its communication,
+//! one task at a time, compute first.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -48,8 +61,10 @@ use crate::program::{NONE, OpInfo, ProgramTable};
 use crate::simulate::SimError;
 
 mod rendezvous;
+mod thread;
 
 use rendezvous::GroupState;
+use thread::Task;
 
 /// One actor per rank, or one per pipeline stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -70,11 +85,17 @@ pub struct EngineConfig {
     pub jitter: f64,
     /// Keep memory samples for the trace.
     pub record_memory: bool,
+    /// A rank's streams share one thread: no compute/communication overlap within a rank.
+    pub one_thread_per_rank: bool,
+    /// Cores shared by all ranks' compute (processor sharing); 0: a device per rank.
+    pub shared_cores: f64,
 }
 
 const IDLE: u8 = 0;
 const POSTED: u8 = 1;
 const DONE: u8 = 2;
+/// One thread per rank: the thread is copying the op's contribution out; not yet offered.
+const POSTING: u8 = 3;
 
 /// Where a transfer's compute slowdown comes from: 0 tp, 1 dp, 2 pp.
 fn class_of(stream: Stream) -> usize {
@@ -92,6 +113,7 @@ struct Running {
     work_ns: f64,
     since_ns: u64,
     factor: f64,
+    task: Task,
 }
 
 /// One executed program: a rank (full mode) or a stage's representative rank.
@@ -143,13 +165,21 @@ struct Actor {
     comm_active: [u32; 3],
     memory: Timeline,
     remaining: usize,
+    /// Ranks this actor stands for (tp·dp in symmetric mode, else 1).
+    weight: u32,
+    /// One thread per rank: transfers that ended, to finish when the thread is free, with
+    /// (op, slowdown class, finish work ns).
+    noticed: VecDeque<(u32, usize, u64)>,
+    /// In the engine's serve queue.
+    queued: bool,
 }
 
+/// A communication in flight; `finish_ns` is each member's finish work (one thread per rank).
 enum CommRec {
     Empty,
-    One { class: usize, actor: u32, op: u32 },
-    Many { class: usize, members: Vec<(u32, u32)> },
-    P2p { send: (u32, u32), recv: (u32, u32) },
+    One { class: usize, actor: u32, op: u32, finish_ns: u64 },
+    Many { class: usize, members: Vec<(u32, u32)>, finish_ns: u64 },
+    P2p { send: (u32, u32), recv: (u32, u32), finish_ns: u64 },
 }
 
 enum Work {
@@ -173,6 +203,13 @@ struct Engine<'a> {
     rng: ChaCha8Rng,
     cfg: EngineConfig,
     events: u64,
+    /// Ranks running a task now (shared cores).
+    busy: u32,
+    /// One thread per rank: actors to serve once the work list of the instant is empty (so
+    /// a ready compute op goes first).
+    serve: VecDeque<u32>,
+    /// The actor whose non-compute streams are being advanced by its thread.
+    posting: Option<u32>,
 }
 
 fn dir(peer: Peer) -> usize {
@@ -267,6 +304,9 @@ impl<'a> Engine<'a> {
                 comm_active: [0; 3],
                 memory: Timeline::new(cfg.record_memory),
                 remaining: n,
+                weight: if symmetric { g.tp * g.dp } else { 1 },
+                noticed: VecDeque::new(),
+                queued: false,
             });
         }
         let groups = kinds.map(|k| {
@@ -313,6 +353,9 @@ impl<'a> Engine<'a> {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
             events: 0,
+            busy: 0,
+            serve: VecDeque::new(),
+            posting: None,
         };
         e.match_messages()?;
         Ok(e)
@@ -350,21 +393,15 @@ impl<'a> Engine<'a> {
             self.events += 1;
             let rec = self.comms.get_mut(id as usize).map(|r| std::mem::replace(r, CommRec::Empty));
             match rec {
-                Some(CommRec::One { class, actor, op }) => {
-                    self.comm_off(actor, class);
-                    self.complete(actor, op);
-                }
-                Some(CommRec::Many { class, members }) => {
+                Some(CommRec::One { class, actor, op, finish_ns }) => self.transfer_done(actor, op, class, finish_ns),
+                Some(CommRec::Many { class, members, finish_ns }) => {
                     for (a, op) in members {
-                        self.comm_off(a, class);
-                        self.complete(a, op);
+                        self.transfer_done(a, op, class, finish_ns);
                     }
                 }
-                Some(CommRec::P2p { send, recv }) => {
-                    self.comm_off(send.0, 2);
-                    self.comm_off(recv.0, 2);
-                    self.complete(send.0, send.1);
-                    self.complete(recv.0, recv.1);
+                Some(CommRec::P2p { send, recv, finish_ns }) => {
+                    self.transfer_done(send.0, send.1, 2, 0);
+                    self.transfer_done(recv.0, recv.1, 2, finish_ns);
                 }
                 Some(CommRec::Empty) | None => debug_assert!(false, "unknown communication {id}"),
             }
@@ -377,15 +414,34 @@ impl<'a> Engine<'a> {
             return; // re-timed since
         }
         let Some(r) = a.running.take() else { return };
-        self.complete(actor, r.op);
+        let weight = a.weight;
+        match r.task {
+            Task::Compute => self.complete(actor, r.op),
+            Task::Post => self.posted(actor, r.op),
+            Task::Finish { class } => {
+                self.comm_off(actor, class);
+                self.complete(actor, r.op);
+            }
+        }
+        if self.cfg.shared_cores > 0.0 {
+            self.busy -= weight;
+            self.reshare();
+        }
+        if self.cfg.one_thread_per_rank {
+            self.queue_serve(actor);
+        }
     }
 
     fn drain(&mut self) {
-        while let Some(w) = self.work.pop_front() {
-            match w {
-                Work::Complete(a, op) => self.complete(a, op),
-                Work::Advance(a, s) => self.advance(a, s),
+        loop {
+            while let Some(w) = self.work.pop_front() {
+                match w {
+                    Work::Complete(a, op) => self.complete(a, op),
+                    Work::Advance(a, s) => self.advance(a, s),
+                }
             }
+            let Some(ai) = self.serve.pop_front() else { return };
+            self.serve_thread(ai);
         }
     }
 
@@ -422,6 +478,9 @@ impl<'a> Engine<'a> {
 
     /// Starts every op of stream `s` of actor `ai` that can start now.
     fn advance(&mut self, ai: u32, s: usize) {
+        if self.cfg.one_thread_per_rank && !self.thread_may_start(ai, s) {
+            return;
+        }
         loop {
             let now = self.now;
             let a = &mut self.actors[ai as usize];
@@ -455,16 +514,39 @@ impl<'a> Engine<'a> {
                     a.memory.alloc(now, bytes);
                     self.complete(ai, op);
                 }
-                OpInfo::Collective { group, kind, bytes } => self.arrive(ai, op, s, group, kind, bytes),
-                OpInfo::Send { .. } | OpInfo::Recv { .. } => self.post_message(ai, op),
+                OpInfo::Collective { .. } | OpInfo::Send { .. } | OpInfo::Recv { .. } => {
+                    let post_ns = self.post_work_ns(ai, op);
+                    if post_ns > 0 {
+                        // The rank's thread copies its contribution out first.
+                        self.actors[ai as usize].state[o] = POSTING;
+                        self.start_task(ai, op, post_ns as f64, Task::Post);
+                        return;
+                    }
+                    self.posted(ai, op);
+                }
                 OpInfo::Free { .. } => unreachable!("handled above"),
             }
         }
     }
 
+    /// A communication op is posted: a collective arrives at its rendezvous, a message is
+    /// offered to its partner.
+    fn posted(&mut self, ai: u32, op: u32) {
+        self.actors[ai as usize].state[op as usize] = POSTED;
+        let a = &self.actors[ai as usize];
+        let t = &self.tables[a.table as usize];
+        let s = t.stream[op as usize].index();
+        match t.info[op as usize] {
+            OpInfo::Collective { group, kind, bytes } => self.arrive(ai, op, s, group, kind, bytes),
+            OpInfo::Send { .. } | OpInfo::Recv { .. } => self.post_message(ai, op),
+            other => unreachable!("only communication is posted, not {other:?}"),
+        }
+    }
+
     fn factor(&self, ai: u32) -> f64 {
         let a = &self.actors[ai as usize];
-        1.0 + (0..3).filter(|&c| a.comm_active[c] > 0).map(|c| self.cfg.slowdown[c] - 1.0).sum::<f64>()
+        let overlap = 1.0 + (0..3).filter(|&c| a.comm_active[c] > 0).map(|c| self.cfg.slowdown[c] - 1.0).sum::<f64>();
+        overlap * self.share()
     }
 
     fn start_compute(&mut self, ai: u32, op: u32, ns: u64) {
@@ -472,10 +554,19 @@ impl<'a> Engine<'a> {
         if self.cfg.jitter > 0.0 {
             work_ns *= 1.0 + self.cfg.jitter * self.rng.random_range(-1.0..1.0);
         }
+        self.start_task(ai, op, work_ns, Task::Compute);
+    }
+
+    /// Runs `work_ns` (at full speed) of `task` for `op` on actor `ai`.
+    fn start_task(&mut self, ai: u32, op: u32, work_ns: f64, task: Task) {
+        if self.cfg.shared_cores > 0.0 {
+            self.busy += self.actors[ai as usize].weight;
+            self.reshare();
+        }
         let factor = self.factor(ai);
         let a = &mut self.actors[ai as usize];
-        debug_assert!(a.running.is_none(), "two compute ops at once on rank {}", a.rank);
-        a.running = Some(Running { op, work_ns, since_ns: self.now, factor });
+        debug_assert!(a.running.is_none(), "two tasks at once on rank {}", a.rank);
+        a.running = Some(Running { op, work_ns, since_ns: self.now, factor, task });
         a.epoch += 1;
         let end = self.now + (work_ns * factor).ceil() as u64;
         self.schedule(end, ai);

@@ -121,11 +121,13 @@ impl Engine<'_> {
         req.kind = CommKind::Collective(kind);
         req.bytes = bytes;
         let id = self.net.start(self.now, req);
+        let finish_ns =
+            if self.cfg.one_thread_per_rank { self.net.host_work(req).map_or(0, |w| w.finish_ns) } else { 0 };
         let now = self.now;
         match members {
             None => {
                 self.actors[ai as usize].xfer_ns[op as usize] = now;
-                self.record(id, CommRec::One { class, actor: ai, op });
+                self.record(id, CommRec::One { class, actor: ai, op, finish_ns });
                 self.comm_on(ai, class);
             }
             Some(members) => {
@@ -133,9 +135,33 @@ impl Engine<'_> {
                     self.actors[m as usize].xfer_ns[mop as usize] = now;
                     self.comm_on(m, class);
                 }
-                self.record(id, CommRec::Many { class, members });
+                self.record(id, CommRec::Many { class, members, finish_ns });
             }
         }
+    }
+
+    /// One thread per rank: the CPU work of posting `op` (a collective or a message), ns.
+    pub(super) fn post_work_ns(&mut self, ai: u32, op: u32) -> u64 {
+        if !self.cfg.one_thread_per_rank {
+            return 0;
+        }
+        let a = &self.actors[ai as usize];
+        let req = match self.tables[a.table as usize].info[op as usize] {
+            OpInfo::Collective { group, kind, bytes } => {
+                let mut r = self.group_request(ai, group);
+                r.kind = CommKind::Collective(kind);
+                r.bytes = bytes;
+                r
+            }
+            OpInfo::Send { peer, bytes } => {
+                let mut r = self.p2p_req[ai as usize][dir(peer)].clone();
+                r.bytes = bytes;
+                r
+            }
+            // A receive posts nothing; its work is in finishing.
+            _ => return 0,
+        };
+        self.net.host_work(&req).map_or(0, |w| w.post_ns)
     }
 
     /// The request template of actor `ai`'s group of a kind: its members' global ranks and
@@ -181,10 +207,12 @@ impl Engine<'_> {
         let req = &mut self.p2p_req[send.0 as usize][dir(send_peer)];
         req.bytes = send_bytes;
         let id = self.net.start(self.now, req);
+        let finish_ns =
+            if self.cfg.one_thread_per_rank { self.net.host_work(req).map_or(0, |w| w.finish_ns) } else { 0 };
         let now = self.now;
         self.actors[send.0 as usize].xfer_ns[send.1 as usize] = now;
         self.actors[recv.0 as usize].xfer_ns[recv.1 as usize] = now;
-        self.record(id, CommRec::P2p { send, recv });
+        self.record(id, CommRec::P2p { send, recv, finish_ns });
         self.comm_on(send.0, 2);
         self.comm_on(recv.0, 2);
     }
