@@ -5,10 +5,12 @@
 //! costs each compute op from the GPU's hardware profile ([`profile`]); the memory model
 //! ([`memory`]) follows the plan's buffers; the network sits behind one trait
 //! ([`net::Network`]). [`simulate()`] puts them together and reports step time, throughput,
-//! MFU, the breakdown ([`breakdown`]) and memory; [`bench`] times the engine.
+//! MFU, the breakdown ([`breakdown`]) and memory; [`bench`] times the engine;
+//! [`calibrate`] fits a hardware profile to what `strata calibrate` measured.
 
 pub mod bench;
 pub mod breakdown;
+pub mod calibrate;
 pub mod compute;
 pub mod engine;
 pub mod memory;
