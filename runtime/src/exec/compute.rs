@@ -242,10 +242,16 @@ impl RankExec {
                 let g = grad.expect("layer gradients");
                 let layout = &self.chunks[chunk as usize].layout;
                 let (d, mut gv) = (layout.dims(), layout.layer_block_mut(g));
+                // The output gradients were kept for this weight pass only; drop them now
+                // rather than with the layer's activations.
                 if piece == Piece::Mlp {
                     mlp_backward_weight(d, acts, saved.as_deref().unwrap_or(&acts.m), &mut gv);
+                    acts.d_fc1_pre.release();
+                    acts.d_fc2_out.release();
                 } else {
                     attn_backward_weight(d, acts, saved.as_deref().unwrap_or(&acts.a), &mut gv);
+                    acts.d_qkv.release();
+                    acts.d_proj_out.release();
                 }
             }
             (p, ph) => panic!("rank {}: {} {} is not a backward layer op", self.rank, p.key(), ph.key()),
