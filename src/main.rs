@@ -21,7 +21,9 @@ use clap::{Parser, Subcommand};
 /// split (`search`), trains it for real on CPU ranks (`train`), and compares predicted with
 /// measured (`report`).
 ///
-/// With no subcommand, Strata runs its main job on the embedded default scenario.
+/// With no subcommand, Strata runs its main job on the embedded default scenario: it
+/// calibrates this machine, searches the splits of a small GPT on the local CPU "cluster",
+/// trains the best ones for real and writes the predicted-vs-measured report (out/main/).
 #[derive(Parser, Debug)]
 #[command(name = "strata", version, about, long_about, propagate_version = true)]
 #[command(
@@ -52,12 +54,16 @@ enum Command {
     Simulate(cmd::simulate::Args),
     /// Build the predicted-vs-measured report (HTML, plots, tables, traces) from a results directory.
     Report(cmd::report::Args),
+    /// Measure this machine (GEMMs, the model's pieces, the communicator, shared cores) and write the hardware profile the simulator reads.
+    Calibrate(cmd::calibrate::Args),
+    /// Run plans both ways (simulated with a calibrated profile, and trained for real) and write the report's inputs and the report.
+    Compare(cmd::compare::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => cmd::inspect::run(cmd::inspect::Args::default_job()),
+        None => cmd::main_job::run(),
         Some(Command::Inspect(a)) => cmd::inspect::run(a),
         Some(Command::Plan(a)) => cmd::plan::run(a),
         Some(Command::Verify(a)) => cmd::verify::run(a),
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
         Some(Command::Report(a)) => cmd::report::run(a),
         Some(Command::Simulate(a)) => cmd::simulate::run(a),
         Some(Command::Search(a)) => cmd::search::run(a),
+        Some(Command::Calibrate(a)) => cmd::calibrate::run(a),
+        Some(Command::Compare(a)) => cmd::compare::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

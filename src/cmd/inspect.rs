@@ -16,13 +16,6 @@ pub struct Args {
     pub json: bool,
 }
 
-impl Args {
-    /// The main job until the full loop exists: inspect the embedded default.
-    pub fn default_job() -> Args {
-        Args { scenario: ScenarioArgs::default(), json: false }
-    }
-}
-
 #[derive(Serialize)]
 struct StageReport {
     stage: u32,

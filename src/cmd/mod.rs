@@ -1,7 +1,10 @@
 //! One module per subcommand.
 
+pub mod calibrate;
 pub mod collbench;
+pub mod compare;
 pub mod inspect;
+pub mod main_job;
 pub mod plan;
 pub mod presets;
 pub mod report;

@@ -1,0 +1,328 @@
+//! `strata calibrate`: measure the machine the executor runs on and write the hardware
+//! profile that makes the simulator predict it.
+//!
+//! For the CPU backend (`strata_runtime::calibrate` measures, `strata_sim::calibrate` fits):
+//! - the GEMMs of the model's pieces at every shape a plan on N ranks can give them (every
+//!   tensor-parallel size and micro-batch), timed on every core at once;
+//! - the model's pieces as the executor runs them, in one-rank jobs (one per core, at once):
+//!   what each costs beside its GEMMs;
+//! - the threads communicator: each collective and a pipeline message over every group
+//!   size that divides N and a range of sizes, all N ranks at once;
+//! - how many cores' worth of compute N busy rank threads share.
+//!
+//! The profile is for the `cpu-local` cluster: `strata simulate|search|compare --profile
+//! FILE` read it. `--backend cuda` is the same command for GPUs, not built yet.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use strata_models::hardware::GpuKind;
+use strata_models::parallel::{ParallelConfig, Recompute};
+use strata_models::plan::cost::piece_cost;
+use strata_models::plan::{CollKind, Phase, Piece};
+use strata_models::{Dtype, Scenario};
+use strata_runtime::calibrate::{self as measure, CommOp};
+use strata_sim::HardwareProfile;
+use strata_sim::calibrate::{CommTiming, GemmTiming, Measurements, PieceTiming, fit};
+use strata_sim::profile::CommFitKind;
+
+use crate::common::{self, ScenarioArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The model whose pieces to measure (its [model] table; the rest is ignored beyond
+    /// training settings). Without it, the embedded default scenario.
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// What to measure: cpu (the CPU executor on this machine) or cuda (GPUs; needs a build
+    /// with the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Ranks a job will run (threads sharing this machine's cores) [default: the scenario's
+    /// cluster size].
+    #[arg(long)]
+    pub ranks: Option<u32>,
+    /// Where to write the profile (TOML) [default: print it].
+    #[arg(long, value_name = "PROFILE.toml")]
+    pub out: Option<PathBuf>,
+    /// Fewer sizes and repetitions (a few seconds instead of about a minute).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the measurements and the profile as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How thoroughly to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct Effort {
+    pub gemm_reps: u32,
+    /// Communication sizes: every `comm_size_step`-th power of 4 from 4 KiB up to the
+    /// model's gradients.
+    pub comm_size_step: u32,
+    pub comm_reps: u32,
+    pub piece_steps: u32,
+}
+
+impl Effort {
+    pub fn new(quick: bool) -> Effort {
+        if quick {
+            Effort { gemm_reps: 3, comm_size_step: 2, comm_reps: 2, piece_steps: 2 }
+        } else {
+            Effort { gemm_reps: 7, comm_size_step: 1, comm_reps: 5, piece_steps: 3 }
+        }
+    }
+}
+
+/// Message sizes to measure: powers of 4 from 4 KiB (every `step`-th) up to the largest
+/// buffer a plan of the model moves (all its fp32 gradients), which is always included.
+pub fn comm_sizes(s: &Scenario, step: u32) -> Vec<u64> {
+    let largest = (strata_models::accounting::params::total_params(&s.model) * 4).clamp(1 << 20, 256 << 20);
+    let mut sizes: Vec<u64> =
+        (0..).map(|i| 4096u64 << (2 * i)).take_while(|b| *b < largest).step_by(step.max(1) as usize).collect();
+    sizes.push(largest.next_multiple_of(4096));
+    sizes
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.backend.as_str() {
+        "cpu" => {}
+        "cuda" => bail!(
+            "strata was not built with CUDA: --backend cuda needs the `cuda` feature and a GPU; on this build, \
+             calibrate the CPU executor with --backend cpu"
+        ),
+        other => bail!("--backend {other:?}: use cpu (or cuda, in a build with the `cuda` feature)"),
+    }
+    let s = args.scenario.load()?;
+    let ranks = args.ranks.unwrap_or(s.cluster.gpus() as u32);
+    if !(1..=64).contains(&ranks) {
+        bail!("--ranks {ranks}: calibrate for 1 to 64 rank threads on this machine");
+    }
+    let effort = Effort::new(args.quick);
+    let quiet = args.json;
+    let (profile, m) = calibrate(&s, ranks, effort, &mut |line| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    })?;
+    let text = profile_text(&profile, &s, ranks);
+    match &args.out {
+        Some(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        None if !args.json => print!("{text}"),
+        None => {}
+    }
+    if args.json {
+        return common::print_json(&serde_json::json!({ "measurements": m, "profile": profile }));
+    }
+    if let Some(path) = &args.out {
+        println!("{}", summary(&profile));
+        println!("wrote {} (use it with --profile {})", path.display(), path.display());
+    }
+    Ok(())
+}
+
+/// Measures this machine for `ranks` rank threads running the model of `s`, and fits the
+/// profile. `log` sees one line per phase.
+pub fn calibrate(
+    s: &Scenario,
+    ranks: u32,
+    effort: Effort,
+    log: &mut dyn FnMut(String),
+) -> anyhow::Result<(HardwareProfile, Measurements)> {
+    let cores = measure::host_cores();
+    let t0 = Instant::now();
+    let meter = measure::CpuMeter::now();
+    let shapes = gemm_shapes(s, ranks);
+    log(format!("calibrate: {} GEMM shapes on {cores} threads at once", shapes.len()));
+    let gemms = measure::time_gemms(&shapes, cores, effort.gemm_reps);
+    let jobs = piece_jobs(s)?;
+    log(format!("calibrate: the pieces of {} in {} one-rank jobs, {cores} at a time", s.model.name, jobs.len()));
+    let pieces = measure::time_pieces(&jobs, cores, effort.piece_steps).map_err(anyhow::Error::msg)?;
+    let ops = pieces.len();
+    let groups: Vec<u32> = (2..=ranks).filter(|g| ranks.is_multiple_of(*g)).collect();
+    log(format!("calibrate: the threads communicator, {ranks} ranks, groups of {groups:?}"));
+    let comm = if groups.is_empty() {
+        Vec::new()
+    } else {
+        measure::time_comm(ranks, &groups, &comm_sizes(s, effort.comm_size_step), effort.comm_reps)
+            .map_err(|e| anyhow::anyhow!("measuring the communicator: {e}"))?
+    };
+    log(format!("calibrate: compute shared by {ranks} rank threads"));
+    let shared = measure::shared_cores(ranks);
+    let m = Measurements {
+        gemms: gemms.iter().map(|g| GemmTiming { m: g.m, n: g.n, k: g.k, seconds: g.seconds }).collect(),
+        pieces: pieces
+            .into_iter()
+            .map(|p| PieceTiming { piece: p.piece, phase: p.phase, cost: p.cost, seconds: p.seconds })
+            .collect(),
+        comm: comm
+            .iter()
+            .map(|c| CommTiming {
+                kind: fit_kind(c.op),
+                ranks: c.ranks,
+                bytes: c.bytes,
+                post_s: c.post_s,
+                finish_s: c.finish_s,
+                latency_s: c.latency_s,
+            })
+            .collect(),
+        shared_cores: shared,
+        source: format!(
+            "strata calibrate --backend cpu --ranks {ranks}: {cores} cores, model {} ({} GEMM shapes, {} ops, {} \
+             communication samples)",
+            s.model.name,
+            gemms.len(),
+            ops,
+            comm.len()
+        ),
+    };
+    let mut profile = fit(&m);
+    if groups.is_empty() {
+        profile.network = None;
+    }
+    profile.check().map_err(|e| anyhow::anyhow!("the fitted profile is not valid: {e}"))?;
+    log(format!("calibrate: done in {:.1} s", t0.elapsed().as_secs_f64()));
+    if let Some(l) = meter.and_then(|m| m.foreign_share()).filter(|l| *l > 0.1) {
+        log(format!(
+            "calibrate: warning: other processes took {:.0}% of the CPU meanwhile; the profile is of a loaded machine \
+             (calibrate again when it is quiet)",
+            100.0 * l
+        ));
+    }
+    Ok((profile, m))
+}
+
+fn fit_kind(op: CommOp) -> CommFitKind {
+    match op {
+        CommOp::Collective(CollKind::AllReduce) => CommFitKind::AllReduce,
+        CommOp::Collective(CollKind::ReduceScatter) => CommFitKind::ReduceScatter,
+        CommOp::Collective(CollKind::AllGather) => CommFitKind::AllGather,
+        CommOp::Collective(CollKind::Broadcast) => CommFitKind::Broadcast,
+        CommOp::Collective(CollKind::AllToAll) => CommFitKind::AllToAll,
+        CommOp::SendRecv => CommFitKind::SendRecv,
+    }
+}
+
+/// Micro-batch sizes a plan of `s` may use.
+fn micro_batches(s: &Scenario) -> Vec<u32> {
+    [1, 2, 4, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect()
+}
+
+/// Every GEMM (m, n, k) a plan of the model on `ranks` ranks can run: every tensor-parallel
+/// size that divides the ranks and the heads, every micro-batch.
+pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
+    let mut shapes = std::collections::BTreeSet::new();
+    let m = &s.model;
+    for tp in (1..=ranks).filter(|t| ranks.is_multiple_of(*t)) {
+        for mb in micro_batches(s) {
+            if !(m.heads.is_multiple_of(tp) && m.kv_heads.is_multiple_of(tp) && m.ffn_hidden.is_multiple_of(tp)) {
+                continue;
+            }
+            let p = ParallelConfig { tp, micro_batch: mb, ..s.parallel.clone() };
+            use Piece::*;
+            for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
+                for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
+                    let c = piece_cost(m, &p, Dtype::Fp32, s.training.flash_attention, piece, phase);
+                    shapes.extend(c.gemms.iter().map(|g| (g.m, g.n, g.k)));
+                }
+            }
+        }
+    }
+    shapes.into_iter().collect()
+}
+
+/// One-rank jobs that run every piece of the model at two sizes and every recomputation:
+/// two layers (the pieces are per layer), tp = pp = dp = 1.
+fn piece_jobs(s: &Scenario) -> anyhow::Result<Vec<Scenario>> {
+    let mbs = micro_batches(s);
+    let (small, large) = (mbs[0], *mbs.last().expect("micro-batch 1 always fits"));
+    let mid = mbs[mbs.len() / 2];
+    let mut jobs = Vec::new();
+    for (mb, recompute) in
+        [(small, Recompute::None), (large, Recompute::None), (mid, Recompute::Selective), (mid, Recompute::Full)]
+    {
+        let mut j = s.clone();
+        j.name = format!("calibrate-mb{mb}-{}", recompute.key());
+        j.model.layers = s.model.layers.min(2);
+        j.cluster.nodes = 1;
+        j.cluster.gpus_per_node = 1;
+        j.training.dtype = Dtype::Fp32;
+        j.parallel = ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            vpp: 1,
+            schedule: strata_models::parallel::Schedule::OneFOneB,
+            micro_batch: mb,
+            global_batch: 2 * mb,
+            zero: 0,
+            recompute,
+            sequence_parallel: false,
+            ..s.parallel.clone()
+        };
+        j.validate().context("a calibration job of this model")?;
+        jobs.push(j);
+    }
+    Ok(jobs)
+}
+
+/// The profile as TOML, with a header saying what it is.
+pub fn profile_text(p: &HardwareProfile, s: &Scenario, ranks: u32) -> String {
+    format!(
+        "# Hardware profile of this machine for the CPU executor, written by `strata calibrate`.\n\
+         # Measured for {ranks} rank threads and the pieces of {} (cluster cpu-local, fp32).\n\
+         # Use it with: strata simulate|search|compare --profile THIS_FILE\n{}",
+        s.model.name,
+        p.to_toml()
+    )
+}
+
+/// A few lines on what the profile says.
+pub fn summary(p: &HardwareProfile) -> String {
+    let best = p.compute.gemms.iter().map(|g| g.gflops).fold(0.0, f64::max);
+    let mut o = format!(
+        "profile {}: GEMMs up to {best:.1} GFLOP/s per rank ({} shapes), {} pieces measured, {:.2} cores shared",
+        p.name,
+        p.compute.gemms.len(),
+        p.compute.pieces.len(),
+        p.execution.shared_cores
+    );
+    if let Some(n) = &p.network {
+        let ar: Vec<String> = n
+            .links
+            .iter()
+            .filter(|l| l.kind == CommFitKind::AllReduce)
+            .map(|l| {
+                let i = l.bytes.len() - 1;
+                format!(
+                    "{} ranks: {:.0} µs latency, {} in {:.0} + {:.0} µs of CPU",
+                    l.ranks,
+                    l.latency_us,
+                    common::bytes(l.bytes[i] as f64),
+                    l.post_us[i],
+                    l.finish_us[i]
+                )
+            })
+            .collect();
+        o += &format!("\nall-reduce: {}", ar.join("; "));
+    }
+    o
+}
+
+/// The built-in nominal CPU profile is for `cpu` clusters only; a check the loop shares.
+pub fn require_cpu(s: &Scenario) -> anyhow::Result<()> {
+    if s.cluster.gpu != GpuKind::Cpu {
+        bail!(
+            "the CPU executor runs cpu-local clusters, but the scenario's cluster has cluster.gpu = \"{}\"; use \
+             cluster.preset = \"cpu-local\"",
+            s.cluster.gpu.key()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! `strata compare`: run plans both ways — simulated with a hardware profile, and trained
+//! for real on CPU ranks for a few steps — and write everything `strata report` needs
+//! (`strata_reports::save_inputs`), then the report itself.
+//!
+//! The plans are the scenario's own split, the splits given with `--plan`, or the best
+//! `--search K` of a search over the scenario's model and cluster (whose landscape then
+//! goes into the report too). Without `--profile`, the machine is calibrated first
+//! (`strata calibrate --quick`) and the profile is written beside the results.
+//!
+//! Per plan: the simulated step (every rank, with its timeline) gives the prediction; the
+//! real run's first `--warmup` steps are left out and the rest are the measured steps (the
+//! report takes their median); the last step is traced. Both timelines and the plan go
+//! into `PlanComparison::from_traces`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use strata_models::Scenario;
+use strata_models::plan::{Plan, lower, verify};
+use strata_models::trace::Trace;
+use strata_reports::{
+    ComparisonSet, LandscapeCell, PlanComparison, ReportInputs, SearchLandscape, build_report, save_inputs,
+};
+use strata_runtime::calibrate::CpuMeter;
+use strata_runtime::data::Corpus;
+use strata_runtime::exec::ExecConfig;
+use strata_runtime::train::{TrainOptions, synthetic_corpus, train_threads};
+use strata_sim::net::{self, NetworkKind};
+use strata_sim::search::{self, SearchOptions, SearchResult, SearchSpace};
+use strata_sim::{HardwareProfile, Mode, SimOptions};
+
+use crate::cmd::calibrate::{self, Effort};
+use crate::cmd::simulate::SimArgs;
+use crate::common::{self, RunFailure, ScenarioArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    #[command(flatten)]
+    pub sim: SimArgs,
+    /// A split to run, as comma-separated parallel keys: `tp=2,pp=2,dp=2,schedule=1f1b,
+    /// micro_batch=2,zero=1` (the rest from the scenario). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE,…")]
+    pub plan: Vec<String>,
+    /// Search the scenario's model and cluster and run the best K splits (one per tensor-
+    /// and pipeline-parallel size); the report gets the search landscape.
+    #[arg(long, value_name = "K")]
+    pub search: Option<usize>,
+    /// Measured steps per plan (their median is the measurement).
+    #[arg(long, default_value_t = 3)]
+    pub steps: u32,
+    /// Steps run first and left out (allocation, caches).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Results directory: comparisons.json, landscape.csv, plans/…, the profile, and the
+    /// report in DIR/report.
+    #[arg(long, value_name = "DIR", default_value = "out/compare")]
+    pub out: PathBuf,
+    /// Print the accuracy figures and every plan's numbers as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure a plan again (up to this many times) when other processes took more than
+    /// a tenth of the machine's CPU while it trained, after waiting for the machine to be
+    /// quiet.
+    #[arg(long, default_value_t = 0)]
+    pub retries: u32,
+}
+
+/// What one loop run is: plans, how to predict them, how long to measure.
+pub struct LoopConfig {
+    pub title: String,
+    pub plans: Vec<Scenario>,
+    pub profile: HardwareProfile,
+    pub network: Option<NetworkKind>,
+    pub steps: u32,
+    pub warmup: u32,
+    pub landscape: Option<SearchLandscape>,
+    /// Re-measurements allowed per plan when other processes loaded the machine.
+    pub retries: u32,
+}
+
+/// Above this share of the machine's CPU taken by other processes, a measurement is loaded.
+pub const LOADED: f64 = 0.1;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let base = args.scenario.load()?;
+    calibrate::require_cpu(&base)?;
+    if args.steps == 0 {
+        bail!("--steps 0: measure at least one step");
+    }
+    if args.plan.is_empty() && args.search == Some(0) {
+        bail!("--search 0 runs no plan; give K ≥ 1");
+    }
+    let mut plans = Vec::new();
+    for spec in &args.plan {
+        plans.push(with_split(&base, spec)?);
+    }
+    let quiet = args.json;
+    let mut log = |line: String| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    };
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let profile = match args.sim.profile()? {
+        Some(p) => p,
+        None => {
+            let ranks = base.parallel.ranks() as u32;
+            let (p, _) = calibrate::calibrate(&base, ranks, Effort::new(true), &mut log)?;
+            let path = args.out.join("profile.toml");
+            std::fs::write(&path, calibrate::profile_text(&p, &base, ranks))
+                .with_context(|| format!("writing {}", path.display()))?;
+            log(format!("compare: calibrated this machine; profile in {}", path.display()));
+            p
+        }
+    };
+    let mut landscape = None;
+    if let Some(k) = args.search {
+        let (result, top) = search_top(&base, &profile, args.sim.network_kind(), k, &mut log)?;
+        landscape = Some(landscape_of(&result));
+        plans.extend(top);
+    }
+    if plans.is_empty() {
+        plans.push(base.clone());
+    }
+    let cfg = LoopConfig {
+        title: format!("{} on {} CPU ranks", base.model.name, base.parallel.ranks()),
+        plans,
+        profile,
+        network: args.sim.network_kind(),
+        steps: args.steps,
+        warmup: args.warmup,
+        landscape,
+        retries: args.retries,
+    };
+    let (inputs, loads) = compare(&cfg, &mut log)?;
+    let files = write(&args.out, &inputs)?;
+    if args.json {
+        return common::print_json(&serde_json::json!({
+            "accuracy": files.accuracy,
+            "report": files.html,
+            "plans": inputs.comparisons.plans.iter().map(PlanComparison::without_timelines).collect::<Vec<_>>(),
+            "foreign_cpu_share": loads,
+        }));
+    }
+    print!("{}", table(&inputs.comparisons));
+    println!("report: {}", files.html.display());
+    Ok(())
+}
+
+/// The base scenario with a split given as `tp=2,pp=2,…` (keys of the `[parallel]` table).
+pub fn with_split(base: &Scenario, spec: &str) -> anyhow::Result<Scenario> {
+    let mut sets = Vec::new();
+    for kv in spec.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--plan {spec:?}: {kv:?} is not KEY=VALUE (e.g. tp=2,pp=2,dp=2,zero=1)");
+        };
+        let key = match k.trim() {
+            "mb" => "micro_batch",
+            "sp" => "sequence_parallel",
+            other => other,
+        };
+        sets.push(format!("parallel.{key}={}", v.trim()));
+    }
+    let text = base.to_toml();
+    let mut s = Scenario::from_toml(&text, &format!("--plan {spec}"), &base.name, &sets)?;
+    if s.parallel.ranks() != base.parallel.ranks() {
+        bail!(
+            "--plan {spec:?} has tp · pp · dp = {} ranks but the cluster has {}; keep the product",
+            s.parallel.ranks(),
+            base.parallel.ranks()
+        );
+    }
+    s.name = search::label(&s.parallel);
+    Ok(s)
+}
+
+/// Searches the split space of `base` (every candidate simulated) and returns the best
+/// split of each (tp, pp), best first, at most `k`.
+pub fn search_top(
+    base: &Scenario,
+    profile: &HardwareProfile,
+    network: Option<NetworkKind>,
+    k: usize,
+    log: &mut dyn FnMut(String),
+) -> anyhow::Result<(SearchResult, Vec<Scenario>)> {
+    let mut opts = SearchOptions::new(base);
+    opts.space = SearchSpace::splits(base);
+    opts.exhaustive = true;
+    opts.profile = Some(profile.clone());
+    opts.network = network;
+    let t = Instant::now();
+    let r = search::search(base, &opts, &|_, _, _| {})?;
+    log(format!(
+        "search: {} valid splits, {} simulated in {:.1} s; best {}",
+        r.valid,
+        r.simulated,
+        t.elapsed().as_secs_f64(),
+        r.best().map_or("none fits".to_string(), |b| b.label.clone())
+    ));
+    let mut cells = std::collections::BTreeSet::new();
+    let mut top = Vec::new();
+    for &i in &r.ranking {
+        let c = &r.candidates[i];
+        if top.len() < k && cells.insert((c.scenario.parallel.tp, c.scenario.parallel.pp)) {
+            let mut s = c.scenario.clone();
+            s.name = c.label.clone();
+            top.push(s);
+        }
+    }
+    Ok((r, top))
+}
+
+/// Best simulated throughput per (tp, pp), or why there is none.
+pub fn landscape_of(r: &SearchResult) -> SearchLandscape {
+    let mut best: std::collections::BTreeMap<(u32, u32), LandscapeCell> = std::collections::BTreeMap::new();
+    for c in &r.candidates {
+        let key = (c.scenario.parallel.tp, c.scenario.parallel.pp);
+        let cell = best.entry(key).or_insert_with(|| LandscapeCell {
+            tp: key.0,
+            pp: key.1,
+            tokens_per_s: None,
+            label: "out of memory".into(),
+        });
+        if let Some(t) = c.tokens_per_s()
+            && cell.tokens_per_s.is_none_or(|b| t > b)
+        {
+            cell.tokens_per_s = Some(t);
+            let p = &c.scenario.parallel;
+            cell.label = format!("dp{} {} mb{} z{}", p.dp, p.schedule.key(), p.micro_batch, p.zero);
+        }
+    }
+    SearchLandscape { cells: best.into_values().collect() }
+}
+
+/// Runs every plan both ways. Returns the report's inputs and, per plan, the share of the
+/// machine's CPU that other processes took while it trained (`None` where not measurable).
+pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<(ReportInputs, Vec<Option<f64>>)> {
+    let mut corpora: Vec<((u32, u64), Arc<Corpus>)> = Vec::new();
+    let mut plans = Vec::new();
+    let mut loads = Vec::new();
+    for (i, s) in cfg.plans.iter().enumerate() {
+        let key = (s.model.vocab, s.training.seed);
+        let corpus = match corpora.iter().find(|(k, _)| *k == key) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let (c, _, _) = synthetic_corpus(s.model.vocab, s.training.seed)?;
+                let c = Arc::new(c);
+                corpora.push((key, c.clone()));
+                c
+            }
+        };
+        let (sim, plan) = predict(s, cfg)?;
+        let mut attempt = 0;
+        let (p, load) = loop {
+            let meter = CpuMeter::now();
+            let p = measure(s, cfg, corpus.clone(), sim.clone(), plan.clone())?;
+            let load = meter.and_then(|m| m.foreign_share());
+            if load.is_none_or(|l| l <= LOADED) || attempt >= cfg.retries {
+                break (p, load);
+            }
+            attempt += 1;
+            log(format!(
+                "[{}/{}] {}: other processes took {:.0}% of the CPU; waiting for a quiet machine to measure again",
+                i + 1,
+                cfg.plans.len(),
+                s.name,
+                100.0 * load.unwrap_or(0.0)
+            ));
+            wait_quiet(Duration::from_secs(600));
+        };
+        log(format!(
+            "[{}/{}] {:<36} predicted {:.3} s, measured {:.3} s ({:+.1}%){}",
+            i + 1,
+            cfg.plans.len(),
+            p.name,
+            p.predicted_step_s,
+            p.measured_step_s(),
+            100.0 * p.step_error(),
+            match load {
+                Some(l) if l > LOADED => format!("  [other processes took {:.0}% of the CPU]", 100.0 * l),
+                _ => String::new(),
+            }
+        ));
+        plans.push(p);
+        loads.push(load);
+    }
+    let inputs = ReportInputs {
+        title: cfg.title.clone(),
+        comparisons: ComparisonSet { plans },
+        landscape: cfg.landscape.clone(),
+    };
+    Ok((inputs, loads))
+}
+
+/// Waits until other processes leave the machine alone (under [`LOADED`] of its CPU over a
+/// second), at most `limit`.
+pub fn wait_quiet(limit: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let Some(m) = CpuMeter::now() else { return };
+        std::thread::sleep(Duration::from_secs(1));
+        if m.foreign_share().is_none_or(|l| l <= LOADED) {
+            return;
+        }
+    }
+}
+
+/// One plan, lowered and simulated (every rank, with its timeline).
+fn predict(s: &Scenario, cfg: &LoopConfig) -> anyhow::Result<(Trace, Plan)> {
+    let plan = lower(s)?;
+    verify(&plan).with_context(|| format!("the plan of {} does not verify", s.name))?;
+    let options = SimOptions {
+        mode: Mode::Full,
+        seed: s.training.seed,
+        profile: Some(cfg.profile.clone()),
+        trace: true,
+        jitter: 0.0,
+    };
+    let mut network = net::build_for(&s.cluster, options.seed, cfg.network, &cfg.profile)?;
+    let sim = strata_sim::simulate_with(&plan, &options, network.as_mut())?;
+    Ok((sim.trace.context("the simulator recorded no trace")?, plan))
+}
+
+/// One plan trained for real, against its prediction.
+fn measure(
+    s: &Scenario,
+    cfg: &LoopConfig,
+    corpus: Arc<Corpus>,
+    predicted: Trace,
+    plan: Plan,
+) -> anyhow::Result<PlanComparison> {
+    let steps = cfg.warmup + cfg.steps;
+    let opts = TrainOptions {
+        steps,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: ExecConfig { recv_timeout: Duration::from_secs(300), trace_step: Some(steps - 1) },
+        fault: None,
+    };
+    let plan = Arc::new(plan);
+    let r = train_threads(plan.clone(), corpus, &opts, None)
+        .map_err(|e| RunFailure(format!("training {}: {e}", s.name)))?;
+    let measured = r.trace.context("the run recorded no trace")?;
+    let seconds: Vec<f64> = r.steps.iter().skip(cfg.warmup as usize).map(|x| x.seconds).collect();
+    let plan = Arc::try_unwrap(plan).unwrap_or_else(|p| (*p).clone());
+    Ok(PlanComparison::from_traces(&s.name, plan, predicted, measured, seconds))
+}
+
+/// Writes the inputs and builds the report in `dir/report`.
+pub fn write(dir: &Path, inputs: &ReportInputs) -> anyhow::Result<strata_reports::ReportFiles> {
+    save_inputs(dir, inputs).map_err(|e| RunFailure(format!("writing the results: {e}")))?;
+    let files = build_report(dir, &dir.join("report")).map_err(|e| RunFailure(format!("building the report: {e}")))?;
+    Ok(files)
+}
+
+/// Predicted against measured, one line per plan, and the accuracy figures.
+pub fn table(set: &ComparisonSet) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<40} {:>11} {:>11} {:>8} {:>12} {:>12} {:>8}",
+        "plan", "predicted s", "measured s", "error", "pred. peak", "meas. peak", "error"
+    );
+    for p in &set.plans {
+        let peak = |v: &[strata_reports::RankBytes]| v.iter().map(|r| r.bytes).max().unwrap_or(0);
+        let (pp, mp) = (peak(&p.predicted_peak_bytes), peak(&p.measured_peak_bytes));
+        let _ = writeln!(
+            o,
+            "{:<40} {:>11.3} {:>11.3} {:>7.1}% {:>12} {:>12} {:>7.1}%",
+            p.name,
+            p.predicted_step_s,
+            p.measured_step_s(),
+            100.0 * p.step_error(),
+            common::bytes(pp as f64),
+            common::bytes(mp as f64),
+            100.0 * (pp as f64 / mp.max(1) as f64 - 1.0)
+        );
+    }
+    let a = strata_reports::accuracy(set);
+    let _ = writeln!(o, "median step-time error: {:.1}%", 100.0 * a.median_abs_step_error);
+    let _ = writeln!(o, "worst step-time error: {:.1}%", 100.0 * a.max_abs_step_error);
+    if let Some(m) = a.max_abs_peak_memory_error {
+        let _ = writeln!(o, "worst peak-memory error (any rank): {:.1}%", 100.0 * m);
+    }
+    if let Some(t) = a.kendall_tau {
+        let _ = writeln!(o, "Kendall tau (predicted vs measured ranking): {t:.2}");
+    }
+    o
+}
