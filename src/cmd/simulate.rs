@@ -120,8 +120,11 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     );
     let _ = writeln!(o, "step time        {:>10.4} s", r.step_time_s);
     let _ = writeln!(o, "throughput       {:>10} tokens/s", common::count(r.tokens_per_s));
-    let _ = writeln!(o, "model TFLOP/s    {:>10.1} per GPU (MFU {:.1}%)", r.model_tflops_per_gpu, 100.0 * r.mfu);
-    let _ = writeln!(o, "hardware TFLOP/s {:>10.1} per GPU (HFU {:.1}%)", r.hardware_tflops_per_gpu, 100.0 * r.hfu);
+    // CPU ranks run at GFLOP/s; say so rather than print 0.0 TFLOP/s.
+    let (scale, unit) = if r.hardware_tflops_per_gpu < 1.0 { (1e3, "GFLOP/s") } else { (1.0, "TFLOP/s") };
+    let _ = writeln!(o, "model {unit}    {:>10.1} per GPU (MFU {:.1}%)", r.model_tflops_per_gpu * scale, 100.0 * r.mfu);
+    let _ =
+        writeln!(o, "hardware {unit} {:>10.1} per GPU (HFU {:.1}%)", r.hardware_tflops_per_gpu * scale, 100.0 * r.hfu);
     let b = &r.breakdown_s;
     let _ = writeln!(o, "\nwhere the time goes (rank {}, stage {}, the last to finish):", r.last_rank, r.last_stage);
     for (name, v) in [
