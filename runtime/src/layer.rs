@@ -97,6 +97,11 @@ impl LayerActs {
         self.tensors().iter().map(|t| t.bytes()).sum()
     }
 
+    /// Bytes of the output gradients kept for the weight passes (the `d_*` tensors).
+    pub fn weight_grad_bytes(&self) -> usize {
+        [&self.d_qkv, &self.d_proj_out, &self.d_fc1_pre, &self.d_fc2_out].iter().map(|t| t.bytes()).sum()
+    }
+
     /// Frees everything but the layer input: the state kept under full recompute.
     pub fn keep_only_input(&mut self) {
         let r_in = std::mem::take(&mut self.r_in);

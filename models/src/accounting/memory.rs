@@ -16,8 +16,10 @@
 //! layer input, 2·sbh. The general form below counts the same tensors for any shape
 //! (grouped-query attention, SwiGLU, no dropout for Llama) and reproduces Table 2 for GPT.
 //!
-//! **In flight**: GPipe holds all m microbatches; 1F1B holds p − i on stage i, ZB-H1 up to p
-//! on every stage (its deferred weight passes keep inputs alive; 1F1B's first-stage peak);
+//! **In flight**: GPipe holds all m microbatches; 1F1B holds p − i on stage i; ZB-H1 keeps a
+//! microbatch's activations until its deferred weight pass, and from its input-gradient
+//! pass on the output gradients that pass reads ([`weight_grad_bytes`]): the peak is taken
+//! over the stage's schedule table;
 //! interleaved 1F1B holds (p − i − 1)·2 + (v − 1)·p + 1 microbatch-chunks of l/(p·v) layers
 //! (Megatron-LM's warm-up count plus one), which on the first stage is Korthikanti's factor
 //! (1 + (p − 1)/(p·v)) over 1F1B.
@@ -112,6 +114,43 @@ pub fn layer_activation_bytes(
     }
 }
 
+/// The output gradients one layer's weight passes read, per microbatch and tp rank, bytes:
+/// those of QKV ((h + 2·kv)/t), the attention projection (h), FC1 (f/t, twice for SwiGLU)
+/// and FC2 (h) for every token — the projection's and FC2's whole rows even under sequence
+/// parallelism (their inputs are gathered). ZB-H1 keeps them from a layer's input-gradient
+/// pass to its deferred weight pass (Qi et al. 2023).
+pub fn weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32) -> f64 {
+    let t = tp.max(1) as f64;
+    let tokens = m.seq_len as f64 * micro_batch as f64;
+    let fc1 = m.ffn_hidden as f64 / t * if m.activation == crate::model::Activation::Swiglu { 2.0 } else { 1.0 };
+    let qkv = (m.hidden as f64 + 2.0 * m.kv_dim() as f64) / t;
+    tokens * (qkv + 2.0 * m.hidden as f64 + fc1) * dtype.bytes() as f64
+}
+
+/// ZB-H1's peak over its schedule table, in units of one microbatch-layer's activations
+/// (`act`) and deferred output gradients (`wgrad`): max over the passes of
+/// live·act + pending·wgrad, with a microbatch live from its forward to its weight pass and
+/// pending from its input-gradient pass to its weight pass.
+fn zb_h1_peak(p: &ParallelConfig, stage: u32, act: f64, wgrad: f64) -> f64 {
+    let (mut live, mut pending, mut peak) = (0.0, 0.0, 0.0f64);
+    for slot in crate::plan::schedule::table(p.schedule, p.pp, p.vpp, p.microbatches(), stage) {
+        use crate::plan::schedule::Pass;
+        match slot.pass {
+            Pass::Forward => live += 1.0,
+            Pass::BackwardInput => pending += 1.0,
+            Pass::Backward | Pass::BackwardWeight => {}
+        }
+        peak = peak.max(live * act + pending * wgrad);
+        if matches!(slot.pass, Pass::Backward | Pass::BackwardWeight) {
+            live -= 1.0;
+            if slot.pass == Pass::BackwardWeight {
+                pending -= 1.0;
+            }
+        }
+    }
+    peak
+}
+
 /// The residual-stream input of a layer (what full recomputation keeps, and what a pipeline
 /// stage sends): s·b·h elements, split over tp under sequence parallelism.
 pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool) -> f64 {
@@ -185,7 +224,12 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
-            let activations_bytes = in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer;
+            let activations_bytes = if p.schedule == Schedule::ZbH1 {
+                let wgrad = weight_grad_bytes(m, b, dtype, p.tp);
+                layers_per_chunk * zb_h1_peak(p, sp.stage, per_layer, wgrad)
+            } else {
+                in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer
+            };
             let first = sp.stage == 0;
             let last = sp.stage == p.pp - 1;
             // Microbatches in flight on this stage (for the embedding and logits buffers).

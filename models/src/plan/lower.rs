@@ -324,6 +324,8 @@ struct StageLowering<'p, 'a> {
     act: BTreeMap<(u32, u32), BufId>,
     /// (layer, mb) → full-recompute working set.
     recompute: BTreeMap<(u32, u32), BufId>,
+    /// ZB-H1: the output gradients a layer's deferred weight passes read.
+    wgrad: BTreeMap<(u32, u32), BufId>,
     /// mb → embedding / head buffers (only chunk 0 embeds, only the last chunk has the head).
     embed_buf: BTreeMap<u32, BufId>,
     head_buf: BTreeMap<u32, BufId>,
@@ -365,6 +367,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             last_vs: p.pp * p.vpp - 1,
             act: BTreeMap::new(),
             recompute: BTreeMap::new(),
+            wgrad: BTreeMap::new(),
             embed_buf: BTreeMap::new(),
             head_buf: BTreeMap::new(),
             unit_bucket,
@@ -676,6 +679,14 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
     }
 
+    /// The output gradients a layer's deferred weight passes read
+    /// ([`crate::accounting::memory::weight_grad_bytes`]).
+    fn wgrad_bytes(&self) -> u64 {
+        let s = self.s();
+        crate::accounting::memory::weight_grad_bytes(&s.model, s.parallel.micro_batch, s.training.dtype, s.parallel.tp)
+            .ceil() as u64
+    }
+
     fn layer_act_bytes(&self) -> u64 {
         let s = self.s();
         let p = &s.parallel;
@@ -889,6 +900,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if let Some(b) = self.recompute.get(&(layer, mb)) {
             bufs.push(*b);
         }
+        if split {
+            // ZB-H1 defers the weight passes: the output gradients they read (of QKV, the
+            // attention projection, FC1 and FC2) stay alive until then (freed with the layer).
+            let bytes = self.wgrad_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("wgrad L{layer} mb{mb}"));
+            self.wgrad.insert((layer, mb), buf);
+            bufs.push(buf);
+        }
         bufs.extend(&pbufs);
         self.touch(chunk, &[Unit::Layer(layer)], mb);
         let op = self.compute(Piece::LayerOut, Phase::BackwardInput, mb, chunk, layer, &d, &bufs);
@@ -974,6 +994,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     fn layer_done(&mut self, layer: u32, mb: u32, chunk: u32, last: OpId) {
         let act = self.act.remove(&(layer, mb)).expect("activation buffer of the layer");
         self.e.free(Stream::Compute, &[last], act);
+        if let Some(b) = self.wgrad.remove(&(layer, mb)) {
+            self.e.free(Stream::Compute, &[last], b);
+        }
         if let Some(b) = self.recompute.remove(&(layer, mb)) {
             self.e.free(Stream::Compute, &[last], b);
         }

@@ -69,6 +69,15 @@ impl RankExec {
         }
         let t0 = Instant::now();
         let ns = |t0: Instant| t0.elapsed().as_nanos() as u64;
+        // Thread CPU time, on the traced step only (a clock read per op and finish).
+        let cpu = |on: bool| if on { crate::cputime::thread_ns() } else { None };
+        let (cpu_step0, received0) = (cpu(record), self.mailbox.received());
+        let mut op_cpu = vec![0u64; if cpu_step0.is_some() { ops.len() } else { 0 }];
+        let mut charge = |id: OpId, c0: Option<u64>| {
+            if let (Some(a), Some(b)) = (c0, cpu(c0.is_some())) {
+                op_cpu[id as usize] += b.saturating_sub(a);
+            }
+        };
         let mut idle = Duration::ZERO;
         self.last_total = u64::MAX;
         self.measure(0, record.then_some(&mut samples));
@@ -89,10 +98,15 @@ impl RankExec {
                         break;
                     }
                     started_ns[id as usize] = ns(t0);
-                    match self.start(id, op)? {
+                    let c0 = cpu(cpu_step0.is_some());
+                    let started = self.start(id, op)?;
+                    charge(id, c0);
+                    match started {
                         Some(Flight::Free { buf }) if op.deps.iter().all(|d| state[*d as usize] == State::Done) => {
                             // Its deps are done already: the free takes effect at once.
+                            let c0 = cpu(cpu_step0.is_some());
                             self.free(buf);
+                            charge(id, c0);
                             state[id as usize] = State::Done;
                             done += 1;
                             if record {
@@ -121,7 +135,9 @@ impl RankExec {
                                     i += 1;
                                     continue;
                                 }
+                                let c0 = cpu(cpu_step0.is_some());
                                 self.free(buf);
+                                charge(fid, c0);
                                 flights.swap_remove(i);
                                 state[fid as usize] = State::Done;
                                 done += 1;
@@ -140,7 +156,11 @@ impl RankExec {
             let mut i = 0;
             while i < flights.len() {
                 let (id, _) = flights[i];
+                let c0 = cpu(cpu_step0.is_some());
                 if self.try_finish(&mut flights[i].1, &ops[id as usize], |d| state[d as usize] == State::Done)? {
+                    // Only the call that finishes it is the op's work; the checks before it
+                    // are the loop's.
+                    charge(id, c0);
                     flights.swap_remove(i);
                     state[id as usize] = State::Done;
                     done += 1;
@@ -163,6 +183,14 @@ impl RankExec {
             }
         }
         self.check_step_end();
+        let step_cpu = match (cpu_step0, cpu(cpu_step0.is_some())) {
+            (Some(a), Some(b)) => Some(super::StepCpu {
+                step_ns: b.saturating_sub(a),
+                ops: op_cpu.iter().enumerate().map(|(i, c)| (i as u32, *c)).collect(),
+                messages: self.mailbox.received() - received0,
+            }),
+            _ => None,
+        };
         let loss_sum = self.reports_loss().then_some(self.loss_sum);
         Ok(StepReport {
             step,
@@ -170,6 +198,7 @@ impl RankExec {
             grad_norm: self.grad_norm,
             spans,
             memory: if record { samples } else { vec![] },
+            cpu: step_cpu,
         })
     }
 
@@ -348,6 +377,8 @@ impl RankExec {
             BufKey::GradBucket { chunk, bucket, mb } => {
                 self.grad_buckets.remove(&(chunk, bucket, mb));
             }
+            // The weight passes drop their output gradients themselves (`exec::compute`).
+            BufKey::WeightGrad { .. } => {}
             BufKey::Embed { .. } | BufKey::Params { .. } | BufKey::Grads { .. } | BufKey::Optimizer { .. } => {}
         }
     }

@@ -40,7 +40,17 @@ impl RankExec {
                 } else {
                     0
                 };
-                acts_bytes(a) - probs
+                // Output gradients kept for deferred weight passes are their own buffer's.
+                let wgrad = if self.live_keys.contains(&BufKey::WeightGrad { layer, mb }) {
+                    a.map_or(0, |a| a.weight_grad_bytes() as u64)
+                } else {
+                    0
+                };
+                acts_bytes(a) - probs - wgrad
+            }
+            BufKey::WeightGrad { layer, mb } => {
+                let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));
+                a.map_or(0, |a| a.weight_grad_bytes() as u64)
             }
             BufKey::Recompute { layer, mb } => {
                 let a = self.rc_acts.get(&(layer, mb));

@@ -45,6 +45,11 @@ pub enum BufKey {
         layer: u32,
         mb: u32,
     },
+    /// ZB-H1: a layer's output gradients kept for its deferred weight passes.
+    WeightGrad {
+        layer: u32,
+        mb: u32,
+    },
     /// The head's saved state.
     Head {
         mb: u32,
@@ -88,6 +93,7 @@ impl BufKey {
             ("act", 3) => BufKey::Act { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("recompute", 3) => BufKey::Recompute { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("scores", 3) => BufKey::Scores { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
+            ("wgrad", 3) => BufKey::WeightGrad { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("recv" | "send", 4) => BufKey::Msg {
                 send: at(0)? == "send",
                 kind: match at(1)? {
