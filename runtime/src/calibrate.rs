@@ -5,10 +5,13 @@
 //! - [`time_gemms`]: seconds of one `matmul` call of each (m, n, k), timed on as many
 //!   threads at once as the host has cores (every core busy, as in a job with at least as
 //!   many ranks as cores), median over repetitions and threads;
-//! - [`time_pieces`]: every compute op of one-rank jobs of a model (tp = pp = dp = 1, so no
-//!   communication), run as the executor runs them, several jobs at once (one per core):
-//!   each op's measured span with its plan cost — what a piece really costs beside its
-//!   GEMMs;
+//! - [`time_pieces`]: every compute op of small jobs of a model (one pipeline stage, one
+//!   data-parallel replica, each tensor-parallel size the plans use), run as the executor
+//!   runs them with every core busy — one-rank jobs several at once, a tensor-parallel job's
+//!   ranks sharing the cores: each op's measured span with its plan cost, what a piece
+//!   really costs beside its GEMMs. (The OS runs an op mostly to its end once it is on a
+//!   core, so a span is the op's own time even when ranks outnumber cores; the fit takes
+//!   medians.)
 //! - [`time_comm`]: every collective (and a pipeline message) on the threads communicator
 //!   over group sizes and message sizes, with all of the job's ranks at once (every group of
 //!   the size runs concurrently): each member's CPU work posting its contribution and
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use strata_models::Scenario;
-use strata_models::plan::{CollKind, ComputeCost, GroupKind, OpKind, Phase, Piece, Stream, lower};
+use strata_models::plan::{CollKind, ComputeCost, GroupKind, OpKind, Phase, Piece, lower};
 
 use crate::comm::collective::{Group, Mailbox, Pending};
 use crate::comm::threads::{AbortFlag, ThreadComm};
@@ -81,42 +84,9 @@ pub struct CommSample {
     pub latency_s: f64,
 }
 
-/// CPU time this thread has run, ns (POSIX `CLOCK_THREAD_CPUTIME_ID`), where available.
+/// CPU time this thread has run, ns, where the platform reports it ([`crate::cputime`]).
 pub fn thread_cpu_ns() -> Option<u64> {
-    cputime::thread_ns()
-}
-
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-mod cputime {
-    /// `struct timespec` of 64-bit Linux.
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-
-    unsafe extern "C" {
-        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-    }
-
-    /// Linux's `CLOCK_THREAD_CPUTIME_ID`.
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-
-    pub fn thread_ns() -> Option<u64> {
-        let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: clock_gettime (libc, which std links) writes one timespec through the valid,
-        // exclusive pointer it is given and has no other effect.
-        let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        (rc == 0 && ts.tv_sec >= 0 && ts.tv_nsec >= 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
-mod cputime {
-    /// Not reported on this platform: callers fall back to wall time.
-    pub fn thread_ns() -> Option<u64> {
-        None
-    }
+    crate::cputime::thread_ns()
 }
 
 /// One member's view of one communication (seconds since the run's epoch; CPU seconds).
@@ -182,15 +152,38 @@ pub fn time_gemms(shapes: &[(u64, u64, u64)], threads: u32, reps: u32) -> Vec<Ge
         .collect()
 }
 
-/// Runs each one-rank scenario as `copies` concurrent jobs of `steps` steps and returns
-/// every compute op of their last step. Each scenario must have tp = pp = dp = 1.
-pub fn time_pieces(scenarios: &[Scenario], copies: u32, steps: u32) -> Result<Vec<PieceSample>, String> {
-    let mut out = Vec::new();
+/// What small real jobs of a model tell: every compute op, every communication op as the
+/// executor ran it, and the interpreter's own CPU time per op.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobSamples {
+    pub pieces: Vec<PieceSample>,
+    /// Each communication op's own CPU time on its rank (post and completion), with its
+    /// kind, group size and bytes.
+    pub comm: Vec<CommInSitu>,
+    /// Per rank of every job: (ops of its program, CPU seconds of the step outside any op).
+    pub loop_cpu: Vec<(u64, f64)>,
+}
+
+/// A communication op as a job ran it: CPU seconds of its own work on one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommInSitu {
+    pub op: CommOp,
+    pub ranks: u32,
+    pub bytes: u64,
+    pub cpu_s: f64,
+}
+
+/// Runs each scenario for `steps` steps and returns what its last step shows on every rank
+/// ([`JobSamples`]). Op times are thread CPU times where the platform has them (the op's
+/// own work, whoever else held the core meanwhile), else spans. A one-rank scenario runs as
+/// `cores` concurrent jobs (so every core is busy, as in a real job); a job with ranks runs
+/// once.
+pub fn time_jobs(scenarios: &[Scenario], cores: u32, steps: u32) -> Result<JobSamples, String> {
+    let mut out = JobSamples::default();
     for s in scenarios {
         let p = &s.parallel;
-        if p.tp * p.pp * p.dp != 1 {
-            return Err(format!("time_pieces runs one-rank jobs; {} has {} ranks", s.name, p.tp * p.pp * p.dp));
-        }
+        let ranks = p.tp * p.pp * p.dp;
+        let copies = if ranks == 1 { cores.max(1) } else { 1 };
         let plan = Arc::new(lower(s).map_err(|e| e.to_string())?);
         let need = (steps as usize + 1) * p.global_batch as usize * (s.model.seq_len as usize + 1);
         let src = MarkovSource::new(s.model.vocab as usize, 3, s.training.seed).map_err(|e| e.to_string())?;
@@ -202,7 +195,7 @@ pub fn time_pieces(scenarios: &[Scenario], copies: u32, steps: u32) -> Result<Ve
             exec: ExecConfig { recv_timeout: Duration::from_secs(600), trace_step: steps.checked_sub(1) },
             fault: None,
         };
-        let jobs: Vec<_> = (0..copies.max(1))
+        let jobs: Vec<_> = (0..copies)
             .map(|_| {
                 let (plan, corpus, opts) = (plan.clone(), corpus.clone(), opts.clone());
                 std::thread::spawn(move || train_threads(plan, corpus, &opts, None))
@@ -211,15 +204,38 @@ pub fn time_pieces(scenarios: &[Scenario], copies: u32, steps: u32) -> Result<Ve
         for job in jobs {
             let r = job.join().map_err(|_| "a calibration job panicked".to_string())?.map_err(|e| e.to_string())?;
             let trace = r.trace.ok_or("a calibration job recorded no trace")?;
-            for span in trace.spans.iter().filter(|s| s.stream == Stream::Compute) {
-                if let OpKind::Compute(c) = &plan.program(span.rank).ops[span.op as usize].kind {
-                    out.push(PieceSample {
+            let by_rank: std::collections::BTreeMap<u32, &crate::exec::StepCpu> =
+                r.cpu.iter().map(|c| (c.rank, &c.cpu)).collect();
+            for span in &trace.spans {
+                let ops = &plan.program(span.rank).ops;
+                let cpu = by_rank.get(&span.rank).map(|c| c.ops[span.op as usize].1 as f64 * 1e-9);
+                let seconds = cpu.unwrap_or((span.end_ns - span.start_ns) as f64 * 1e-9);
+                let g = plan.grid;
+                match &ops[span.op as usize].kind {
+                    OpKind::Compute(c) => out.pieces.push(PieceSample {
                         piece: c.piece,
                         phase: c.phase,
                         cost: plan.cost(c.cost).clone(),
-                        seconds: (span.end_ns - span.start_ns) as f64 * 1e-9,
-                    });
+                        seconds,
+                    }),
+                    OpKind::Collective(c) if cpu.is_some() => {
+                        let n = g.group(span.rank, c.group).len() as u32;
+                        if n > 1 {
+                            out.comm.push(CommInSitu {
+                                op: CommOp::Collective(c.kind),
+                                ranks: n,
+                                bytes: c.bytes,
+                                cpu_s: seconds,
+                            });
+                        }
+                    }
+                    _ => {}
                 }
+            }
+            for (rank, c) in &by_rank {
+                let own: u64 = c.ops.iter().map(|o| o.1).sum();
+                let ops = plan.program(*rank).ops.len() as u64;
+                out.loop_cpu.push((ops, c.step_ns.saturating_sub(own) as f64 * 1e-9));
             }
         }
     }
@@ -345,11 +361,18 @@ fn comm_once(
             let p = p?;
             (m.post_end, m.post_cpu) = (t(), cpu);
             m.waits = !mb.missing(&p).is_empty();
+            // The finishing work is everything the thread does after posting: taking the
+            // contributions in as they arrive (a wake-up each) and combining them. Blocked
+            // waiting costs no CPU time, so thread CPU time counts exactly that work.
+            let cpu0 = thread_cpu_ns();
             wait_until(mb, |mb| mb.missing(&p).is_empty(), "a calibration collective")?;
             m.finish_start = t();
             let (out, cpu) = cpu_of(|| mb.try_finish(&p));
             assert!(out.is_some(), "every contribution was in");
-            m.finish_cpu = cpu;
+            m.finish_cpu = match (cpu0, thread_cpu_ns()) {
+                (Some(a), Some(b)) => b.saturating_sub(a) as f64 * 1e-9,
+                _ => cpu,
+            };
         }
         CommOp::SendRecv => {
             // Member 0 sends to member 1 (pairs within the group), as a pipeline stage does;
@@ -370,6 +393,7 @@ fn comm_once(
             } else if pos % 2 == 1 {
                 let from = group.members[pos - 1];
                 m.waits = true;
+                let cpu0 = thread_cpu_ns();
                 wait_until(mb, |mb| mb.has(tag, from), "a calibration message")?;
                 m.finish_start = t();
                 let (r, cpu) = cpu_of(|| {
@@ -378,7 +402,10 @@ fn comm_once(
                     mb.send(from, ack, Payload::Empty)
                 });
                 r?;
-                m.finish_cpu = cpu;
+                m.finish_cpu = match (cpu0, thread_cpu_ns()) {
+                    (Some(a), Some(b)) => b.saturating_sub(a) as f64 * 1e-9,
+                    _ => cpu,
+                };
             }
         }
     }
@@ -449,6 +476,13 @@ fn run_units(threads: u32, units: u32) -> (f64, f64) {
     (wall, median(results.into_iter().flat_map(|(_, p)| p).collect()))
 }
 
+/// The machine's speed now: seconds of one fixed unit of compute (GEMMs and an element-wise
+/// pass) with every core busy, median over a few units. Compare two readings to see whether
+/// the host slowed down between them.
+pub fn speed_probe() -> f64 {
+    run_units(host_cores(), 8).1
+}
+
 /// Processor sharing's capacity: with `threads` threads computing at once, the cores'
 /// worth of work done per second, in units of one thread's speed while every core is busy.
 /// (c cores with no loss from oversubscription give c.)
@@ -470,9 +504,9 @@ pub fn shared_cores(threads: u32) -> f64 {
     median(trials).min(cores as f64)
 }
 
-/// CPU time of the whole host and of this process, to tell how much of the machine other
-/// processes took while a measurement ran (Linux `/proc/stat` and `/proc/self/stat`, in
-/// clock ticks). On other systems every reading is `None`.
+/// CPU time of the whole host and of this process (with its waited-for children), to tell
+/// how much of the machine other processes took while a measurement ran (Linux `/proc/stat`
+/// and `/proc/self/stat`, in clock ticks). On other systems every reading is `None`.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuMeter {
     host_busy: u64,
@@ -488,10 +522,11 @@ impl CpuMeter {
         let total: u64 = cpu.iter().take(8).sum();
         let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
         let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Fields after the command name (which may hold spaces): utime is the 14th field.
+        // Fields after the command name (which may hold spaces): utime, stime, and the
+        // children's cutime, cstime (a tool that runs strata as a child counts it as its own).
         let rest = own_stat.rsplit_once(')')?.1;
         let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
-        let own = f.get(11)? + f.get(12)?;
+        let own = f.get(11)? + f.get(12)? + f.get(13)? + f.get(14)?;
         Some(CpuMeter { host_busy: total - idle, host_total: total, own })
     }
 
@@ -542,8 +577,16 @@ mod tests {
         let text = "[model]\npreset = \"tiny-gpt\"\nlayers = 2\n[cluster]\npreset = \"cpu-local\"\ngpus_per_node = 1\n\
                     [parallel]\ntp = 1\npp = 1\ndp = 1\nmicro_batch = 2\nglobal_batch = 4\n";
         let s = Scenario::from_toml(text, "t", "t", &[]).unwrap();
-        let p = time_pieces(&[s], 2, 2).unwrap();
-        // Two jobs, each: 2 microbatches × (embed, 2 layers × 5 pieces, head) fwd and bwd, and a step.
+        let tp2 =
+            Scenario::from_toml(text, "t", "t", &["parallel.tp=2".into(), "cluster.gpus_per_node=2".into()]).unwrap();
+        let j = time_jobs(&[s, tp2], 2, 2).unwrap();
+        if thread_cpu_ns().is_some() {
+            // The tp = 2 job's all-reduces, and every rank's loop time.
+            assert!(j.comm.iter().any(|c| c.op == CommOp::Collective(CollKind::AllReduce) && c.ranks == 2));
+            assert_eq!(j.loop_cpu.len(), 2 + 2);
+        }
+        let p = j.pieces;
+        // Every piece of every job, forward and backward, and the step.
         assert!(p.iter().any(|x| x.piece == Piece::Optimizer && x.phase == Phase::Step));
         assert!(p.iter().any(|x| x.piece == Piece::Attn && x.phase == Phase::BackwardWeight));
         assert!(p.iter().all(|x| x.seconds >= 0.0));

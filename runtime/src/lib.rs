@@ -23,7 +23,8 @@
 //! - [`checkpoint`]: per-rank shards with a manifest, atomic writes, bit-identical resume;
 //! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate;
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
-//!   cores) that `strata calibrate` fits into a hardware profile.
+//!   cores) that `strata calibrate` fits into a hardware profile; [`cputime`]: a thread's
+//!   CPU time, which the traced step records per op.
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!
@@ -79,6 +80,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
+pub mod cputime;
 pub mod data;
 pub mod embed;
 pub mod error;

@@ -31,7 +31,7 @@ use crate::comm::threads::{AbortFlag, POLL, ThreadComm};
 use crate::comm::{CommError, Communicator, Payload, Tag};
 use crate::data::Corpus;
 use crate::error::RuntimeError;
-use crate::exec::{ExecConfig, ExecError, MemoryPeaks, RankExec};
+use crate::exec::{ExecConfig, ExecError, MemoryPeaks, RankExec, StepCpu};
 
 /// Checkpointing of a run.
 #[derive(Clone, Debug)]
@@ -89,6 +89,14 @@ pub struct RankMemory {
     pub peaks: MemoryPeaks,
 }
 
+/// Where one rank's thread spent its CPU time in the traced step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankCpu {
+    pub rank: u32,
+    #[serde(flatten)]
+    pub cpu: StepCpu,
+}
+
 /// What a run gives back (on rank 0).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainResult {
@@ -98,6 +106,9 @@ pub struct TrainResult {
     /// The measured trace of `exec.trace_step` (every rank), if that step ran.
     pub trace: Option<Trace>,
     pub memory: Vec<RankMemory>,
+    /// The traced step's CPU time per rank, where the platform reports thread CPU time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu: Vec<RankCpu>,
 }
 
 impl TrainResult {
@@ -136,6 +147,7 @@ struct Final {
     spans: Vec<Span>,
     memory: Vec<MemSample>,
     peaks: MemoryPeaks,
+    cpu: Option<StepCpu>,
 }
 
 fn rank_failed(plan: &Plan, rank: u32, reason: String) -> TrainError {
@@ -228,8 +240,8 @@ fn run_steps(
     let s = &plan.scenario;
     let tokens = s.tokens_per_step() as f64;
     let denom = (s.parallel.microbatches() * s.parallel.dp) as f64;
-    let mut result = TrainResult { start_step, steps: Vec::new(), trace: None, memory: Vec::new() };
-    let (mut spans, mut samples) = (Vec::new(), Vec::new());
+    let mut result = TrainResult { start_step, steps: Vec::new(), trace: None, memory: Vec::new(), cpu: Vec::new() };
+    let (mut spans, mut samples, mut cpu) = (Vec::new(), Vec::new(), None);
     let err = |e: ExecError| from_exec(plan, rank, e);
     for step in start_step..opts.steps {
         match opts.fault {
@@ -253,6 +265,7 @@ fn run_steps(
         let report = exec.step(step).map_err(err)?;
         spans.extend(report.spans);
         samples.extend(report.memory);
+        cpu = report.cpu.or(cpu);
         let mine = vec![
             report.loss_sum.unwrap_or(0.0),
             f64::from(u8::from(report.loss_sum.is_some())),
@@ -289,7 +302,7 @@ fn run_steps(
             }
         }
     }
-    let fin = Final { spans, memory: samples, peaks: exec.peaks().clone() };
+    let fin = Final { spans, memory: samples, peaks: exec.peaks().clone(), cpu };
     let tag = Tag::Control { step: u32::MAX, what: FINAL };
     if rank != 0 {
         let text = serde_json::to_string(&fin).expect("spans serialise");
@@ -313,6 +326,9 @@ fn run_steps(
         trace.spans.extend(f.spans);
         trace.memory.extend(f.memory);
         result.memory.push(RankMemory { rank: r, peaks: f.peaks });
+        if let Some(cpu) = f.cpu {
+            result.cpu.push(RankCpu { rank: r, cpu });
+        }
     }
     if !trace.spans.is_empty() {
         trace.canonicalize();

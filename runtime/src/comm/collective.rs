@@ -65,6 +65,8 @@ pub struct Mailbox {
     comm: Box<dyn Communicator>,
     inbox: BTreeMap<(Tag, u32), Payload>,
     inbox_bytes: usize,
+    /// Messages filed so far.
+    received: u64,
     /// Collectives posted so far per (group kind, implicit): the next sequence number.
     seq: BTreeMap<(GroupKind, bool), u64>,
 }
@@ -78,7 +80,7 @@ fn f32s(p: Payload, what: &str) -> Vec<f32> {
 
 impl Mailbox {
     pub fn new(comm: Box<dyn Communicator>) -> Mailbox {
-        Mailbox { comm, inbox: BTreeMap::new(), inbox_bytes: 0, seq: BTreeMap::new() }
+        Mailbox { comm, inbox: BTreeMap::new(), inbox_bytes: 0, received: 0, seq: BTreeMap::new() }
     }
 
     pub fn rank(&self) -> u32 {
@@ -119,7 +121,13 @@ impl Mailbox {
         Ok(())
     }
 
+    /// Messages received so far (each one a wake-up of a waiting rank).
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
     fn file(&mut self, m: Message) {
+        self.received += 1;
         self.inbox_bytes += m.payload.bytes();
         let old = self.inbox.insert((m.tag, m.from), m.payload);
         assert!(old.is_none(), "rank {} got two messages {:?} from rank {}", self.rank(), m.tag, m.from);

@@ -156,6 +156,22 @@ pub struct StepReport {
     pub grad_norm: Option<f64>,
     pub spans: Vec<Span>,
     pub memory: Vec<MemSample>,
+    /// The traced step's CPU time (where the platform reports thread CPU time).
+    pub cpu: Option<StepCpu>,
+}
+
+/// Where a rank's thread spent its CPU time in the traced step: each op's own work (a
+/// compute op's run; a communication's post and its completion; bookkeeping), and the
+/// whole step, whose remainder is the interpreter's loop — noticing messages, checking
+/// what can start or finish, measuring memory.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepCpu {
+    /// Thread CPU time of the whole step, ns.
+    pub step_ns: u64,
+    /// (op, CPU ns of its own work), every op of the program once.
+    pub ops: Vec<(u32, u64)>,
+    /// Messages the rank received during the step.
+    pub messages: u64,
 }
 
 /// Peak bytes of one rank, measured and predicted, at the same instants.
