@@ -18,7 +18,11 @@
 //! - **network**: per (kind, group size), the members' post and finish work at each measured
 //!   size (the calibrated network interpolates between them) and the latency α, the median
 //!   over sizes of the delay between the last post and a member noticing it;
-//! - **execution**: one thread per rank, and the measured shared-core capacity.
+//!   then scaled, per kind and group size, to what the collectives cost inside the real
+//!   jobs the pieces ran in (the median of in-job CPU over the line's prediction);
+//! - **execution**: one thread per rank, the measured shared-core capacity, and the
+//!   executor loop's CPU per op (the median over the jobs' ranks of their step's CPU outside
+//!   any op, per op).
 //!
 //! Units: seconds and bytes in the samples, the profile's units (GFLOP/s, GB/s, µs) out.
 
@@ -30,7 +34,8 @@ use strata_models::plan::{ComputeCost, Phase, Piece};
 
 use crate::compute::ComputeModel;
 use crate::profile::{
-    CommFit, CommFitKind, ExecutionParams, HardwareProfile, MeasuredGemm, NetworkParams, PieceRate, TileShape,
+    CommFit, CommFitKind, ExecutionParams, HardwareProfile, MeasuredGemm, MeasuredOp, NetworkParams, PieceRate,
+    TileShape,
 };
 
 /// One GEMM shape: seconds per call.
@@ -63,12 +68,27 @@ pub struct CommTiming {
     pub latency_s: f64,
 }
 
+/// A communication op as a real job ran it: the CPU seconds of its own work on one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommInJob {
+    pub kind: CommFitKind,
+    pub ranks: u32,
+    pub bytes: u64,
+    pub cpu_s: f64,
+}
+
 /// Everything `strata calibrate` measured.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measurements {
     pub gemms: Vec<GemmTiming>,
     pub pieces: Vec<PieceTiming>,
     pub comm: Vec<CommTiming>,
+    /// Communication ops of the real jobs the pieces were measured in.
+    #[serde(default)]
+    pub comm_in_jobs: Vec<CommInJob>,
+    /// Per rank of those jobs: (ops in its program, CPU seconds of its step outside the ops).
+    #[serde(default)]
+    pub loop_cpu: Vec<(u64, f64)>,
     /// Processor sharing's capacity with the job's ranks all computing.
     pub shared_cores: f64,
     /// One line on what was measured (host, ranks, model).
@@ -82,11 +102,68 @@ pub fn fit(m: &Measurements) -> HardwareProfile {
     p.source = m.source.clone();
     fit_gemms(&mut p, &m.gemms);
     fit_pieces(&mut p, &m.pieces);
-    p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: m.shared_cores };
+    let mut per_op: Vec<f64> = m.loop_cpu.iter().filter(|(ops, _)| *ops > 0).map(|(ops, s)| s / *ops as f64).collect();
+    per_op.sort_by(f64::total_cmp);
+    let loop_us_per_op = per_op.get(per_op.len() / 2).map_or(0.0, |s| s * 1e6);
+    p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: m.shared_cores, loop_us_per_op };
     if !m.comm.is_empty() {
-        p.network = Some(NetworkParams { source: m.source.clone(), links: fit_comm(&m.comm) });
+        let mut links = fit_comm(&m.comm);
+        scale_to_jobs(&mut links, &m.comm_in_jobs);
+        p.network = Some(NetworkParams { source: m.source.clone(), links });
     }
     p
+}
+
+/// Scales each line's work to what the collectives cost inside real jobs: the harness
+/// times a collective alone, on warm buffers; in a job its data comes from and goes to the
+/// pieces, among the job's allocations. Per (kind, group size), the median of in-job CPU /
+/// the line's post + finish at the op's size; a line without in-job samples takes its
+/// kind's median over the other group sizes, else stays as measured.
+fn scale_to_jobs(links: &mut [CommFit], in_jobs: &[CommInJob]) {
+    let net = match crate::net::CalibratedNetwork::new(&NetworkParams { source: String::new(), links: links.to_vec() })
+    {
+        Ok(n) => n,
+        Err(_) => return, // an incomplete table (a test's): leave it as measured
+    };
+    let mut ratios: BTreeMap<(CommFitKind, u32), Vec<f64>> = BTreeMap::new();
+    for c in in_jobs {
+        let req = crate::net::CommRequest {
+            kind: kind_to_comm(c.kind),
+            ranks: (0..c.ranks).collect(),
+            bytes: c.bytes,
+            multiplicity: 1,
+        };
+        use crate::net::Network;
+        let Some(w) = net.host_work(&req) else { continue };
+        let model = (w.post_ns + w.finish_ns) as f64 * 1e-9;
+        if model > 0.0 && c.cpu_s > 0.0 {
+            ratios.entry((c.kind, c.ranks)).or_default().push(c.cpu_s / model);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for l in links.iter_mut() {
+        let own = ratios.get(&(l.kind, l.ranks)).map(|v| median(v));
+        let kind: Vec<f64> = ratios.iter().filter(|((k, _), _)| *k == l.kind).flat_map(|(_, v)| v.clone()).collect();
+        let Some(r) = own.or_else(|| (!kind.is_empty()).then(|| median(&kind))) else { continue };
+        l.post_us.iter_mut().for_each(|v| *v *= r);
+        l.finish_us.iter_mut().for_each(|v| *v *= r);
+    }
+}
+
+fn kind_to_comm(k: CommFitKind) -> crate::net::CommKind {
+    use strata_models::plan::CollKind;
+    match k {
+        CommFitKind::AllReduce => crate::net::CommKind::Collective(CollKind::AllReduce),
+        CommFitKind::ReduceScatter => crate::net::CommKind::Collective(CollKind::ReduceScatter),
+        CommFitKind::AllGather => crate::net::CommKind::Collective(CollKind::AllGather),
+        CommFitKind::Broadcast => crate::net::CommKind::Collective(CollKind::Broadcast),
+        CommFitKind::AllToAll => crate::net::CommKind::Collective(CollKind::AllToAll),
+        CommFitKind::SendRecv => crate::net::CommKind::SendRecv,
+    }
 }
 
 fn fit_gemms(p: &mut HardwareProfile, gemms: &[GemmTiming]) {
@@ -120,64 +197,117 @@ fn fit_gemms(p: &mut HardwareProfile, gemms: &[GemmTiming]) {
     c.gemm_k_half = best.2;
 }
 
-/// Least squares y = a·x + b over points, with b ≥ 0 and a > 0 where possible; through the
-/// origin when x has one value or the intercept would be negative.
-fn line_fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    if sxx > 0.0 {
-        let a = sxy / sxx;
-        let b = my - a * mx;
-        if a > 0.0 && b >= 0.0 {
-            return (a, b);
+/// Weighted least squares y ≈ Σ_j c_j·x_j with every c_j ≥ 0: the best (least weighted
+/// squared error) of the fits over every subset of the regressors whose solution is
+/// non-negative. `rows` are (x, y, weight); at most three regressors.
+fn nonneg_fit(rows: &[([f64; 3], f64, f64)], used: [bool; 3]) -> [f64; 3] {
+    let mut best = ([0.0; 3], f64::INFINITY);
+    for mask in 1u8..8 {
+        let cols: Vec<usize> = (0..3).filter(|j| used[*j] && mask & (1 << j) != 0).collect();
+        if cols.len() != (mask.count_ones() as usize) {
+            continue;
         }
-        if a <= 0.0 {
-            // No growth with size: a fixed cost.
-            return (0.0, my.max(0.0));
+        // Normal equations A c = b over the chosen columns.
+        let k = cols.len();
+        let mut a = vec![vec![0.0; k + 1]; k];
+        for (x, y, w) in rows {
+            for (i, ci) in cols.iter().enumerate() {
+                for (j, cj) in cols.iter().enumerate() {
+                    a[i][j] += w * x[*ci] * x[*cj];
+                }
+                a[i][k] += w * x[*ci] * y;
+            }
+        }
+        let Some(sol) = solve(a) else { continue };
+        if sol.iter().any(|c| *c < 0.0 || !c.is_finite()) {
+            continue;
+        }
+        let mut c = [0.0; 3];
+        for (i, ci) in cols.iter().enumerate() {
+            c[*ci] = sol[i];
+        }
+        let err: f64 = rows.iter().map(|(x, y, w)| w * (x[0] * c[0] + x[1] * c[1] + x[2] * c[2] - y).powi(2)).sum();
+        if err < best.1 {
+            best = (c, err);
         }
     }
-    let sxx0: f64 = points.iter().map(|(x, _)| x * x).sum();
-    let sxy0: f64 = points.iter().map(|(x, y)| x * y).sum();
-    if sxx0 > 0.0 { ((sxy0 / sxx0).max(0.0), 0.0) } else { (0.0, my.max(0.0)) }
+    best.0
+}
+
+/// Gaussian elimination with partial pivoting on an augmented k × (k+1) system.
+fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+    let k = a.len();
+    for col in 0..k {
+        let pivot = (col..k).max_by(|i, j| a[*i][col].abs().total_cmp(&a[*j][col].abs()))?;
+        if a[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, pivot);
+        let pivot_row = a[col].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != col {
+                let f = row[col] / pivot_row[col];
+                for (x, p) in row.iter_mut().zip(&pivot_row).skip(col) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    Some((0..k).map(|i| a[i][k] / a[i][i]).collect())
 }
 
 fn fit_pieces(p: &mut HardwareProfile, pieces: &[PieceTiming]) {
     if pieces.is_empty() {
         return;
     }
-    // GEMM time from the table just fitted (the pieces' own shapes are in it).
-    let model = ComputeModel::new(p, strata_models::Dtype::Fp32);
-    // (piece, phase) → the cost's counted bytes → the op's residual seconds, every time it ran.
-    type Residuals = BTreeMap<u64, (u64, Vec<f64>)>;
-    let mut by_kind: BTreeMap<(Piece, Phase), Residuals> = BTreeMap::new();
+    // Every distinct (piece, phase, cost) measured: its median time.
+    type OpKey = (Piece, Phase, Vec<[u64; 4]>, u64);
+    let mut ops: BTreeMap<OpKey, (&ComputeCost, Vec<f64>)> = BTreeMap::new();
     for s in pieces {
-        let gemm_s: f64 = s.cost.gemms.iter().map(|g| model.gemm_s(g)).sum();
-        let key = s.cost.mem_bytes;
-        let e = by_kind.entry((s.piece, s.phase)).or_default().entry(key).or_insert((s.cost.mem_bytes, Vec::new()));
-        e.1.push(s.seconds - gemm_s);
+        let gemms = s.cost.gemms.iter().map(|g| [g.m, g.n, g.k, g.batch]).collect();
+        ops.entry((s.piece, s.phase, gemms, s.cost.mem_bytes)).or_insert((&s.cost, Vec::new())).1.push(s.seconds);
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    p.compute.ops = ops
+        .iter()
+        .map(|((piece, phase, gemms, bytes), (_, t))| MeasuredOp {
+            piece: *piece,
+            phase: *phase,
+            gemms: gemms.clone(),
+            mem_bytes: *bytes,
+            us: median(t) * 1e6,
+        })
+        .collect();
+    // For ops of other shapes, per (piece, phase): t ≈ s·T_gemm + bytes/B + c over the
+    // measured ones, least squares on relative error, every coefficient ≥ 0.
+    let model = ComputeModel::new(p, strata_models::Dtype::Fp32);
+    // (piece, phase) → rows of ([T_gemm, bytes, 1], measured seconds, weight).
+    type Rows = Vec<([f64; 3], f64, f64)>;
+    let mut by_kind: BTreeMap<(Piece, Phase), Rows> = BTreeMap::new();
+    for ((piece, phase, ..), (cost, t)) in &ops {
+        let gemm_s: f64 = cost.gemms.iter().map(|g| model.gemm_s(g)).sum();
+        let y = median(t);
+        if y > 0.0 {
+            by_kind.entry((*piece, *phase)).or_default().push(([gemm_s, cost.mem_bytes as f64, 1.0], y, 1.0 / (y * y)));
+        }
     }
     let (mut all_r, mut all_bytes) = (0.0, 0.0);
     let mut rates = Vec::new();
-    for ((piece, phase), costs) in by_kind {
-        let points: Vec<(f64, f64)> = costs
-            .values()
-            .map(|(bytes, r)| {
-                let mut r = r.clone();
-                r.sort_by(f64::total_cmp);
-                (*bytes as f64, r[r.len() / 2].max(0.0))
-            })
-            .collect();
-        for (b, r) in &points {
-            all_r += r;
-            all_bytes += b;
+    for ((piece, phase), rows) in by_kind {
+        let has_gemms = rows.iter().any(|r| r.0[0] > 0.0);
+        let c = nonneg_fit(&rows, [has_gemms, true, true]);
+        for (x, y, _) in &rows {
+            all_r += (y - c[0] * x[0]).max(0.0);
+            all_bytes += x[1];
         }
-        let (per_byte, fixed_s) = line_fit(&points);
         // A piece whose time does not grow with its counted bytes moves them "instantly".
-        let gb_per_s = if per_byte > 0.0 { 1.0 / per_byte / 1e9 } else { 1e6 };
-        rates.push(PieceRate { piece, phase, gb_per_s, overhead_us: fixed_s * 1e6 });
+        let gb_per_s = if c[1] > 0.0 { 1.0 / c[1] / 1e9 } else { 1e6 };
+        let gemm_scale = if has_gemms { c[0] } else { 1.0 };
+        rates.push(PieceRate { piece, phase, gemm_scale, gb_per_s, overhead_us: c[2] * 1e6 });
     }
     p.compute.pieces = rates;
     if all_bytes > 0.0 && all_r > 0.0 {
@@ -252,7 +382,15 @@ mod tests {
             latency_s,
         };
         let comm = vec![line(4096, 20e-6), line(1 << 20, 30e-6), line(1 << 20, 10e-6), line(1 << 20, 25e-6)];
-        let m = Measurements { gemms, pieces, comm, shared_cores: 1.9, source: "test".into() };
+        let m = Measurements {
+            gemms,
+            pieces,
+            comm,
+            shared_cores: 1.9,
+            loop_cpu: vec![(100, 1e-3), (200, 4e-3), (100, 2e-3)],
+            source: "test".into(),
+            ..Measurements::default()
+        };
         let p = fit(&m);
         let model = ComputeModel::new(&p, strata_models::Dtype::Fp32);
         for b in [1_000_000u64, 2_500_000, 4_000_000] {
@@ -264,7 +402,8 @@ mod tests {
         assert!((l.latency_us - 25.0).abs() < 1e-6, "{l:?}");
         assert_eq!(l.bytes, vec![4096, 1 << 20]);
         assert!((l.post_us[1] - (1 << 20) as f64 / 3e3).abs() < 1e-6, "{l:?}");
-        assert_eq!(p.execution, ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9 });
+        // The median loop time per op: 10, 20, 20 µs.
+        assert_eq!(p.execution, ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9, loop_us_per_op: 20.0 });
         // The tile model fallback is near the measured rates (within the fit's spread).
         let near = model.tile_model_s(&Gemm { m: 256, n: 512, k: 256, batch: 1 });
         let want = 2.0 * 256.0 * 512.0 * 256.0 / 85e9;
@@ -272,12 +411,12 @@ mod tests {
     }
 
     #[test]
-    fn line_fit_keeps_costs_non_negative() {
-        assert_eq!(line_fit(&[(1.0, 3.0), (2.0, 5.0)]), (2.0, 1.0));
-        // A negative intercept refits through the origin.
-        let (a, b) = line_fit(&[(1.0, 1.0), (2.0, 3.0)]);
-        assert!(b == 0.0 && (a - 1.4).abs() < 1e-12, "{a} {b}");
-        // One size: through the origin.
-        assert_eq!(line_fit(&[(2.0, 4.0), (2.0, 4.0)]), (2.0, 0.0));
+    fn the_fit_keeps_costs_non_negative() {
+        let row = |x: f64, y: f64| ([x, 0.0, 1.0], y, 1.0);
+        let c = nonneg_fit(&[row(1.0, 3.0), row(2.0, 5.0)], [true, false, true]);
+        assert!((c[0] - 2.0).abs() < 1e-12 && (c[2] - 1.0).abs() < 1e-12, "{c:?}");
+        // A negative intercept refits through the origin: y = 1.4·x minimises the error.
+        let c = nonneg_fit(&[row(1.0, 1.0), row(2.0, 3.0)], [true, false, true]);
+        assert!(c[2] == 0.0 && (c[0] - 1.4).abs() < 1e-12, "{c:?}");
     }
 }

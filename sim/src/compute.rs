@@ -27,12 +27,14 @@
 //!
 //! **Element-wise** work moves `mem_bytes` at η_mem of the HBM bandwidth.
 //!
-//! **Measured profiles** (`strata calibrate`) refine both terms where they have data: a
-//! GEMM whose (m, n, k) was measured takes 2·m·n·k·batch / its measured rate, and a piece
-//! whose (piece, phase) was measured spends `mem_bytes / rate + overhead` beside its GEMMs
-//! (the rate and the overhead fitted to the piece's real time), replacing the uniform
-//! bandwidth and the per-kernel cost. [`ComputeModel::op_cost_s`] applies them;
-//! [`ComputeModel::cost_s`] is the shape-only model.
+//! **Measured profiles** (`strata calibrate`) refine this where they have data, in order:
+//! an op whose piece, phase and cost were measured as the executor ran them takes the
+//! measured time (a full recomputation's op runs the forward piece, so its forward
+//! measurement serves); otherwise a piece kind with a fitted rate takes
+//! `s·Σ T_gemm + mem_bytes / rate + overhead` (s, the rate and the overhead fitted to the
+//! piece's real times); and a GEMM whose (m, n, k) was measured takes 2·m·n·k·batch / its
+//! measured rate. [`ComputeModel::op_cost_s`] applies them; [`ComputeModel::cost_s`] is the
+//! shape-only model.
 //!
 //! Units: seconds inside, integer nanoseconds out (rounded up).
 
@@ -56,8 +58,16 @@ pub struct ComputeModel {
     elem_bytes: f64,
     /// Measured seconds of one GEMM of shape (m, n, k).
     measured_gemm_s: BTreeMap<(u64, u64, u64), f64>,
-    /// Measured (bytes/s, fixed seconds) of a piece's work beside its GEMMs.
-    measured_piece: BTreeMap<(Piece, Phase), (f64, f64)>,
+    /// Measured (GEMM scale, bytes/s, fixed seconds) of a piece.
+    measured_piece: BTreeMap<(Piece, Phase), (f64, f64, f64)>,
+    /// Measured seconds of an op, by (piece, phase, GEMMs, element-wise bytes).
+    measured_op: BTreeMap<OpKey, f64>,
+}
+
+type OpKey = (Piece, Phase, Vec<[u64; 4]>, u64);
+
+fn op_key(piece: Piece, phase: Phase, c: &ComputeCost) -> OpKey {
+    (piece, phase, c.gemms.iter().map(|g| [g.m, g.n, g.k, g.batch]).collect(), c.mem_bytes)
 }
 
 impl ComputeModel {
@@ -80,7 +90,12 @@ impl ComputeModel {
             measured_piece: c
                 .pieces
                 .iter()
-                .map(|p| ((p.piece, p.phase), (p.gb_per_s * 1e9, p.overhead_us * 1e-6)))
+                .map(|p| ((p.piece, p.phase), (p.gemm_scale, p.gb_per_s * 1e9, p.overhead_us * 1e-6)))
+                .collect(),
+            measured_op: c
+                .ops
+                .iter()
+                .map(|o| ((o.piece, o.phase, o.gemms.clone(), o.mem_bytes), o.us * 1e-6))
                 .collect(),
         }
     }
@@ -137,16 +152,26 @@ impl ComputeModel {
     /// Seconds for one op of a known piece: its GEMMs, and its other work at the piece's
     /// measured rate when the profile has one (else as [`ComputeModel::cost_s`]).
     pub fn op_cost_s(&self, piece: Piece, phase: Phase, c: &ComputeCost) -> f64 {
-        let Some(&(bytes_per_s, fixed_s)) = self.measured_piece.get(&(piece, phase)) else {
+        if !self.measured_op.is_empty() {
+            if let Some(s) = self.measured_op.get(&op_key(piece, phase, c)) {
+                return *s;
+            }
+            if phase == Phase::Recompute
+                && let Some(s) = self.measured_op.get(&op_key(piece, Phase::Forward, c))
+            {
+                return *s;
+            }
+        }
+        let Some(&(scale, bytes_per_s, fixed_s)) = self.measured_piece.get(&(piece, phase)) else {
             return self.cost_s(c);
         };
         let gemms: f64 = c.gemms.iter().map(|g| self.gemm_s(g)).sum();
-        gemms + c.mem_bytes as f64 / bytes_per_s + fixed_s
+        scale * gemms + c.mem_bytes as f64 / bytes_per_s + fixed_s
     }
 
-    /// Whether the profile measured any piece (op times then depend on the piece).
+    /// Whether the profile measured pieces or ops (op times then depend on the piece).
     pub fn has_piece_rates(&self) -> bool {
-        !self.measured_piece.is_empty()
+        !self.measured_piece.is_empty() || !self.measured_op.is_empty()
     }
 }
 
@@ -202,6 +227,7 @@ mod tests {
         p.compute.pieces.push(PieceRate {
             piece: Piece::Attn,
             phase: Phase::Forward,
+            gemm_scale: 1.0,
             gb_per_s: 2.0,
             overhead_us: 10.0,
         });
@@ -215,6 +241,18 @@ mod tests {
         assert!((m.op_cost_s(Piece::Attn, Phase::Forward, &c) - want).abs() < 1e-15);
         // A piece without a measured rate keeps the uniform model.
         assert_eq!(m.op_cost_s(Piece::Mlp, Phase::Forward, &c), m.cost_s(&c));
+        // A measured op takes its measured time, and serves a full recomputation of it.
+        p.compute.ops.push(crate::profile::MeasuredOp {
+            piece: Piece::Mlp,
+            phase: Phase::Forward,
+            gemms: vec![[256, 768, 256, 3]],
+            mem_bytes: 4_000_000,
+            us: 777.0,
+        });
+        let m = ComputeModel::new(&p, Dtype::Fp32);
+        assert!((m.op_cost_s(Piece::Mlp, Phase::Forward, &c) - 777e-6).abs() < 1e-15);
+        assert!((m.op_cost_s(Piece::Mlp, Phase::Recompute, &c) - 777e-6).abs() < 1e-15);
+        assert!((m.op_cost_s(Piece::Attn, Phase::Forward, &c) - want).abs() < 1e-15);
     }
 
     #[test]

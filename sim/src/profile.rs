@@ -74,10 +74,26 @@ pub struct ComputeParams {
     /// GEMM rates measured at exact shapes; they override the tile model for those shapes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gemms: Vec<MeasuredGemm>,
-    /// Measured element-wise rates per model piece; they override
+    /// Measured rates per model piece, for pieces not in `ops`; they override
     /// `elementwise_bw_efficiency` and `kernel_overhead_us` for those pieces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pieces: Vec<PieceRate>,
+    /// Compute ops measured as the executor runs them: a plan op of the same piece, phase
+    /// and cost takes the measured time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<MeasuredOp>,
+}
+
+/// One compute op as measured (median time): its piece and phase and the cost that
+/// identifies its shapes (GEMMs as [m, n, k, batch], element-wise bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredOp {
+    pub piece: Piece,
+    pub phase: Phase,
+    pub gemms: Vec<[u64; 4]>,
+    pub mem_bytes: u64,
+    pub us: f64,
 }
 
 /// One GEMM shape as measured: C(m×n) = A(m×k)·B(k×n) at `gflops` (2·m·n·k FLOPs per call,
@@ -91,15 +107,23 @@ pub struct MeasuredGemm {
     pub gflops: f64,
 }
 
-/// What one (piece, phase) costs beyond its GEMMs: its element-wise bytes (as the plan
-/// counts them) at `gb_per_s`, plus `overhead_us` per call.
+/// What one (piece, phase) costs: its GEMMs' time (from the GEMM table or the tile model)
+/// times `gemm_scale` (how the piece's own GEMM layouts and operands compare with the
+/// table's), its element-wise bytes (as the plan counts them) at `gb_per_s`, and
+/// `overhead_us` per call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PieceRate {
     pub piece: Piece,
     pub phase: Phase,
+    #[serde(default = "one")]
+    pub gemm_scale: f64,
     pub gb_per_s: f64,
     pub overhead_us: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// How much compute slows down while communication kernels of a stream run beside it:
@@ -151,6 +175,10 @@ pub struct ExecutionParams {
     /// each run at min(1, cores / n) of their speed). 0: every rank has a device of its own.
     #[serde(default)]
     pub shared_cores: f64,
+    /// CPU time the executor's loop spends per op of a rank's program beyond the ops' own
+    /// work (noticing messages, checking what can start or finish, measuring memory), µs.
+    #[serde(default)]
+    pub loop_us_per_op: f64,
 }
 
 /// The communicator as measured: one line per collective kind and group size.
@@ -362,19 +390,36 @@ impl HardwareProfile {
             }
         }
         for (i, p) in self.compute.pieces.iter().enumerate() {
-            if !(rate(p.gb_per_s) && p.overhead_us >= 0.0 && p.overhead_us.is_finite()) {
+            let scale_ok = p.gemm_scale >= 0.0 && p.gemm_scale.is_finite();
+            if !(rate(p.gb_per_s) && p.overhead_us >= 0.0 && p.overhead_us.is_finite() && scale_ok) {
                 bad.push(format!(
-                    "compute.pieces[{i}] ({} {}) = {} GB/s + {} us: the rate must be positive and the overhead not negative",
+                    "compute.pieces[{i}] ({} {}) = {} × GEMMs + bytes at {} GB/s + {} us: the rate must be positive, the \
+                     scale and the overhead not negative",
                     p.piece.key(),
                     p.phase.key(),
+                    p.gemm_scale,
                     p.gb_per_s,
                     p.overhead_us
+                ));
+            }
+        }
+        for (i, o) in self.compute.ops.iter().enumerate() {
+            if !(o.us >= 0.0 && o.us.is_finite()) {
+                bad.push(format!(
+                    "compute.ops[{i}] ({} {}) = {} us: a time is not negative",
+                    o.piece.key(),
+                    o.phase.key(),
+                    o.us
                 ));
             }
         }
         let cores = self.execution.shared_cores;
         if !(cores >= 0.0 && cores.is_finite()) {
             bad.push(format!("execution.shared_cores = {cores}: give the cores the ranks share, or 0 for none"));
+        }
+        let per_op = self.execution.loop_us_per_op;
+        if !(per_op >= 0.0 && per_op.is_finite()) {
+            bad.push(format!("execution.loop_us_per_op = {per_op}: a time is not negative"));
         }
         if let Some(n) = &self.network {
             for (i, l) in n.links.iter().enumerate() {
@@ -438,10 +483,18 @@ mod tests {
         p.compute.pieces.push(PieceRate {
             piece: Piece::Attn,
             phase: Phase::Forward,
+            gemm_scale: 1.2,
             gb_per_s: 2.5,
             overhead_us: 12.0,
         });
-        p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9 };
+        p.compute.ops.push(MeasuredOp {
+            piece: Piece::Mlp,
+            phase: Phase::Forward,
+            gemms: vec![[256, 1024, 256, 1]],
+            mem_bytes: 1 << 20,
+            us: 800.0,
+        });
+        p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9, loop_us_per_op: 12.0 };
         let line = |kind| CommFit {
             kind,
             ranks: 2,

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 use strata_models::accounting::flops::step_flops;
-use strata_models::plan::{ComputeCost, ComputeOp, Piece, Plan};
+use strata_models::plan::{ComputeCost, ComputeOp, OpKind, Piece, Plan};
 use strata_models::trace::{MemSample, Span, Trace, TraceSource};
 use strata_models::{Dtype, Recompute, Scenario};
 
@@ -142,21 +142,33 @@ pub fn simulate_with(plan: &Plan, options: &SimOptions, net: &mut dyn Network) -
 }
 
 /// Compute times from a profile: one cost per cost id (or, when the profile measured
-/// pieces, per piece and cost), plus the host's per-step overhead on the optimizer step.
+/// pieces, per piece and cost), plus the host's per-step overhead on the optimizer step,
+/// plus the executor loop's CPU time per op (`execution.loop_us_per_op`), which the thread
+/// spends between ops: charged to the compute ops, as (ops / compute ops) × per op each.
 pub struct ProfileTimer {
     ns: Vec<u64>,
     /// Set when the profile has measured piece rates: op times then depend on the piece.
     model: Option<ComputeModel>,
     step_overhead_ns: u64,
+    loop_ns: u64,
 }
 
 impl ProfileTimer {
     pub fn new(profile: &HardwareProfile, plan: &Plan) -> ProfileTimer {
         let model = ComputeModel::new(profile, plan.scenario.training.dtype);
+        let per_op = profile.execution.loop_us_per_op;
+        let loop_ns = if per_op > 0.0 {
+            let ops: usize = plan.programs.iter().map(|p| p.ops.len()).sum();
+            let compute = plan.programs.iter().flat_map(|p| &p.ops).filter(|o| matches!(o.kind, OpKind::Compute(_)));
+            (per_op * 1e3 * ops as f64 / compute.count().max(1) as f64).round() as u64
+        } else {
+            0
+        };
         ProfileTimer {
             ns: plan.costs.iter().map(|c| model.cost_ns(c)).collect(),
             model: model.has_piece_rates().then_some(model),
             step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
+            loop_ns,
         }
     }
 }
@@ -168,7 +180,7 @@ impl ComputeTimer for ProfileTimer {
             Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
         };
-        ns + extra
+        ns + extra + self.loop_ns
     }
 }
 

@@ -121,18 +121,21 @@ impl Engine<'_> {
         req.kind = CommKind::Collective(kind);
         req.bytes = bytes;
         let id = self.net.start(self.now, req);
-        let finish_ns =
-            if self.cfg.one_thread_per_rank { self.net.host_work(req).map_or(0, |w| w.finish_ns) } else { 0 };
+        let work =
+            if self.cfg.one_thread_per_rank { self.net.host_work(req).unwrap_or_default() } else { Default::default() };
+        let finish_ns = work.finish_ns;
         let now = self.now;
         match members {
             None => {
                 self.actors[ai as usize].xfer_ns[op as usize] = now;
+                self.stage(ai, op, work.staged_bytes);
                 self.record(id, CommRec::One { class, actor: ai, op, finish_ns });
                 self.comm_on(ai, class);
             }
             Some(members) => {
                 for &(m, mop) in &members {
                     self.actors[m as usize].xfer_ns[mop as usize] = now;
+                    self.stage(m, mop, work.staged_bytes);
                     self.comm_on(m, class);
                 }
                 self.record(id, CommRec::Many { class, members, finish_ns });

@@ -12,7 +12,11 @@
 //!   finish work F(kind, n, S) after the transfer — CPU work that the engine runs under its
 //!   processor sharing like compute (see [`Network::host_work`]);
 //! - the transfer itself: the latency α(kind, n) from the last arrival until the members
-//!   notice (a blocked thread waking), which is all [`Network::start`] schedules.
+//!   notice (a blocked thread waking), which is all [`Network::start`] schedules;
+//! - memory: what a member has received and not yet combined — every other member's whole
+//!   buffer for an all-reduce ((n−1)·S), their parts for a reduce-scatter or all-gather
+//!   ((n−1)·S/n), the root's buffer for a broadcast (S on n−1 of n members, (n−1)/n·S on
+//!   average); a message lands in its receive buffer, which the plan holds.
 //!
 //! P and F are tabulated at measured sizes and interpolated linearly in S (beyond the range,
 //! extrapolated from the nearest two sizes, never below 0); a group size between two
@@ -192,8 +196,14 @@ impl Network for CalibratedNetwork {
         if req.ranks.len() <= 1 {
             return Some(HostWork::default());
         }
-        let (_, p, f) = self.parts(kind_of(req.kind), req.ranks.len() as u32, req.bytes);
-        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64 })
+        let n = req.ranks.len() as u64;
+        let (_, p, f) = self.parts(kind_of(req.kind), n as u32, req.bytes);
+        let staged_bytes = match req.kind {
+            CommKind::Collective(CollKind::AllReduce) => (n - 1) * req.bytes,
+            CommKind::Collective(_) => (n - 1) * req.bytes / n,
+            CommKind::SendRecv => 0,
+        };
+        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64, staged_bytes })
     }
 }
 
@@ -235,6 +245,10 @@ mod tests {
         let w = net.host_work(&req(ar, 2, 500_500)).unwrap();
         near(w.post_ns, 50_500.0);
         near(w.finish_ns, 101_000.0);
+        // An all-reduce member holds every other member's whole buffer until it sums them.
+        assert_eq!(w.staged_bytes, 500_500);
+        let ag = CommKind::Collective(CollKind::AllGather);
+        assert_eq!(net.host_work(&req(ag, 4, 4_000)).unwrap().staged_bytes, 3_000);
         // Beyond: extended from the last two sizes.
         near(net.host_work(&req(ar, 2, 2_000_000)).unwrap().post_ns, 100_000.0 + 99_000.0 * 1e6 / 999_000.0);
         // n = 4 is a third of the way from 2 to 8.
