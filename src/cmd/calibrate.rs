@@ -24,7 +24,7 @@ use strata_models::plan::{CollKind, Phase, Piece};
 use strata_models::{Dtype, Scenario};
 use strata_runtime::calibrate::{self as measure, CommOp};
 use strata_sim::HardwareProfile;
-use strata_sim::calibrate::{CommTiming, GemmTiming, Measurements, PieceTiming, fit};
+use strata_sim::calibrate::{CommInJob, CommTiming, GemmTiming, Measurements, PieceTiming, fit};
 use strata_sim::profile::CommFitKind;
 
 use crate::common::{self, ScenarioArgs};
@@ -63,14 +63,16 @@ pub struct Effort {
     pub comm_size_step: u32,
     pub comm_reps: u32,
     pub piece_steps: u32,
+    /// Fewer piece jobs (recomputation at tp = 1 only).
+    pub quick: bool,
 }
 
 impl Effort {
     pub fn new(quick: bool) -> Effort {
         if quick {
-            Effort { gemm_reps: 3, comm_size_step: 2, comm_reps: 2, piece_steps: 2 }
+            Effort { gemm_reps: 3, comm_size_step: 2, comm_reps: 2, piece_steps: 2, quick }
         } else {
-            Effort { gemm_reps: 7, comm_size_step: 1, comm_reps: 5, piece_steps: 3 }
+            Effort { gemm_reps: 7, comm_size_step: 1, comm_reps: 5, piece_steps: 3, quick }
         }
     }
 }
@@ -141,10 +143,10 @@ pub fn calibrate(
     let shapes = gemm_shapes(s, ranks);
     log(format!("calibrate: {} GEMM shapes on {cores} threads at once", shapes.len()));
     let gemms = measure::time_gemms(&shapes, cores, effort.gemm_reps);
-    let jobs = piece_jobs(s)?;
-    log(format!("calibrate: the pieces of {} in {} one-rank jobs, {cores} at a time", s.model.name, jobs.len()));
-    let pieces = measure::time_pieces(&jobs, cores, effort.piece_steps).map_err(anyhow::Error::msg)?;
-    let ops = pieces.len();
+    let jobs = piece_jobs(s, ranks, effort.quick)?;
+    log(format!("calibrate: the pieces of {} in {} jobs (every tensor-parallel size)", s.model.name, jobs.len()));
+    let job_samples = measure::time_jobs(&jobs, cores, effort.piece_steps).map_err(anyhow::Error::msg)?;
+    let ops = job_samples.pieces.len();
     let groups: Vec<u32> = (2..=ranks).filter(|g| ranks.is_multiple_of(*g)).collect();
     log(format!("calibrate: the threads communicator, {ranks} ranks, groups of {groups:?}"));
     let comm = if groups.is_empty() {
@@ -157,10 +159,17 @@ pub fn calibrate(
     let shared = measure::shared_cores(ranks);
     let m = Measurements {
         gemms: gemms.iter().map(|g| GemmTiming { m: g.m, n: g.n, k: g.k, seconds: g.seconds }).collect(),
-        pieces: pieces
+        pieces: job_samples
+            .pieces
             .into_iter()
             .map(|p| PieceTiming { piece: p.piece, phase: p.phase, cost: p.cost, seconds: p.seconds })
             .collect(),
+        comm_in_jobs: job_samples
+            .comm
+            .iter()
+            .map(|c| CommInJob { kind: fit_kind(c.op), ranks: c.ranks, bytes: c.bytes, cpu_s: c.cpu_s })
+            .collect(),
+        loop_cpu: job_samples.loop_cpu,
         comm: comm
             .iter()
             .map(|c| CommTiming {
@@ -186,6 +195,7 @@ pub fn calibrate(
     if groups.is_empty() {
         profile.network = None;
     }
+    log(piece_fit_quality(&profile, &m));
     profile.check().map_err(|e| anyhow::anyhow!("the fitted profile is not valid: {e}"))?;
     log(format!("calibrate: done in {:.1} s", t0.elapsed().as_secs_f64()));
     if let Some(l) = meter.and_then(|m| m.foreign_share()).filter(|l| *l > 0.1) {
@@ -209,6 +219,42 @@ fn fit_kind(op: CommOp) -> CommFitKind {
     }
 }
 
+/// How well the fitted piece model (what serves shapes that were not measured) reproduces
+/// the ops measured: the median and the 90th percentile of |predicted / measured − 1| over
+/// distinct (piece, phase, cost), each measured as its median time.
+fn piece_fit_quality(p: &HardwareProfile, m: &Measurements) -> String {
+    // Without the table of measured ops: the model that serves the shapes not measured.
+    let mut p = p.clone();
+    p.compute.ops.clear();
+    let model = strata_sim::compute::ComputeModel::new(&p, Dtype::Fp32);
+    // (piece, phase, cost) → its measured times; the cost's Debug text is its identity.
+    let mut by: std::collections::BTreeMap<String, (&PieceTiming, Vec<f64>)> = Default::default();
+    for s in &m.pieces {
+        let key = format!("{:?} {:?} {:?}", s.piece, s.phase, s.cost);
+        by.entry(key).or_insert((s, Vec::new())).1.push(s.seconds);
+    }
+    let mut errors: Vec<f64> = by
+        .values()
+        .filter_map(|(s, times)| {
+            let mut t = times.clone();
+            t.sort_by(f64::total_cmp);
+            let measured = t[t.len() / 2];
+            (measured > 20e-6).then(|| (model.op_cost_s(s.piece, s.phase, &s.cost) / measured - 1.0).abs())
+        })
+        .collect();
+    if errors.is_empty() {
+        return "calibrate: no compute op long enough to judge the fit".into();
+    }
+    errors.sort_by(f64::total_cmp);
+    format!(
+        "calibrate: {} distinct ops measured; the piece model (for other shapes) reproduces them to {:.1}% \
+         (median), {:.1}% (90th percentile)",
+        errors.len(),
+        100.0 * errors[errors.len() / 2],
+        100.0 * errors[errors.len() * 9 / 10]
+    )
+}
+
 /// Micro-batch sizes a plan of `s` may use.
 fn micro_batches(s: &Scenario) -> Vec<u32> {
     [1, 2, 4, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect()
@@ -219,11 +265,8 @@ fn micro_batches(s: &Scenario) -> Vec<u32> {
 pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
     let mut shapes = std::collections::BTreeSet::new();
     let m = &s.model;
-    for tp in (1..=ranks).filter(|t| ranks.is_multiple_of(*t)) {
+    for tp in tensor_parallel_sizes(s, ranks) {
         for mb in micro_batches(s) {
-            if !(m.heads.is_multiple_of(tp) && m.kv_heads.is_multiple_of(tp) && m.ffn_hidden.is_multiple_of(tp)) {
-                continue;
-            }
             let p = ParallelConfig { tp, micro_batch: mb, ..s.parallel.clone() };
             use Piece::*;
             for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
@@ -237,39 +280,87 @@ pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
     shapes.into_iter().collect()
 }
 
-/// One-rank jobs that run every piece of the model at two sizes and every recomputation:
-/// two layers (the pieces are per layer), tp = pp = dp = 1.
-fn piece_jobs(s: &Scenario) -> anyhow::Result<Vec<Scenario>> {
+/// Jobs that run every piece of the model at the shapes plans give it: for every
+/// tensor-parallel size t that divides the ranks (t ranks, one stage, one replica) and every
+/// micro-batch, without recomputation; and with selective recomputation (sequence parallel
+/// when t > 1) — at every micro-batch, or `quick`, at a middle one. Full recomputation
+/// re-runs forward pieces, which these measure. Every layer of the model (`quick`: four),
+/// so that the ranks' working sets load the caches as a real job does.
+fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scenario>> {
     let mbs = micro_batches(s);
-    let (small, large) = (mbs[0], *mbs.last().expect("micro-batch 1 always fits"));
     let mid = mbs[mbs.len() / 2];
+    let m = &s.model;
     let mut jobs = Vec::new();
-    for (mb, recompute) in
-        [(small, Recompute::None), (large, Recompute::None), (mid, Recompute::Selective), (mid, Recompute::Full)]
-    {
-        let mut j = s.clone();
-        j.name = format!("calibrate-mb{mb}-{}", recompute.key());
-        j.model.layers = s.model.layers.min(2);
-        j.cluster.nodes = 1;
-        j.cluster.gpus_per_node = 1;
-        j.training.dtype = Dtype::Fp32;
-        j.parallel = ParallelConfig {
-            tp: 1,
-            pp: 1,
-            dp: 1,
-            vpp: 1,
-            schedule: strata_models::parallel::Schedule::OneFOneB,
-            micro_batch: mb,
-            global_batch: 2 * mb,
-            zero: 0,
-            recompute,
-            sequence_parallel: false,
-            ..s.parallel.clone()
-        };
-        j.validate().context("a calibration job of this model")?;
-        jobs.push(j);
+    for tp in tensor_parallel_sizes(s, ranks) {
+        let mut runs: Vec<(u32, Recompute, bool)> = mbs.iter().map(|&mb| (mb, Recompute::None, false)).collect();
+        for &mb in mbs.iter().filter(|mb| !quick || **mb == mid) {
+            runs.push((mb, Recompute::Selective, tp > 1));
+        }
+        for (mb, recompute, sp) in runs {
+            let mut j = s.clone();
+            j.name = format!("calibrate-tp{tp}-mb{mb}-{}{}", recompute.key(), if sp { "-sp" } else { "" });
+            j.model.layers = if quick { m.layers.min(4) } else { m.layers };
+            j.cluster.nodes = 1;
+            j.cluster.gpus_per_node = tp;
+            j.training.dtype = Dtype::Fp32;
+            j.parallel = ParallelConfig {
+                tp,
+                pp: 1,
+                dp: 1,
+                vpp: 1,
+                schedule: strata_models::parallel::Schedule::OneFOneB,
+                micro_batch: mb,
+                global_batch: 2 * mb,
+                zero: 0,
+                recompute,
+                sequence_parallel: sp,
+                ..s.parallel.clone()
+            };
+            j.validate().context("a calibration job of this model")?;
+            jobs.push(j);
+        }
+    }
+    // Data-parallel jobs (the whole model, one replica per rank), for what its gradient
+    // collectives cost inside a job: all-reduce (ZeRO-0), reduce-scatter and all-gather
+    // (ZeRO-1), over every data-parallel size.
+    for dp in (2..=ranks).filter(|d| ranks.is_multiple_of(*d)) {
+        for zero in [0, 1] {
+            let mut j = s.clone();
+            j.name = format!("calibrate-dp{dp}-z{zero}");
+            j.cluster.nodes = 1;
+            j.cluster.gpus_per_node = dp;
+            j.training.dtype = Dtype::Fp32;
+            j.parallel = ParallelConfig {
+                tp: 1,
+                pp: 1,
+                dp,
+                vpp: 1,
+                schedule: strata_models::parallel::Schedule::OneFOneB,
+                micro_batch: mbs[0],
+                global_batch: mbs[0] * dp,
+                zero,
+                recompute: Recompute::None,
+                sequence_parallel: false,
+                ..s.parallel.clone()
+            };
+            j.validate().context("a calibration job of this model")?;
+            jobs.push(j);
+        }
     }
     Ok(jobs)
+}
+
+/// Tensor-parallel sizes a plan of `s` on `ranks` ranks can use.
+fn tensor_parallel_sizes(s: &Scenario, ranks: u32) -> Vec<u32> {
+    let m = &s.model;
+    (1..=ranks)
+        .filter(|t| {
+            ranks.is_multiple_of(*t)
+                && m.heads.is_multiple_of(*t)
+                && m.kv_heads.is_multiple_of(*t)
+                && m.ffn_hidden.is_multiple_of(*t)
+        })
+        .collect()
 }
 
 /// The profile as TOML, with a header saying what it is.

@@ -49,9 +49,12 @@ pub struct Args {
     /// and pipeline-parallel size); the report gets the search landscape.
     #[arg(long, value_name = "K")]
     pub search: Option<usize>,
-    /// Measured steps per plan (their median is the measurement).
+    /// Measured steps per plan and run (the median of all runs' steps is the measurement).
     #[arg(long, default_value_t = 3)]
     pub steps: u32,
+    /// Runs per plan, each starting its rank threads afresh.
+    #[arg(long, default_value_t = 1)]
+    pub runs: u32,
     /// Steps run first and left out (allocation, caches).
     #[arg(long, default_value_t = 1)]
     pub warmup: u32,
@@ -77,6 +80,8 @@ pub struct LoopConfig {
     pub network: Option<NetworkKind>,
     pub steps: u32,
     pub warmup: u32,
+    /// Runs per plan (each with its warm-up); their measured steps are pooled.
+    pub runs: u32,
     pub landscape: Option<SearchLandscape>,
     /// Re-measurements allowed per plan when other processes loaded the machine.
     pub retries: u32,
@@ -133,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         network: args.sim.network_kind(),
         steps: args.steps,
         warmup: args.warmup,
+        runs: args.runs,
         landscape,
         retries: args.retries,
     };
@@ -236,46 +242,72 @@ pub fn landscape_of(r: &SearchResult) -> SearchLandscape {
     SearchLandscape { cells: best.into_values().collect() }
 }
 
-/// Runs every plan both ways. Returns the report's inputs and, per plan, the share of the
-/// machine's CPU that other processes took while it trained (`None` where not measurable).
+/// Runs every plan both ways. Returns the report's inputs and, per plan, the largest share
+/// of the machine's CPU that other processes took while it trained (`None` where not
+/// measurable). With several runs per plan the runs go round-robin over the plans, so a
+/// machine that drifts (a busy host) shifts every plan alike, not the last ones only.
 pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<(ReportInputs, Vec<Option<f64>>)> {
     let mut corpora: Vec<((u32, u64), Arc<Corpus>)> = Vec::new();
+    let mut predicted = Vec::new();
+    for s in &cfg.plans {
+        let key = (s.model.vocab, s.training.seed);
+        if !corpora.iter().any(|(k, _)| *k == key) {
+            let (c, _, _) = synthetic_corpus(s.model.vocab, s.training.seed)?;
+            corpora.push((key, Arc::new(c)));
+        }
+        predicted.push(predict(s, cfg)?);
+    }
+    let n = cfg.plans.len();
+    let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); n];
+    for round in 0..cfg.runs.max(1) {
+        for (i, s) in cfg.plans.iter().enumerate() {
+            let corpus =
+                corpora.iter().find(|(k, _)| *k == (s.model.vocab, s.training.seed)).expect("made above").1.clone();
+            let mut attempt = 0;
+            let m = loop {
+                let meter = CpuMeter::now();
+                let m = measure_run(s, cfg, corpus.clone(), &predicted[i].1)?;
+                let load = meter.and_then(|m| m.foreign_share());
+                if load.is_none_or(|l| l <= LOADED) || attempt >= cfg.retries {
+                    break Measured { load, ..m };
+                }
+                attempt += 1;
+                log(format!(
+                    "[{}/{n}] {}: other processes took {:.0}% of the CPU; waiting for a quiet machine to measure again",
+                    i + 1,
+                    s.name,
+                    100.0 * load.unwrap_or(0.0)
+                ));
+                wait_quiet(Duration::from_secs(600));
+            };
+            if cfg.runs > 1 {
+                log(format!(
+                    "[{}/{n}] run {}/{}: {} — {:.3} s per step",
+                    i + 1,
+                    round + 1,
+                    cfg.runs,
+                    s.name,
+                    median(&m.seconds)
+                ));
+            }
+            runs[i].push(m);
+        }
+    }
     let mut plans = Vec::new();
     let mut loads = Vec::new();
-    for (i, s) in cfg.plans.iter().enumerate() {
-        let key = (s.model.vocab, s.training.seed);
-        let corpus = match corpora.iter().find(|(k, _)| *k == key) {
-            Some((_, c)) => c.clone(),
-            None => {
-                let (c, _, _) = synthetic_corpus(s.model.vocab, s.training.seed)?;
-                let c = Arc::new(c);
-                corpora.push((key, c.clone()));
-                c
-            }
-        };
-        let (sim, plan) = predict(s, cfg)?;
-        let mut attempt = 0;
-        let (p, load) = loop {
-            let meter = CpuMeter::now();
-            let p = measure(s, cfg, corpus.clone(), sim.clone(), plan.clone())?;
-            let load = meter.and_then(|m| m.foreign_share());
-            if load.is_none_or(|l| l <= LOADED) || attempt >= cfg.retries {
-                break (p, load);
-            }
-            attempt += 1;
-            log(format!(
-                "[{}/{}] {}: other processes took {:.0}% of the CPU; waiting for a quiet machine to measure again",
-                i + 1,
-                cfg.plans.len(),
-                s.name,
-                100.0 * load.unwrap_or(0.0)
-            ));
-            wait_quiet(Duration::from_secs(600));
-        };
+    for (i, ((trace, plan), mut r)) in predicted.into_iter().zip(runs).enumerate() {
+        let last = r.pop().expect("at least one run");
+        let mut seconds: Vec<f64> = r.iter().flat_map(|m| m.seconds.iter().copied()).collect();
+        seconds.extend(&last.seconds);
+        let load = r
+            .iter()
+            .chain([&last])
+            .filter_map(|m| m.load)
+            .fold(None, |a: Option<f64>, l| Some(a.map_or(l, |a| a.max(l))));
+        let p = PlanComparison::from_traces(&cfg.plans[i].name, plan, trace, last.trace, seconds);
         log(format!(
-            "[{}/{}] {:<36} predicted {:.3} s, measured {:.3} s ({:+.1}%){}",
+            "[{}/{n}] {:<36} predicted {:.3} s, measured {:.3} s ({:+.1}%){}",
             i + 1,
-            cfg.plans.len(),
             p.name,
             p.predicted_step_s,
             p.measured_step_s(),
@@ -294,6 +326,20 @@ pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<
         landscape: cfg.landscape.clone(),
     };
     Ok((inputs, loads))
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One run of a plan: its measured steps (warm-up left out) and its traced step.
+#[derive(Clone)]
+struct Measured {
+    seconds: Vec<f64>,
+    trace: Trace,
+    load: Option<f64>,
 }
 
 /// Waits until other processes leave the machine alone (under [`LOADED`] of its CPU over a
@@ -325,14 +371,9 @@ fn predict(s: &Scenario, cfg: &LoopConfig) -> anyhow::Result<(Trace, Plan)> {
     Ok((sim.trace.context("the simulator recorded no trace")?, plan))
 }
 
-/// One plan trained for real, against its prediction.
-fn measure(
-    s: &Scenario,
-    cfg: &LoopConfig,
-    corpus: Arc<Corpus>,
-    predicted: Trace,
-    plan: Plan,
-) -> anyhow::Result<PlanComparison> {
+/// One run of a plan, trained for real: a warm-up, then the measured steps; the last is
+/// traced.
+fn measure_run(s: &Scenario, cfg: &LoopConfig, corpus: Arc<Corpus>, plan: &Plan) -> anyhow::Result<Measured> {
     let steps = cfg.warmup + cfg.steps;
     let opts = TrainOptions {
         steps,
@@ -341,13 +382,13 @@ fn measure(
         exec: ExecConfig { recv_timeout: Duration::from_secs(300), trace_step: Some(steps - 1) },
         fault: None,
     };
-    let plan = Arc::new(plan);
-    let r = train_threads(plan.clone(), corpus, &opts, None)
+    let r = train_threads(Arc::new(plan.clone()), corpus, &opts, None)
         .map_err(|e| RunFailure(format!("training {}: {e}", s.name)))?;
-    let measured = r.trace.context("the run recorded no trace")?;
-    let seconds: Vec<f64> = r.steps.iter().skip(cfg.warmup as usize).map(|x| x.seconds).collect();
-    let plan = Arc::try_unwrap(plan).unwrap_or_else(|p| (*p).clone());
-    Ok(PlanComparison::from_traces(&s.name, plan, predicted, measured, seconds))
+    Ok(Measured {
+        seconds: r.steps.iter().skip(cfg.warmup as usize).map(|x| x.seconds).collect(),
+        trace: r.trace.context("the run recorded no trace")?,
+        load: None,
+    })
 }
 
 /// Writes the inputs and builds the report in `dir/report`.

@@ -46,6 +46,7 @@ pub fn run() -> anyhow::Result<()> {
         network: None,
         steps: 3,
         warmup: 1,
+        runs: 1,
         landscape: Some(compare::landscape_of(&result)),
         retries: 1,
     };
