@@ -3,7 +3,12 @@
 //! - `ci` — what CI runs: format check, clippy with `-D warnings`, the test suite, and the
 //!   `cuda` feature's build on a machine without CUDA;
 //! - `bench` — the speed and memory targets of the issues, each measured in its own
-//!   process (so peak memory is that benchmark's alone), printed as figures.
+//!   process (so peak memory is that benchmark's alone), printed as figures;
+//! - `validate` — predicted against measured on this machine: calibrate, run a dozen splits
+//!   both ways, print the step-time and memory errors and the ranking's Kendall τ
+//!   ([`validate`]).
+
+mod validate;
 
 use std::process::Command;
 use std::time::Instant;
@@ -16,9 +21,10 @@ fn main() -> anyhow::Result<()> {
         Some("ci") => ci(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("bench-one") => bench_one(args.get(1).map(String::as_str).unwrap_or_default()),
+        Some("validate") => validate::validate(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            format check, clippy -D warnings, tests, cuda build check\n  bench [NAME]  run the benchmarks (all, or one of: {})",
+                "usage: cargo xtask <command>\n\n  ci            format check, clippy -D warnings, tests, cuda build check\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")
@@ -26,7 +32,7 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn cargo(args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn cargo(args: &[&str]) -> anyhow::Result<()> {
     eprintln!("$ cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO")).args(args).status().context("running cargo")?;
     if !status.success() {
