@@ -5,7 +5,7 @@
 //! [`AbortFlag`]: the first rank (or the driver) that sets it names the failed rank, and
 //! every receive sees it within one polling slice ([`POLL`]).
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,11 +81,18 @@ impl Communicator for ThreadComm {
         let deadline = Instant::now() + timeout;
         loop {
             self.aborted()?;
+            // A message already waiting is taken at once, even with a zero timeout (a drain).
             let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            match self.rx.recv_timeout(POLL.min(deadline - now)) {
+            let got = if now >= deadline {
+                match self.rx.try_recv() {
+                    Ok(m) => Ok(m),
+                    Err(TryRecvError::Empty) => return Ok(None),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                }
+            } else {
+                self.rx.recv_timeout(POLL.min(deadline - now))
+            };
+            match got {
                 Ok(Message { from, tag: Tag::Abort, payload }) => {
                     let reason = match payload {
                         Payload::Text(t) => t,
@@ -126,6 +133,10 @@ mod tests {
         let m = comms[2].recv_timeout(Duration::from_secs(1)).unwrap().unwrap();
         assert_eq!((m.from, m.tag, m.payload), (0, tag, Payload::F32(vec![1.0, 2.0])));
         assert_eq!(comms[1].recv_timeout(Duration::from_millis(30)).unwrap(), None);
+        // A message already there is taken even with a zero timeout (what a drain relies on).
+        comms[0].send(1, tag, Payload::Empty).unwrap();
+        assert_eq!(comms[1].recv_timeout(Duration::ZERO).unwrap().map(|m| m.from), Some(0));
+        assert_eq!(comms[1].recv_timeout(Duration::ZERO).unwrap(), None);
         comms[1].abort("injected");
         let e = comms[0].recv_timeout(Duration::from_secs(1)).unwrap_err();
         assert_eq!(e, CommError::RankFailed { rank: 1, reason: "injected".into() });
