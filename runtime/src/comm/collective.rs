@@ -19,6 +19,7 @@
 //! their op is posted wait in the mailbox, keyed by (tag, sender).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_models::plan::{CollKind, GroupKind};
@@ -71,11 +72,8 @@ pub struct Mailbox {
     seq: BTreeMap<(GroupKind, bool), u64>,
 }
 
-fn f32s(p: Payload, what: &str) -> Vec<f32> {
-    match p {
-        Payload::F32(v) => v,
-        other => panic!("{what}: expected f32 data, got {other:?}"),
-    }
+fn f32s<'a>(p: &'a Payload, what: &str) -> &'a [f32] {
+    p.as_f32().unwrap_or_else(|| panic!("{what}: expected f32 data, got {p:?}"))
 }
 
 impl Mailbox {
@@ -128,7 +126,7 @@ impl Mailbox {
 
     fn file(&mut self, m: Message) {
         self.received += 1;
-        self.inbox_bytes += m.payload.bytes();
+        self.inbox_bytes += m.payload.owned_bytes();
         let old = self.inbox.insert((m.tag, m.from), m.payload);
         assert!(old.is_none(), "rank {} got two messages {:?} from rank {}", self.rank(), m.tag, m.from);
     }
@@ -136,7 +134,7 @@ impl Mailbox {
     /// Takes the message `tag` from `from`, if it arrived.
     pub fn take(&mut self, tag: Tag, from: u32) -> Option<Payload> {
         let p = self.inbox.remove(&(tag, from))?;
-        self.inbox_bytes -= p.bytes();
+        self.inbox_bytes -= p.owned_bytes();
         Some(p)
     }
 
@@ -153,13 +151,19 @@ impl Mailbox {
         *seq += 1;
         let (n, me) = (group.size(), group.position);
         debug_assert_eq!(group.members[me], self.rank());
-        let len = match &data {
-            Payload::F32(v) => v.len(),
+        // f32 contributions are shared, not copied: every member reads the sender's buffer.
+        let data = match data {
+            Payload::F32(v) => Payload::share(Arc::new(v)),
             Payload::F64(v) => {
                 assert_eq!(kind, CollKind::AllReduce, "f64 data only for all-reduce");
-                v.len()
+                Payload::F64(v)
             }
+            other @ Payload::Shared { .. } => other,
             other => panic!("collective data must be numbers, got {other:?}"),
+        };
+        let len = match &data {
+            Payload::F64(v) => v.len(),
+            other => f32s(other, "a collective").len(),
         };
         let own = match kind {
             CollKind::AllReduce | CollKind::AllGather => {
@@ -171,13 +175,17 @@ impl Mailbox {
                 data
             }
             CollKind::ReduceScatter => {
-                let x = f32s(data, "reduce-scatter");
+                let Payload::Shared { data: x, range } = data else { unreachable!("f32 data is shared above") };
+                let view = |j: usize| {
+                    let r = part(len, j, n);
+                    Payload::Shared { data: x.clone(), range: range.start + r.start..range.start + r.end }
+                };
                 for (j, &to) in group.members.iter().enumerate() {
                     if j != me {
-                        self.comm.send(to, tag, Payload::F32(x[part(len, j, n)].to_vec()))?;
+                        self.comm.send(to, tag, view(j))?;
                     }
                 }
-                Payload::F32(x[part(len, me, n)].to_vec())
+                view(me)
             }
             CollKind::Broadcast => {
                 if me == 0 {
@@ -228,13 +236,13 @@ impl Mailbox {
         Some(match p.kind {
             CollKind::AllReduce | CollKind::ReduceScatter => sum_in_order(parts),
             CollKind::AllGather => {
-                let mut out = Vec::new();
-                for x in parts {
-                    out.extend(f32s(x, "all-gather"));
+                let mut out = Vec::with_capacity(parts.iter().map(|x| f32s(x, "all-gather").len()).sum());
+                for x in &parts {
+                    out.extend_from_slice(f32s(x, "all-gather"));
                 }
                 Payload::F32(out)
             }
-            CollKind::Broadcast => parts.swap_remove(0),
+            CollKind::Broadcast => Payload::F32(f32s(&parts[0], "broadcast").to_vec()),
             CollKind::AllToAll => unreachable!("never posted"),
         })
         .inspect(|out| {
@@ -245,15 +253,18 @@ impl Mailbox {
     }
 }
 
-/// x₀ + x₁ + … in the given order, element by element.
+/// x₀ + x₁ + … in the given order, element by element (into a new buffer: the
+/// contributions are the senders').
 fn sum_in_order(parts: Vec<Payload>) -> Payload {
     let mut it = parts.into_iter();
     match it.next().expect("a group has a member") {
-        Payload::F32(mut acc) => {
+        first @ (Payload::F32(_) | Payload::Shared { .. }) => {
+            let mut acc = f32s(&first, "sum").to_vec();
+            drop(first);
             for x in it {
-                let x = f32s(x, "sum");
+                let x = f32s(&x, "sum");
                 assert_eq!(x.len(), acc.len(), "contributions of different lengths");
-                acc.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
+                acc.iter_mut().zip(x).for_each(|(a, b)| *a += b);
             }
             Payload::F32(acc)
         }
@@ -295,7 +306,7 @@ mod tests {
     fn finish(mb: &mut Mailbox, p: &Pending) -> Vec<f32> {
         loop {
             if let Some(out) = mb.try_finish(p) {
-                return f32s(out, "test");
+                return f32s(&out, "test").to_vec();
             }
             mb.poll(Duration::from_secs(5)).unwrap();
         }

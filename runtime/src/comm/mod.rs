@@ -23,6 +23,8 @@
 //! Failure: a rank that fails calls [`Communicator::abort`], which reaches every other
 //! rank; receives poll with timeouts, so no rank waits forever on a dead peer.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_models::plan::{GroupKind, P2pKind};
@@ -53,20 +55,53 @@ pub enum Tag {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
     F32(Vec<f32>),
+    /// Elements `range` of a buffer the sender shares rather than copies — how a
+    /// collective hands its contribution to the other members (as NCCL reads a peer's
+    /// buffer over NVLink): in process the receivers read the sender's own allocation; a
+    /// backend between processes sends the elements.
+    Shared {
+        data: Arc<Vec<f32>>,
+        range: Range<usize>,
+    },
     F64(Vec<f64>),
     Text(String),
     Empty,
 }
 
 impl Payload {
-    /// Bytes the body holds.
+    /// Bytes the body carries.
     pub fn bytes(&self) -> usize {
         match self {
             Payload::F32(v) => v.len() * 4,
+            Payload::Shared { range, .. } => range.len() * 4,
             Payload::F64(v) => v.len() * 8,
             Payload::Text(s) => s.len(),
             Payload::Empty => 0,
         }
+    }
+
+    /// Bytes the receiver holds of its own: a shared view holds none (they stay the
+    /// sender's allocation).
+    pub fn owned_bytes(&self) -> usize {
+        match self {
+            Payload::Shared { .. } => 0,
+            _ => self.bytes(),
+        }
+    }
+
+    /// The f32 elements, if the body is f32 data.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Payload::F32(v) => Some(v),
+            Payload::Shared { data, range } => Some(&data[range.clone()]),
+            _ => None,
+        }
+    }
+
+    /// A shared view of all of `data`.
+    pub fn share(data: Arc<Vec<f32>>) -> Payload {
+        let range = 0..data.len();
+        Payload::Shared { data, range }
     }
 }
 

@@ -80,7 +80,7 @@ fn encode(tag: Option<Tag>, payload: &Payload) -> Vec<u8> {
     }
     out.extend_from_slice(&d.to_le_bytes());
     let (pk, len) = match payload {
-        Payload::F32(x) => (0u32, x.len()),
+        Payload::F32(_) | Payload::Shared { .. } => (0u32, payload.bytes() / 4),
         Payload::F64(x) => (1, x.len()),
         Payload::Text(s) => (2, s.len()),
         Payload::Empty => (3, 0),
@@ -88,7 +88,10 @@ fn encode(tag: Option<Tag>, payload: &Payload) -> Vec<u8> {
     out.extend_from_slice(&pk.to_le_bytes());
     out.extend_from_slice(&(len as u64).to_le_bytes());
     match payload {
-        Payload::F32(x) => x.iter().for_each(|f| out.extend_from_slice(&f.to_le_bytes())),
+        Payload::F32(_) | Payload::Shared { .. } => {
+            let x = payload.as_f32().expect("f32 data");
+            x.iter().for_each(|f| out.extend_from_slice(&f.to_le_bytes()))
+        }
         Payload::F64(x) => x.iter().for_each(|f| out.extend_from_slice(&f.to_le_bytes())),
         Payload::Text(s) => out.extend_from_slice(s.as_bytes()),
         Payload::Empty => {}

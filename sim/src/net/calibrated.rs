@@ -3,20 +3,18 @@
 //! waiting thread takes to notice a message.
 //!
 //! The in-process communicator moves a collective's data with the ranks' cores: each member
-//! *posts* (copies its contribution to every other member: (n−1)·S for an all-reduce,
-//! (n−1)·S/n for an all-gather or reduce-scatter, (n−1)·S from a broadcast's root) and,
-//! once every contribution is in, *finishes* (sums them in group order, or concatenates).
-//! A message is a pointer handed over. So a request of S bytes over n ranks costs
+//! *posts* (shares its contribution with every other member — a pointer handed over, no
+//! copy) and, once every contribution is in, *finishes* (reads the others' buffers and sums
+//! them in group order, or concatenates them). So a request of S bytes over n ranks costs
 //!
 //! - each member, on its own thread: post work P(kind, n, S) before it has arrived, and
 //!   finish work F(kind, n, S) after the transfer — CPU work that the engine runs under its
 //!   processor sharing like compute (see [`Network::host_work`]);
 //! - the transfer itself: the latency α(kind, n) from the last arrival until the members
 //!   notice (a blocked thread waking), which is all [`Network::start`] schedules;
-//! - memory: what a member has received and not yet combined — every other member's whole
-//!   buffer for an all-reduce ((n−1)·S), their parts for a reduce-scatter or all-gather
-//!   ((n−1)·S/n), the root's buffer for a broadcast (S on n−1 of n members, (n−1)/n·S on
-//!   average); a message lands in its receive buffer, which the plan holds.
+//! - memory: nothing beyond the plan's buffers — a member reads the others' contributions
+//!   where they are, and writes the result into its own output buffer, which the plan
+//!   holds (`staged_bytes` is 0).
 //!
 //! P and F are tabulated at measured sizes and interpolated linearly in S (beyond the range,
 //! extrapolated from the nearest two sizes, never below 0); a group size between two
@@ -198,12 +196,8 @@ impl Network for CalibratedNetwork {
         }
         let n = req.ranks.len() as u64;
         let (_, p, f) = self.parts(kind_of(req.kind), n as u32, req.bytes);
-        let staged_bytes = match req.kind {
-            CommKind::Collective(CollKind::AllReduce) => (n - 1) * req.bytes,
-            CommKind::Collective(_) => (n - 1) * req.bytes / n,
-            CommKind::SendRecv => 0,
-        };
-        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64, staged_bytes })
+        // Contributions are shared, not copied, so nothing is staged in the receiver.
+        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64, staged_bytes: 0 })
     }
 }
 
@@ -245,10 +239,10 @@ mod tests {
         let w = net.host_work(&req(ar, 2, 500_500)).unwrap();
         near(w.post_ns, 50_500.0);
         near(w.finish_ns, 101_000.0);
-        // An all-reduce member holds every other member's whole buffer until it sums them.
-        assert_eq!(w.staged_bytes, 500_500);
+        // Contributions are read where they are: nothing is staged in the receiver.
+        assert_eq!(w.staged_bytes, 0);
         let ag = CommKind::Collective(CollKind::AllGather);
-        assert_eq!(net.host_work(&req(ag, 4, 4_000)).unwrap().staged_bytes, 3_000);
+        assert_eq!(net.host_work(&req(ag, 4, 4_000)).unwrap().staged_bytes, 0);
         // Beyond: extended from the last two sizes.
         near(net.host_work(&req(ar, 2, 2_000_000)).unwrap().post_ns, 100_000.0 + 99_000.0 * 1e6 / 999_000.0);
         // n = 4 is a third of the way from 2 to 8.
