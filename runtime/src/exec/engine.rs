@@ -79,6 +79,7 @@ impl RankExec {
             }
         };
         let mut idle = Duration::ZERO;
+        let mut inbox_seen = 0usize;
         self.last_total = u64::MAX;
         self.measure(0, record.then_some(&mut samples));
         while done < ops.len() {
@@ -150,9 +151,23 @@ impl RankExec {
                     self.measure(ns(t0), record.then_some(&mut samples));
                     cursor[s.index()] += 1;
                     progress = true;
+                    if matches!(op.kind, OpKind::Compute(_)) {
+                        // Between two pieces of work, let the other streams post what became
+                        // ready and the mailbox finish what arrived, as a GPU's communication
+                        // streams run beside its compute stream; a run of compute ops must
+                        // not hold the collectives back until it ends.
+                        break;
+                    }
                 }
             }
             self.mailbox.drain()?;
+            // Received messages are real memory until a collective combines them: measure
+            // while they wait (the finish below consumes them before its own measurement).
+            let inbox = self.mailbox.inbox_bytes();
+            if inbox > inbox_seen {
+                self.measure(ns(t0), record.then_some(&mut samples));
+            }
+            inbox_seen = inbox;
             let mut i = 0;
             while i < flights.len() {
                 let (id, _) = flights[i];

@@ -1,5 +1,6 @@
 //! Measuring memory: the real bytes of the storage bound to each live plan buffer, plus
-//! the workspace between pieces and the messages waiting in the mailbox, after every op.
+//! the workspace between pieces and the messages the rank has received and not yet
+//! combined (its mailbox), after every op and whenever messages come in.
 
 use std::collections::BTreeMap;
 

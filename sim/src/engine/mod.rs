@@ -174,6 +174,8 @@ struct Actor {
     staged: Vec<u64>,
     /// In the engine's serve queue.
     queued: bool,
+    /// One thread per rank: which of its three kinds of task the thread turns to next.
+    turn: thread::Turn,
 }
 
 /// A communication in flight; `finish_ns` is each member's finish work (one thread per rank).
@@ -310,6 +312,7 @@ impl<'a> Engine<'a> {
                 noticed: VecDeque::new(),
                 staged: if cfg.one_thread_per_rank { vec![0; n] } else { Vec::new() },
                 queued: false,
+                turn: thread::Turn::Compute,
             });
         }
         let groups = kinds.map(|k| {
@@ -570,6 +573,9 @@ impl<'a> Engine<'a> {
         let factor = self.factor(ai);
         let a = &mut self.actors[ai as usize];
         debug_assert!(a.running.is_none(), "two tasks at once on rank {}", a.rank);
+        if task == Task::Compute {
+            a.turn = thread::Turn::Post; // the executor's loop serves communication next
+        }
         a.running = Some(Running { op, work_ns, since_ns: self.now, factor, task });
         a.epoch += 1;
         let end = self.now + (work_ns * factor).ceil() as u64;

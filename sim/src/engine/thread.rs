@@ -9,14 +9,15 @@
 //! - finishing one: after the transfer ended (the network's latency), the CPU work of
 //!   combining what arrived (`finish_ns`), after which the op is done.
 //!
-//! The thread serves its streams in the executor's order, compute first: when it is free,
-//! it starts the compute stream's next op if that is ready; otherwise it posts the ready ops
-//! of the tp, dp and pp streams, in that order, one task each; and when nothing is left to
-//! post, it finishes the communications that ended, in the order they ended. So while a rank
-//! computes, none of its communication is posted or completed — a transfer that ends is
-//! only *noticed*, and finished when the thread is free. Serving waits until every event of
-//! the instant has been handled (the engine's work list is empty), so a compute op made
-//! ready at the same instant goes first, as in the executor's loop.
+//! The thread serves its streams in the executor's loop order, round after round: the
+//! compute stream's next op if it is ready (one op); then every ready op of the tp, dp and
+//! pp streams, in that order, posted one task each; then every communication whose transfer
+//! ended, finished in the order they ended; then compute again. A kind with nothing to do
+//! is skipped. So while a rank computes, none of its communication is posted or completed —
+//! a transfer that ends is only *noticed*, and finished when the thread comes round to it —
+//! but between two compute ops the thread always serves its communication. Serving waits
+//! until every event of the instant has been handled (the engine's work list is empty), so
+//! an op made ready at the same instant is seen, as in the executor's loop.
 //!
 //! **Shared cores** (`shared_cores` = c > 0): the tasks running at an instant — n ranks'
 //! worth (an actor counts for the ranks it stands for) — share c cores by processor
@@ -30,6 +31,15 @@
 //! the thread was computing — and the memory timeline holds it that long.
 
 use super::{Engine, Stream};
+
+/// One thread per rank: the kind of task the thread turns to next (the executor's loop:
+/// compute, post, finish, compute, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Turn {
+    Compute,
+    Post,
+    Finish,
+}
 
 /// What a rank's thread is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,12 +55,14 @@ pub(super) enum Task {
 
 impl Engine<'_> {
     /// One thread per rank: whether stream `s` of actor `ai` may start ops now. The compute
-    /// stream may whenever the thread is free; the others only when the thread serves them.
+    /// stream may when the thread is free and its round is at compute; the others only when
+    /// the thread serves them.
     pub(super) fn thread_may_start(&mut self, ai: u32, s: usize) -> bool {
         if self.actors[ai as usize].running.is_some() {
             return false; // the task's end serves the thread again
         }
-        if s == Stream::Compute.index() || self.posting == Some(ai) {
+        let a = &self.actors[ai as usize];
+        if (s == Stream::Compute.index() && a.turn == Turn::Compute) || self.posting == Some(ai) {
             return true;
         }
         self.queue_serve(ai);
@@ -66,33 +78,54 @@ impl Engine<'_> {
         }
     }
 
-    /// The thread of actor `ai` is free (or may be): compute first, then posts, then the
-    /// communications that ended.
+    /// The thread of actor `ai` is free (or may be): it takes up its round where it left
+    /// it — one compute op, then the posts, then the finishes — skipping a kind with
+    /// nothing to do, until a task runs or a whole round found nothing.
     pub(super) fn serve_thread(&mut self, ai: u32) {
         self.actors[ai as usize].queued = false;
-        if self.actors[ai as usize].running.is_some() {
-            return;
-        }
-        self.advance(ai, Stream::Compute.index());
-        if self.actors[ai as usize].running.is_some() {
-            return;
-        }
-        self.posting = Some(ai);
-        for s in [Stream::Tp, Stream::Dp, Stream::Pp] {
-            self.advance(ai, s.index());
+        for _ in 0..4 {
             if self.actors[ai as usize].running.is_some() {
-                break;
+                return;
             }
-        }
-        self.posting = None;
-        while self.actors[ai as usize].running.is_none() {
-            let Some((op, class, finish_ns)) = self.actors[ai as usize].noticed.pop_front() else { break };
-            if finish_ns > 0 {
-                self.start_task(ai, op, finish_ns as f64, Task::Finish { class });
-            } else {
-                self.comm_off(ai, class);
-                self.unstage(ai, op);
-                self.complete(ai, op);
+            let turn = self.actors[ai as usize].turn;
+            match turn {
+                Turn::Compute => {
+                    // A compute op that starts turns the thread to posting (`start_task`).
+                    self.advance(ai, Stream::Compute.index());
+                    if self.actors[ai as usize].running.is_none() {
+                        self.actors[ai as usize].turn = Turn::Post;
+                    }
+                }
+                Turn::Post => {
+                    self.posting = Some(ai);
+                    for s in [Stream::Tp, Stream::Dp, Stream::Pp] {
+                        self.advance(ai, s.index());
+                        if self.actors[ai as usize].running.is_some() {
+                            break;
+                        }
+                    }
+                    self.posting = None;
+                    if self.actors[ai as usize].running.is_none() {
+                        self.actors[ai as usize].turn = Turn::Finish;
+                    }
+                }
+                Turn::Finish => {
+                    while self.actors[ai as usize].running.is_none() {
+                        let Some((op, class, finish_ns)) = self.actors[ai as usize].noticed.pop_front() else {
+                            break;
+                        };
+                        if finish_ns > 0 {
+                            self.start_task(ai, op, finish_ns as f64, Task::Finish { class });
+                        } else {
+                            self.comm_off(ai, class);
+                            self.unstage(ai, op);
+                            self.complete(ai, op);
+                        }
+                    }
+                    if self.actors[ai as usize].running.is_none() {
+                        self.actors[ai as usize].turn = Turn::Compute;
+                    }
+                }
             }
         }
     }
