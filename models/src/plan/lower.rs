@@ -311,6 +311,8 @@ struct BucketState {
     done: BTreeMap<u32, Vec<OpId>>,
     /// mb → ZeRO-2/3's transient full-gradient buffer.
     full_grad: BTreeMap<u32, BufId>,
+    /// The reduction of the bucket's last full-gradient buffer: the next one waits for it.
+    last_reduce: Option<OpId>,
 }
 
 struct StageLowering<'p, 'a> {
@@ -1053,7 +1055,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 let bk = &self.buckets()[b];
                 let bytes = bk.params * state_bytes_per_param(self.dtype()).1;
                 let name = format!("grad bucket c{} b{} mb{mb}", bk.chunk, bk.index);
-                let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Grads, bytes, name);
+                // One full-gradient buffer per bucket at a time, as DeepSpeed's and
+                // Megatron-LM's buckets are reused: a microbatch's waits until the previous
+                // one's reduction is done, so a rank that runs ahead of its data-parallel
+                // peers cannot pile up a buffer per microbatch.
+                let after: Vec<OpId> = self.bucket_state[b].last_reduce.into_iter().collect();
+                let (buf, _) = self.e.alloc(Stream::Compute, &after, BufClass::Grads, bytes, name);
                 self.bucket_state[b].full_grad.insert(mb, buf);
             }
         }
@@ -1098,6 +1105,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let op = self.collective(Stream::Dp, deps, &bufs, kind, GroupKind::Dp, bytes, purpose);
         if let Some(f) = full {
             self.e.free(Stream::Dp, &[op], f);
+            self.bucket_state[b].last_reduce = Some(op);
         }
         self.dp_ops.push(op);
         op
