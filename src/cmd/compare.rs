@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub warmup: u32,
     /// Results directory: comparisons.json, landscape.csv, plans/…, the profile, and the
-    /// report in DIR/report.
+    /// report in DIR/report (an earlier run's results there are replaced).
     #[arg(long, value_name = "DIR", default_value = "out/compare")]
     pub out: PathBuf,
     /// Print the accuracy figures and every plan's numbers as JSON.
@@ -391,8 +391,26 @@ fn measure_run(s: &Scenario, cfg: &LoopConfig, corpus: Arc<Corpus>, plan: &Plan)
     })
 }
 
-/// Writes the inputs and builds the report in `dir/report`.
+/// Writes the inputs and builds the report in `dir/report`, after removing what an earlier
+/// run wrote there (only those names: a stale landscape or plan would enter the report).
 pub fn write(dir: &Path, inputs: &ReportInputs) -> anyhow::Result<strata_reports::ReportFiles> {
+    use strata_reports::input_dir::{COMPARISONS, LANDSCAPE};
+    for name in [COMPARISONS, LANDSCAPE] {
+        match std::fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RunFailure(format!("removing the earlier {}: {e}", dir.join(name).display())).into());
+            }
+            _ => {}
+        }
+    }
+    for name in ["plans", "report"] {
+        match std::fs::remove_dir_all(dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RunFailure(format!("removing the earlier {}: {e}", dir.join(name).display())).into());
+            }
+            _ => {}
+        }
+    }
     save_inputs(dir, inputs).map_err(|e| RunFailure(format!("writing the results: {e}")))?;
     let files = build_report(dir, &dir.join("report")).map_err(|e| RunFailure(format!("building the report: {e}")))?;
     Ok(files)
