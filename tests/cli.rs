@@ -264,3 +264,14 @@ fn train_writes_its_outputs_and_refuses_bad_input() {
     );
     rejects(&strata(&["train", "scenarios/gpt3-175b-1024xa100.toml", "--ranks", "1024", "--steps", "1"]), &["cpu"]);
 }
+
+#[test]
+fn calibrate_compare_and_report_refuse_bad_input() {
+    rejects(&strata(&["compare", "--steps", "0"]), &["--steps 0", "at least one step"]);
+    rejects(&strata(&["compare", "--plan", "bogus"]), &["bogus", "KEY=VALUE"]);
+    rejects(&strata(&["compare", "--plan", "tp=3"]), &["parallel.tp", "heads"]);
+    rejects(&strata(&["compare", "--set", "cluster.preset=dgx-a100"]), &["cpu-local"]);
+    rejects(&strata(&["calibrate", "--ranks", "0"]), &["--ranks 0"]);
+    rejects(&strata(&["calibrate", "--backend", "cuda"]), &["cuda", "--backend cpu"]);
+    rejects(&strata(&["report", "/nonexistent/strata-report"]), &["not found", "strata compare"]);
+}
