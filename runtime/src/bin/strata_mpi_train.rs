@@ -234,7 +234,9 @@ fn main() -> ExitCode {
     let result = match out {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error on rank {rank}: {e}");
+            // One write, so that the lines of ranks failing at once do not interleave.
+            let line = format!("error on rank {rank}: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             // Let the other ranks print their view of the failure, then end the job.
             std::thread::sleep(Duration::from_secs(2));
             let w = mpi::topology::SimpleCommunicator::world();

@@ -13,6 +13,7 @@
 //! naming it) and then aborts the job (`MPI_Abort`); a process that dies outright is
 //! reported by `mpirun`, which ends the job.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -44,6 +45,8 @@ pub struct MpiComm {
     size: u32,
     rx: Receiver<Message>,
     receiver: Option<JoinHandle<()>>,
+    /// Set by `abort`: the job is failing, so the receiver keeps receiving to the end.
+    aborted: AtomicBool,
 }
 
 const SHUTDOWN: u32 = 99;
@@ -150,13 +153,18 @@ impl MpiComm {
                 }
             })
             .expect("spawning the MPI receiver thread");
-        MpiComm { rank, size, rx, receiver: Some(receiver) }
+        MpiComm { rank, size, rx, receiver: Some(receiver), aborted: AtomicBool::new(false) }
     }
 }
 
 impl Drop for MpiComm {
-    /// Stops the receiver thread (a message to itself) before MPI is finalised.
+    /// Stops the receiver thread (a message to itself) before MPI is finalised — unless the
+    /// job failed: then it keeps receiving until `MPI_Abort` ends the process, so that a
+    /// peer's blocking send to this rank completes and the peer gets to report the failure.
     fn drop(&mut self) {
+        if self.aborted.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(h) = self.receiver.take() {
             let w = SimpleCommunicator::world();
             w.process_at_rank(self.rank as i32).send(&encode(None, &Payload::Empty)[..]);
@@ -198,6 +206,7 @@ impl Communicator for MpiComm {
     }
 
     fn abort(&self, reason: &str) {
+        self.aborted.store(true, Ordering::Relaxed);
         for to in (0..self.size).filter(|r| *r != self.rank) {
             let _ = self.send(to, Tag::Abort, Payload::Text(reason.to_string()));
         }
