@@ -170,8 +170,6 @@ struct Actor {
     /// One thread per rank: transfers that ended, to finish when the thread is free, with
     /// (op, slowdown class, finish work ns).
     noticed: VecDeque<(u32, usize, u64)>,
-    /// One thread per rank: bytes each communication op holds received until it finishes.
-    staged: Vec<u64>,
     /// In the engine's serve queue.
     queued: bool,
     /// One thread per rank: which of its three kinds of task the thread turns to next.
@@ -310,7 +308,6 @@ impl<'a> Engine<'a> {
                 remaining: n,
                 weight: if symmetric { g.tp * g.dp } else { 1 },
                 noticed: VecDeque::new(),
-                staged: if cfg.one_thread_per_rank { vec![0; n] } else { Vec::new() },
                 queued: false,
                 turn: thread::Turn::Compute,
             });
@@ -426,7 +423,6 @@ impl<'a> Engine<'a> {
             Task::Post => self.posted(actor, r.op),
             Task::Finish { class } => {
                 self.comm_off(actor, class);
-                self.unstage(actor, r.op);
                 self.complete(actor, r.op);
             }
         }

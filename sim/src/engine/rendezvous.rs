@@ -128,14 +128,12 @@ impl Engine<'_> {
         match members {
             None => {
                 self.actors[ai as usize].xfer_ns[op as usize] = now;
-                self.stage(ai, op, work.staged_bytes);
                 self.record(id, CommRec::One { class, actor: ai, op, finish_ns });
                 self.comm_on(ai, class);
             }
             Some(members) => {
                 for &(m, mop) in &members {
                     self.actors[m as usize].xfer_ns[mop as usize] = now;
-                    self.stage(m, mop, work.staged_bytes);
                     self.comm_on(m, class);
                 }
                 self.record(id, CommRec::Many { class, members, finish_ns });

@@ -26,9 +26,8 @@
 //! Every running task is re-timed when n changes (work left kept in full-speed ns, ends
 //! rounded up to integer ns).
 //!
-//! **Received bytes.** A communication's incoming data (the network's `staged_bytes`) sits
-//! in the rank's memory from the transfer until the thread has combined it — longer when
-//! the thread was computing — and the memory timeline holds it that long.
+//! **Memory.** A communication adds nothing to a rank's memory beyond the plan's buffers:
+//! the executor's collectives read the other members' contributions where they are.
 
 use super::{Engine, Stream};
 
@@ -118,7 +117,6 @@ impl Engine<'_> {
                             self.start_task(ai, op, finish_ns as f64, Task::Finish { class });
                         } else {
                             self.comm_off(ai, class);
-                            self.unstage(ai, op);
                             self.complete(ai, op);
                         }
                     }
@@ -140,28 +138,6 @@ impl Engine<'_> {
         }
         self.comm_off(ai, class);
         self.complete(ai, op);
-    }
-
-    /// One thread per rank: a communication's received bytes are held from its transfer on.
-    pub(super) fn stage(&mut self, ai: u32, op: u32, bytes: u64) {
-        if bytes == 0 || !self.cfg.one_thread_per_rank {
-            return;
-        }
-        let now = self.now;
-        let a = &mut self.actors[ai as usize];
-        a.staged[op as usize] = bytes;
-        a.memory.alloc(now, bytes);
-    }
-
-    /// …and released when the thread has combined them.
-    pub(super) fn unstage(&mut self, ai: u32, op: u32) {
-        let now = self.now;
-        let a = &mut self.actors[ai as usize];
-        let Some(b) = a.staged.get_mut(op as usize) else { return };
-        let bytes = std::mem::take(b);
-        if bytes > 0 {
-            a.memory.free(now, bytes);
-        }
     }
 
     /// How much a task stretches because ranks share cores: max(1, busy / cores).

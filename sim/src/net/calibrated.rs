@@ -14,7 +14,7 @@
 //!   notice (a blocked thread waking), which is all [`Network::start`] schedules;
 //! - memory: nothing beyond the plan's buffers — a member reads the others' contributions
 //!   where they are, and writes the result into its own output buffer, which the plan
-//!   holds (`staged_bytes` is 0).
+//!   holds.
 //!
 //! P and F are tabulated at measured sizes and interpolated linearly in S (beyond the range,
 //! extrapolated from the nearest two sizes, never below 0); a group size between two
@@ -194,10 +194,8 @@ impl Network for CalibratedNetwork {
         if req.ranks.len() <= 1 {
             return Some(HostWork::default());
         }
-        let n = req.ranks.len() as u64;
-        let (_, p, f) = self.parts(kind_of(req.kind), n as u32, req.bytes);
-        // Contributions are shared, not copied, so nothing is staged in the receiver.
-        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64, staged_bytes: 0 })
+        let (_, p, f) = self.parts(kind_of(req.kind), req.ranks.len() as u32, req.bytes);
+        Some(HostWork { post_ns: (p * 1e9).ceil() as u64, finish_ns: (f * 1e9).ceil() as u64 })
     }
 }
 
@@ -239,10 +237,6 @@ mod tests {
         let w = net.host_work(&req(ar, 2, 500_500)).unwrap();
         near(w.post_ns, 50_500.0);
         near(w.finish_ns, 101_000.0);
-        // Contributions are read where they are: nothing is staged in the receiver.
-        assert_eq!(w.staged_bytes, 0);
-        let ag = CommKind::Collective(CollKind::AllGather);
-        assert_eq!(net.host_work(&req(ag, 4, 4_000)).unwrap().staged_bytes, 0);
         // Beyond: extended from the last two sizes.
         near(net.host_work(&req(ar, 2, 2_000_000)).unwrap().post_ns, 100_000.0 + 99_000.0 * 1e6 / 999_000.0);
         // n = 4 is a third of the way from 2 to 8.

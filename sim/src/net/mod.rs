@@ -90,13 +90,11 @@ pub struct CommChoice {
 
 /// CPU work one member of a communication does on its own thread (nanoseconds at full
 /// speed): posting its contribution, and finishing (combining the others') after the
-/// transfer; and the bytes it holds received meanwhile, until it finishes. For
-/// communicators that move data with the ranks' cores.
+/// transfer. For communicators that move data with the ranks' cores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostWork {
     pub post_ns: u64,
     pub finish_ns: u64,
-    pub staged_bytes: u64,
 }
 
 /// A network model.
