@@ -24,7 +24,8 @@
 //! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate;
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
 //!   cores) that `strata calibrate` fits into a hardware profile; [`cputime`]: a thread's
-//!   CPU time, which the traced step records per op.
+//!   CPU time, which the traced step records per op;
+//! - `cuda` (feature `cuda`): the GPUs the driver sees and cuBLAS GEMM timing on them.
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!
@@ -81,6 +82,8 @@ pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod cputime;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod embed;
 pub mod error;

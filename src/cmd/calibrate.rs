@@ -11,7 +11,12 @@
 //! - how many cores' worth of compute N busy rank threads share.
 //!
 //! The profile is for the `cpu-local` cluster: `strata simulate|search|compare --profile
-//! FILE` read it. `--backend cuda` is the same command for GPUs, not built yet.
+//! FILE` read it.
+//!
+//! `--backend cuda` (a build with the `cuda` feature) measures GPU 0 with cuBLAS: the
+//! device, and the bf16 GEMM rate at every shape a plan of the model on one node can give
+//! it. Fitting a GPU profile from those rates is not built yet: it prints them (`--json`
+//! for scripts) and writes no profile.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -90,6 +95,9 @@ pub fn comm_sizes(s: &Scenario, step: u32) -> Vec<u64> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.backend.as_str() {
         "cpu" => {}
+        #[cfg(feature = "cuda")]
+        "cuda" => return run_cuda(&args),
+        #[cfg(not(feature = "cuda"))]
         "cuda" => bail!(
             "strata was not built with CUDA: --backend cuda needs the `cuda` feature and a GPU; on this build, \
              calibrate the CPU executor with --backend cpu"
@@ -415,5 +423,50 @@ pub fn require_cpu(s: &Scenario) -> anyhow::Result<()> {
             s.cluster.gpu.key()
         );
     }
+    Ok(())
+}
+
+/// `--backend cuda`: the GPUs, and cuBLAS's bf16 rate at the model's GEMM shapes on GPU 0.
+#[cfg(feature = "cuda")]
+fn run_cuda(args: &Args) -> anyhow::Result<()> {
+    use crate::common::RunFailure;
+    use strata_runtime::cuda;
+    if let Some(out) = &args.out {
+        bail!(
+            "--out {}: a GPU profile cannot be fitted yet; run without --out to print the measured GEMM rates",
+            out.display()
+        );
+    }
+    let s = args.scenario.load()?;
+    let devices = cuda::devices().map_err(|e| RunFailure(e.to_string()))?;
+    if devices.is_empty() {
+        return Err(RunFailure("the CUDA driver sees no GPU on this machine".into()).into());
+    }
+    let per_node = args.ranks.unwrap_or(s.cluster.gpus_per_node);
+    let shapes = gemm_shapes(&s, per_node);
+    let reps = if args.quick { 3 } else { 20 };
+    if !args.json {
+        let d = &devices[0];
+        eprintln!(
+            "calibrate: GPU 0 of {}: {} ({} SMs, compute capability {}.{}, {}); {} GEMM shapes of {}",
+            devices.len(),
+            d.name,
+            d.sms,
+            d.compute_capability.0,
+            d.compute_capability.1,
+            common::bytes(d.memory_bytes as f64),
+            shapes.len(),
+            s.model.name
+        );
+    }
+    let gemms = cuda::time_gemms_bf16(0, &shapes, reps).map_err(|e| RunFailure(e.to_string()))?;
+    if args.json {
+        return common::print_json(&serde_json::json!({ "devices": devices, "gemms_bf16": gemms }));
+    }
+    println!("{:>8} {:>8} {:>8} {:>12} {:>10}", "m", "n", "k", "time (us)", "TFLOP/s");
+    for g in &gemms {
+        println!("{:>8} {:>8} {:>8} {:>12.1} {:>10.1}", g.m, g.n, g.k, g.seconds * 1e6, g.tflops);
+    }
+    println!("(fitting a GPU profile from these rates is not built yet; no profile was written)");
     Ok(())
 }
