@@ -26,11 +26,9 @@
 //!
 //! Units: ns (u64) outside, seconds and bytes inside.
 
-use std::collections::BTreeSet;
-
 use strata_models::plan::CollKind;
 
-use super::{CommChoice, CommId, CommKind, CommRequest, HostWork, NetError, Network};
+use super::{CommChoice, CommId, CommKind, CommRequest, FixedTimes, HostWork, NetError, Network};
 use crate::profile::{CommFit, CommFitKind, NetworkParams};
 
 /// One (kind, group size) line: α and the work tables, seconds.
@@ -49,8 +47,7 @@ pub struct CalibratedNetwork {
     /// Per kind (index of [`CommFitKind::ALL`]), sorted by ranks.
     lines: [Vec<Line>; 6],
     /// Pending completions, ordered by (time, id).
-    pending: BTreeSet<(u64, CommId)>,
-    next_id: CommId,
+    pending: FixedTimes,
 }
 
 fn kind_of(k: CommKind) -> CommFitKind {
@@ -121,7 +118,7 @@ impl CalibratedNetwork {
             v.sort_by_key(|l| l.ranks);
             v.dedup_by_key(|l| l.ranks);
         }
-        Ok(CalibratedNetwork { lines, pending: BTreeSet::new(), next_id: 0 })
+        Ok(CalibratedNetwork { lines, pending: FixedTimes::default() })
     }
 
     /// (α, post, finish) seconds for `kind` over `n` ranks at S bytes.
@@ -158,31 +155,20 @@ impl Network for CalibratedNetwork {
     }
 
     fn start(&mut self, now_ns: u64, req: &CommRequest) -> CommId {
-        let id = self.next_id;
-        self.next_id += 1;
         let latency = if req.ranks.len() <= 1 {
             0
         } else {
             (self.parts(kind_of(req.kind), req.ranks.len() as u32, req.bytes).0 * 1e9).ceil() as u64
         };
-        self.pending.insert((now_ns + latency, id));
-        id
+        self.pending.start(now_ns + latency)
     }
 
     fn next_completion_ns(&self) -> Option<u64> {
-        self.pending.first().map(|&(t, _)| t)
+        self.pending.next_completion_ns()
     }
 
     fn advance(&mut self, now_ns: u64) -> Vec<CommId> {
-        let mut done = Vec::new();
-        while let Some(&(t, id)) = self.pending.first() {
-            if t > now_ns {
-                break;
-            }
-            self.pending.pop_first();
-            done.push(id);
-        }
-        done
+        self.pending.advance(now_ns)
     }
 
     fn choice(&self, req: &CommRequest) -> CommChoice {

@@ -25,14 +25,12 @@
 //!
 //! Units: ns (u64) outside, seconds and bytes/s inside the formulas.
 
-use std::collections::BTreeSet;
-
 use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
 
 use super::nccl::NcclEnv;
 use super::node::{CommShape, NodeNet};
-use super::{CommChoice, CommId, CommKind, CommRequest, NetError, Network};
+use super::{CommChoice, CommId, CommKind, CommRequest, FixedTimes, NetError, Network};
 
 /// NCCL's Ring/Simple hop latency over NVLink (tuning.cc hwLat), ns.
 pub const NVLINK_LATENCY_NS: u64 = 3_400;
@@ -44,8 +42,7 @@ pub const NET_LATENCY_NS: u64 = 14_000;
 pub struct ClosedFormNetwork {
     node: NodeNet,
     /// Pending completions, ordered by (time, id).
-    pending: BTreeSet<(u64, CommId)>,
-    next_id: CommId,
+    pending: FixedTimes,
 }
 
 /// The closed-form answer for one request.
@@ -59,7 +56,7 @@ impl ClosedFormNetwork {
     /// A closed-form network for `cluster`. `_env` is accepted for symmetry with the fabric
     /// model; the closed form has no algorithm choice beyond ring vs tree.
     pub fn new(cluster: &ClusterSpec, _env: NcclEnv) -> Result<ClosedFormNetwork, NetError> {
-        Ok(ClosedFormNetwork { node: NodeNet::from_cluster(cluster)?, pending: BTreeSet::new(), next_id: 0 })
+        Ok(ClosedFormNetwork { node: NodeNet::from_cluster(cluster)?, pending: FixedTimes::default() })
     }
 
     /// The ring bottleneck bandwidth B of a communicator, bytes/s.
@@ -129,26 +126,16 @@ impl Network for ClosedFormNetwork {
     }
 
     fn start(&mut self, now_ns: u64, req: &CommRequest) -> CommId {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.pending.insert((now_ns + self.cost(req).time_ns, id));
-        id
+        let end = now_ns + self.cost(req).time_ns;
+        self.pending.start(end)
     }
 
     fn next_completion_ns(&self) -> Option<u64> {
-        self.pending.first().map(|&(t, _)| t)
+        self.pending.next_completion_ns()
     }
 
     fn advance(&mut self, now_ns: u64) -> Vec<CommId> {
-        let mut done = Vec::new();
-        while let Some(&(t, id)) = self.pending.first() {
-            if t > now_ns {
-                break;
-            }
-            self.pending.pop_first();
-            done.push(id);
-        }
-        done
+        self.pending.advance(now_ns)
     }
 
     fn choice(&self, req: &CommRequest) -> CommChoice {

@@ -56,6 +56,41 @@ pub use nccl::NcclEnv;
 /// Identifies one started communication, assigned in start order from 0.
 pub type CommId = u64;
 
+/// Communications whose end time is known when they start (the closed-form and the
+/// calibrated networks): ids in start order, completions in (time, id) order.
+#[derive(Clone, Debug, Default)]
+pub struct FixedTimes {
+    pending: std::collections::BTreeSet<(u64, CommId)>,
+    next_id: CommId,
+}
+
+impl FixedTimes {
+    /// A new communication that ends at `end_ns`.
+    pub fn start(&mut self, end_ns: u64) -> CommId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert((end_ns, id));
+        id
+    }
+
+    pub fn next_completion_ns(&self) -> Option<u64> {
+        self.pending.first().map(|&(t, _)| t)
+    }
+
+    /// The communications that ended by `now_ns`, in order.
+    pub fn advance(&mut self, now_ns: u64) -> Vec<CommId> {
+        let mut done = Vec::new();
+        while let Some(&(t, id)) = self.pending.first() {
+            if t > now_ns {
+                break;
+            }
+            self.pending.pop_first();
+            done.push(id);
+        }
+        done
+    }
+}
+
 /// What a request moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CommKind {
