@@ -237,8 +237,11 @@ fn main() -> ExitCode {
             // One write, so that the lines of ranks failing at once do not interleave.
             let line = format!("error on rank {rank}: {e}\n");
             let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-            // Let the other ranks print their view of the failure, then end the job.
-            std::thread::sleep(Duration::from_secs(2));
+            // Rank 0 reports for the job: once it has, it gives the others a second to print
+            // their view and ends the job. The others wait for that (a busy 2-core host can
+            // take seconds to let rank 0 notice) and end the job themselves only if rank 0
+            // never does — at most 10 s after their own report.
+            std::thread::sleep(Duration::from_secs(if rank == 0 { 1 } else { 10 }));
             let w = mpi::topology::SimpleCommunicator::world();
             mpi::topology::Communicator::abort(&w, 1);
         }
