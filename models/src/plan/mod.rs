@@ -5,6 +5,7 @@
 //! lowering itself.
 
 pub mod cost;
+pub mod exec;
 pub mod grid;
 pub mod ir;
 pub mod lower;

@@ -23,6 +23,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::plan::exec::{
+    ActorMap, Arrival, Cursor, MessageError, Next, OpState, ProgramGraph, Rendezvous, Wake, pair_messages,
+};
 use crate::plan::ir::*;
 use crate::plan::lower::Plan;
 
@@ -245,271 +248,167 @@ fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, Verif
     Ok(alloc_at.len() as u64)
 }
 
-/// An actor of the abstract execution: a rank, or a stage standing for its ranks.
-struct Actor {
-    program: usize,
-    rank: u32,
-    /// Next op index per stream (into `streams[s]`).
-    cursor: [usize; 4],
-    done: Vec<bool>,
-    remaining: usize,
-}
-
-type Tag = (P2pKind, u32, u32);
-
-/// Runs the plan abstractly. Returns (actors, collectives matched, messages matched).
+/// Runs the plan abstractly on the shared execution semantics ([`crate::plan::exec`]):
+/// every op finishes as soon as it may start, so what is left undone can never run.
+/// Returns (actors, collectives matched, messages matched).
 fn execute(plan: &Plan) -> Result<(u32, u64, u64), VerifyError> {
     let grid = plan.grid;
-    let per_rank = !plan.rank_programs.is_empty();
-    if per_rank && grid.ranks() > 4096 {
+    if !plan.rank_programs.is_empty() && grid.ranks() > 4096 {
         return Err(err(
             "structure",
             "plan".into(),
             format!("per-rank programs on {} ranks: too many to execute rank by rank (limit 4096)", grid.ranks()),
         ));
     }
-    // Actors and their ranks.
-    let actor_ranks: Vec<u32> = if per_rank {
-        (0..grid.ranks()).collect()
-    } else {
-        (0..grid.pp).map(|pp| grid.rank(crate::plan::grid::Coord { tp: 0, dp: 0, pp })).collect()
+    let actors = ActorMap::new(plan, true);
+    let n = actors.len() as u32;
+    let program_of = |a: u32| plan.program_index(actors.rank(a));
+    let program = |a: u32| &plan.programs[program_of(a)];
+    let location = |a: u32, op: u32| {
+        format!("{} op #{op} ({})", grid.label(actors.rank(a)), describe(plan, &program(a).ops[op as usize]))
     };
-    let actor_of_rank = |r: u32| -> usize { if per_rank { r as usize } else { grid.coord(r).pp as usize } };
-    let streams: Vec<[Vec<usize>; 4]> = plan
-        .programs
-        .iter()
-        .map(|p| {
-            let mut s: [Vec<usize>; 4] = Default::default();
-            for (i, op) in p.ops.iter().enumerate() {
-                s[op.stream.index()].push(i);
-            }
-            s
-        })
-        .collect();
-    let mut actors: Vec<Actor> = actor_ranks
-        .iter()
-        .map(|&rank| {
-            let program = plan.program_index(rank);
-            let n = plan.programs[program].ops.len();
-            Actor { program, rank, cursor: [0; 4], done: vec![false; n], remaining: n }
-        })
-        .collect();
-    // Messages in flight: (to actor, from actor, tag) → queue of (send op, bytes).
-    let mut mail: BTreeMap<(usize, usize, Tag), VecDeque<(usize, u64)>> = BTreeMap::new();
-    // Collective arrivals per group instance: (kind, group id) → per member, queue of (actor, op).
-    let mut arrivals: BTreeMap<(GroupKind, u32), BTreeMap<usize, VecDeque<usize>>> = BTreeMap::new();
-    let mut collectives = 0u64;
-    let mut messages = 0u64;
-    // Posted frees waiting for their deps: (actor, op).
-    let mut pending_frees: Vec<(usize, usize)> = Vec::new();
-    let location = |a: &Actor, op: usize| {
-        format!("{} op #{op} ({})", grid.label(a.rank), describe(plan, &plan.programs[a.program].ops[op]))
-    };
-
-    // Group members of an actor's group, as actors (collapsed to stages when not per rank).
-    let members = |rank: u32, kind: GroupKind| -> Vec<usize> {
-        if per_rank {
-            grid.group(rank, kind).into_iter().map(|r| r as usize).collect()
-        } else {
-            match kind {
-                GroupKind::Tp | GroupKind::Dp => vec![grid.coord(rank).pp as usize],
-                _ => {
-                    let mut v: Vec<usize> = grid.group(rank, kind).into_iter().map(actor_of_rank).collect();
-                    v.dedup();
-                    v
-                }
-            }
+    let partner = pair_messages(&actors, program).map_err(|e| match e {
+        MessageError::NeverReceived { from, op, to } => err(
+            "unmatched",
+            location(from, op),
+            format!(
+                "is never received: {} has no matching receive from {}",
+                grid.label(actors.rank(to)),
+                grid.label(actors.rank(from))
+            ),
+        ),
+        MessageError::NeverSent { to, op, from } => err(
+            "unmatched",
+            location(to, op),
+            format!("is never sent: {} has no matching send", grid.label(actors.rank(from))),
+        ),
+        MessageError::Size { to, recv, recv_bytes, from, send, send_bytes } => err(
+            "mismatch",
+            location(to, recv),
+            format!("receives {recv_bytes} bytes but {} sends {send_bytes}", location(from, send)),
+        ),
+    })?;
+    // One compiled graph per program the actors run.
+    let mut graphs: BTreeMap<usize, ProgramGraph> = BTreeMap::new();
+    for a in 0..n {
+        let pi = program_of(a);
+        if let std::collections::btree_map::Entry::Vacant(v) = graphs.entry(pi) {
+            let g = ProgramGraph::new(&plan.programs[pi])
+                .map_err(|e| err("structure", program_location(plan, pi, e.op as usize), e.reason))?;
+            v.insert(g);
         }
-    };
-
-    loop {
-        let mut progressed = false;
-        for ai in 0..actors.len() {
-            for st in 0..4 {
-                loop {
-                    let a = &actors[ai];
-                    let Some(&oi) = streams[a.program][st].get(a.cursor[st]) else { break };
-                    let op = &plan.programs[a.program].ops[oi];
-                    if let OpKind::Free { .. } = op.kind {
-                        // A free is posted at once and takes effect when its deps are done.
-                        pending_frees.push((ai, oi));
-                        actors[ai].cursor[st] += 1;
-                        progressed = true;
-                        continue;
+    }
+    let graph = |a: u32| &graphs[&program_of(a)];
+    let mut cursors: Vec<Cursor> = (0..n).map(|a| Cursor::new(graph(a))).collect();
+    let mut rendezvous = Rendezvous::new(&actors);
+    let (mut collectives, mut messages) = (0u64, 0u64);
+    // Work: advance (actor, stream), or complete (actor, op).
+    let mut work: Work = (0..n).flat_map(|a| Stream::ALL.map(|s| (a, Ok(s)))).collect();
+    while let Some((a, w)) = work.pop_front() {
+        let s = match w {
+            Err(op) => {
+                cursors[a as usize].complete(graph(a), op, |wk| work.push_back((a, wake(wk))));
+                continue;
+            }
+            Ok(s) => s,
+        };
+        loop {
+            let op = match cursors[a as usize].next(graph(a), s) {
+                Next::Blocked | Next::End => break,
+                Next::Free { op, ready } => {
+                    if ready {
+                        work.push_back((a, Err(op)));
                     }
-                    if !op.deps.iter().all(|d| a.done[*d as usize]) {
-                        break;
+                    continue;
+                }
+                Next::Start(op) => op,
+            };
+            let done = |cursors: &mut Vec<Cursor>, b: u32, o: u32, work: &mut Work| {
+                cursors[b as usize].complete(graph(b), o, |wk| work.push_back((b, wake(wk))))
+            };
+            match &program(a).ops[op as usize].kind {
+                OpKind::Compute(_) | OpKind::Alloc(_) | OpKind::Free { .. } => done(&mut cursors, a, op, &mut work),
+                OpKind::Send(p) | OpKind::Recv(p) => {
+                    let (b, bop) = (actors.peer(a, p.peer), partner[a as usize][op as usize]);
+                    if cursors[b as usize].state(bop) == OpState::Posted {
+                        messages += 1;
+                        done(&mut cursors, a, op, &mut work);
+                        done(&mut cursors, b, bop, &mut work);
                     }
-                    // The previous op of the stream must be done (a send or a free only posted).
-                    if let Some(prev) = (a.cursor[st] > 0).then(|| streams[a.program][st][a.cursor[st] - 1]) {
-                        let prev_op = &plan.programs[a.program].ops[prev];
-                        if !a.done[prev] && !matches!(prev_op.kind, OpKind::Send(_) | OpKind::Free { .. }) {
-                            break;
-                        }
+                }
+                OpKind::Collective(c) => match rendezvous.arrive(a, op, c.group) {
+                    Arrival::Waiting => {}
+                    Arrival::Alone => {
+                        collectives += 1;
+                        done(&mut cursors, a, op, &mut work);
                     }
-                    match &op.kind {
-                        OpKind::Compute(_) | OpKind::Alloc(_) | OpKind::Free { .. } => {
-                            let a = &mut actors[ai];
-                            a.done[oi] = true;
-                            a.remaining -= 1;
-                            a.cursor[st] += 1;
-                        }
-                        OpKind::Send(p) => {
-                            let to = actor_of_rank(grid.peer(a.rank, p.peer));
-                            mail.entry((to, ai, (p.kind, p.mb, p.vstage))).or_default().push_back((oi, p.bytes));
-                            actors[ai].cursor[st] += 1;
-                        }
-                        OpKind::Recv(p) => {
-                            let from = actor_of_rank(grid.peer(a.rank, p.peer));
-                            let key = (ai, from, (p.kind, p.mb, p.vstage));
-                            let Some((send_op, bytes)) = mail.get_mut(&key).and_then(|q| q.pop_front()) else { break };
-                            if bytes != p.bytes {
+                    Arrival::Complete(mut members) => {
+                        // Name the member that differs from the lowest one.
+                        members.sort_unstable();
+                        let (a0, o0) = members[0];
+                        let c0 = collective_of(program(a0), o0);
+                        for &(am, om) in &members[1..] {
+                            let cm = collective_of(program(am), om);
+                            if (cm.kind, cm.bytes, cm.dtype, cm.purpose) != (c0.kind, c0.bytes, c0.dtype, c0.purpose) {
                                 return Err(err(
                                     "mismatch",
-                                    location(&actors[ai], oi),
+                                    location(am, om),
                                     format!(
-                                        "receives {} bytes but {} sends {bytes}",
-                                        p.bytes,
-                                        location(&actors[from], send_op)
+                                        "issues {} of {} on its {} group where {} issues {} of {} ({})",
+                                        cm.kind.key(),
+                                        crate::plan::text::bytes(cm.bytes),
+                                        cm.group.key(),
+                                        location(a0, o0),
+                                        c0.kind.key(),
+                                        crate::plan::text::bytes(c0.bytes),
+                                        purpose_key(&c0.purpose)
                                     ),
                                 ));
                             }
-                            messages += 1;
-                            let s = &mut actors[from];
-                            s.done[send_op] = true;
-                            s.remaining -= 1;
-                            let a = &mut actors[ai];
-                            a.done[oi] = true;
-                            a.remaining -= 1;
-                            a.cursor[st] += 1;
                         }
-                        OpKind::Collective(c) => {
-                            let group = members(a.rank, c.group);
-                            let gid = grid.group_id(a.rank, c.group).1;
-                            let key = (
-                                c.group,
-                                if per_rank || !matches!(c.group, GroupKind::Tp | GroupKind::Dp) {
-                                    gid
-                                } else {
-                                    u32::MAX - a.program as u32
-                                },
-                            );
-                            let inst = arrivals.entry(key).or_default();
-                            inst.entry(ai).or_default().push_back(oi);
-                            actors[ai].cursor[st] += 1;
-                            // Complete if every member has an arrival pending.
-                            let inst = &arrivals[&key];
-                            if group.iter().all(|m| inst.get(m).is_some_and(|q| !q.is_empty())) {
-                                let heads: Vec<(usize, usize)> = group.iter().map(|m| (*m, inst[m][0])).collect();
-                                let (a0, o0) = heads[0];
-                                let c0 = collective_of(plan, &actors[a0], o0);
-                                for &(am, om) in &heads[1..] {
-                                    let cm = collective_of(plan, &actors[am], om);
-                                    if (cm.kind, cm.bytes, cm.dtype, cm.purpose)
-                                        != (c0.kind, c0.bytes, c0.dtype, c0.purpose)
-                                    {
-                                        return Err(err(
-                                            "mismatch",
-                                            location(&actors[am], om),
-                                            format!(
-                                                "issues {} of {} on its {} group where {} issues {} of {} ({})",
-                                                cm.kind.key(),
-                                                crate::plan::text::bytes(cm.bytes),
-                                                cm.group.key(),
-                                                location(&actors[a0], o0),
-                                                c0.kind.key(),
-                                                crate::plan::text::bytes(c0.bytes),
-                                                purpose_key(&c0.purpose)
-                                            ),
-                                        ));
-                                    }
-                                }
-                                let inst = arrivals.get_mut(&key).expect("present");
-                                for &(am, om) in &heads {
-                                    inst.get_mut(&am).expect("member").pop_front();
-                                    actors[am].done[om] = true;
-                                    actors[am].remaining -= 1;
-                                }
-                                collectives += 1;
-                            }
+                        collectives += 1;
+                        for (am, om) in members {
+                            done(&mut cursors, am, om, &mut work);
                         }
                     }
-                    progressed = true;
-                }
+                },
             }
-        }
-        pending_frees.retain(|&(ai, oi)| {
-            let a = &mut actors[ai];
-            let op = &plan.programs[a.program].ops[oi];
-            if op.deps.iter().all(|d| a.done[*d as usize]) {
-                a.done[oi] = true;
-                a.remaining -= 1;
-                progressed = true;
-                false
-            } else {
-                true
-            }
-        });
-        if !progressed {
-            break;
         }
     }
-    // A message whose receiver's program has no receive for it at all is the root cause of
-    // whatever else is stuck.
-    for ((to, from, tag), q) in &mail {
-        let Some((send_op, _)) = q.front() else { continue };
-        let receiver = &actors[*to];
-        let sender_rank = actors[*from].rank;
-        let has_recv = plan.programs[receiver.program].ops.iter().any(|o| match &o.kind {
-            OpKind::Recv(p) => {
-                (p.kind, p.mb, p.vstage) == *tag && actor_of_rank(grid.peer(receiver.rank, p.peer)) == *from
-            }
-            _ => false,
-        });
-        if !has_recv {
-            return Err(err(
-                "unmatched",
-                location(&actors[*from], *send_op),
-                format!(
-                    "is never received: {} has no matching receive from {}",
-                    grid.label(receiver.rank),
-                    grid.label(sender_rank)
-                ),
-            ));
-        }
-    }
-    if let Some(a) = actors.iter().find(|a| a.remaining > 0) {
+    if let Some(a) = (0..n).find(|&a| cursors[a as usize].remaining() > 0) {
         // Name the first blocked head op of each stream of the first stuck actor.
-        let mut stuck = Vec::new();
-        for (st, (ops, cursor)) in streams[a.program].iter().zip(a.cursor).enumerate() {
-            if let Some(&oi) = ops.get(cursor) {
-                stuck.push(format!(
-                    "{} waits at #{oi} ({})",
-                    Stream::ALL[st].key(),
-                    describe(plan, &plan.programs[a.program].ops[oi])
-                ));
-            }
-        }
-        let first = streams[a.program].iter().zip(a.cursor).filter_map(|(s, c)| s.get(c).copied()).min().unwrap_or(0);
+        let c = &cursors[a as usize];
+        let heads = c.waiting_at(graph(a));
+        let stuck: Vec<String> = Stream::ALL
+            .iter()
+            .zip(heads)
+            .filter_map(|(s, h)| {
+                let oi = h?;
+                Some(format!("{} waits at #{oi} ({})", s.key(), describe(plan, &program(a).ops[oi as usize])))
+            })
+            .collect();
+        let first = heads.iter().flatten().copied().min().unwrap_or(0);
         return Err(err(
             "deadlock",
             location(a, first),
-            format!("the plan can deadlock: {} ops never run; {}", a.remaining, stuck.join("; ")),
+            format!("the plan can deadlock: {} ops never run; {}", c.remaining(), stuck.join("; ")),
         ));
     }
-    if let Some((key, q)) = mail.iter().find(|(_, q)| !q.is_empty()) {
-        let (to, from, _) = key;
-        return Err(err(
-            "unmatched",
-            location(&actors[*from], q[0].0),
-            format!("is never received by {}", grid.label(actors[*to].rank)),
-        ));
-    }
-    Ok((actors.len() as u32, collectives, messages))
+    Ok((n, collectives, messages))
 }
 
-fn collective_of(plan: &Plan, a: &Actor, op: usize) -> CollectiveOp {
-    match &plan.programs[a.program].ops[op].kind {
+/// The verifier's work list: advance (actor, stream), or complete (actor, op).
+type Work = VecDeque<(u32, Result<Stream, u32>)>;
+
+fn wake(w: Wake) -> Result<Stream, u32> {
+    match w {
+        Wake::Stream(s) => Ok(s),
+        Wake::Free(op) => Err(op),
+    }
+}
+
+fn collective_of(program: &Program, op: u32) -> CollectiveOp {
+    match &program.ops[op as usize].kind {
         OpKind::Collective(c) => *c,
         _ => unreachable!("arrivals hold collectives only"),
     }
