@@ -13,6 +13,7 @@ pub mod breakdown;
 pub mod calibrate;
 pub mod compute;
 pub mod engine;
+pub mod error;
 pub mod memory;
 pub mod net;
 pub mod profile;

@@ -25,8 +25,9 @@ use strata_models::{Dtype, Recompute, Scenario};
 use crate::breakdown::{Breakdown, breakdown_ns, to_seconds};
 use crate::compute::ComputeModel;
 use crate::engine::{self, EngineConfig, Mode, Outcome};
+pub use crate::error::SimError;
 use crate::memory::{OutOfMemory, StageMemory, stage_memory, verdicts};
-use crate::net::{self, NetError, Network, NetworkKind};
+use crate::net::{self, Network, NetworkKind};
 use crate::profile::HardwareProfile;
 use crate::program::{ComputeTimer, ProgramTable};
 
@@ -82,27 +83,6 @@ pub struct SimReport {
     /// The timeline, when asked for (not part of the JSON report).
     #[serde(skip)]
     pub trace: Option<Trace>,
-}
-
-/// Why a plan could not be simulated.
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    #[error("plan program {program} op #{op}: {reason}")]
-    InvalidPlan { program: usize, op: u32, reason: String },
-    #[error("the plan deadlocks at {rank}: {ops_left} ops never run; {stuck}")]
-    Deadlock { rank: String, ops_left: u64, stuck: String },
-    #[error(
-        "full mode simulates every rank; {ranks} ranks is over its limit of {limit}: use symmetric mode, \
-         which simulates one rank per pipeline stage"
-    )]
-    TooLarge { ranks: u32, limit: u32 },
-    #[error(transparent)]
-    Network(#[from] NetError),
-    #[error(
-        "the hardware profile {profile} describes a {profile_gpu} but the cluster has {cluster_gpu}s; \
-         pass a profile of the cluster's GPU"
-    )]
-    ProfileMismatch { profile: String, profile_gpu: String, cluster_gpu: String },
 }
 
 /// The default network model of a scenario's cluster for a hardware profile: the measured

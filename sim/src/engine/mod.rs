@@ -11,24 +11,19 @@
 //! randomness (optional compute jitter) comes from one ChaCha8 generator seeded with
 //! [`EngineConfig::seed`].
 //!
-//! **Execution.** Each actor runs a program on four in-order streams. An op starts when it
-//! reaches the head of its stream, its stream's *gate* (the previous op that is not a Send
-//! or Free) is done, and its `deps` are done. A compute op runs for its costed time; an
-//! alloc is done at once; a free is posted as soon as its stream reaches it (the ops before
-//! it have started) and takes effect (frees its bytes, is done) when its deps are done; a collective arrives and starts — handed to the
-//! [`Network`] as one [`CommRequest`] with the members' global ranks — when every member
-//! of its group has arrived at the same position in its sequence of collectives on that
-//! group; a send is posted (its stream moves on) and a receive waits; the transfer starts
-//! when both the send and the receive (same peer pair, kind, microbatch, virtual stage) are
-//! posted, and both are done on delivery.
+//! **Execution.** The rules are the plan's, in one place: `strata_models::plan::exec`. Each
+//! actor's [`Cursor`] says which ops of its four streams may start (gates, deps, posted
+//! frees) and hears which are done; collectives meet at the shared [`Rendezvous`]; sends
+//! and receives are paired before the run by [`pair_messages`]. What the engine adds is
+//! time: a compute op runs for its costed time; an alloc is done at once; a free frees its
+//! bytes when it takes effect; a collective, once its group is complete, is handed to the
+//! [`Network`] as one [`CommRequest`] with the members' global ranks; a message's transfer
+//! starts when both its send and its receive are posted, and both are done on delivery.
 //!
-//! **Modes.** *Full*: one actor per rank. *Symmetric*: one actor per pipeline stage,
-//! standing for the tp·dp ranks of the stage — legal because every rank of a stage runs the
-//! same program and its TP and DP groups lie inside the stage, so their members move in
-//! lockstep. A stage's TP collective is one request with `multiplicity` = dp (the dp
-//! identical TP groups of the stage run at once), its DP collective `multiplicity` = tp,
-//! its pipeline transfers tp·dp; embedding-group and world collectives are matched across
-//! the stage actors.
+//! **Modes.** *Full*: one actor per rank. *Symmetric*: one actor per pipeline stage
+//! ([`ActorMap`]), standing for the tp·dp ranks of the stage. A stage's TP collective is
+//! one request with `multiplicity` = dp (the dp identical TP groups of the stage run at
+//! once), its DP collective `multiplicity` = tp, its pipeline transfers tp·dp.
 //!
 //! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
 //! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
@@ -53,17 +48,17 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use strata_models::plan::{Coord, GroupKind, Peer, Plan, Stream};
+use strata_models::plan::exec::{ActorMap, Cursor, MessageError, Next, OpState, Rendezvous, Turn, Wake, pair_messages};
+use strata_models::plan::{GroupKind, Peer, Plan, Stream};
 
+use crate::error::SimError;
 use crate::memory::Timeline;
 use crate::net::{CommKind, CommRequest, Network};
-use crate::program::{NONE, OpInfo, ProgramTable};
-use crate::simulate::SimError;
+use crate::program::{OpInfo, ProgramTable};
 
 mod rendezvous;
 mod thread;
 
-use rendezvous::GroupState;
 use thread::Task;
 
 /// One actor per rank, or one per pipeline stage.
@@ -90,12 +85,6 @@ pub struct EngineConfig {
     /// Cores shared by all ranks' compute (processor sharing); 0: a device per rank.
     pub shared_cores: f64,
 }
-
-const IDLE: u8 = 0;
-const POSTED: u8 = 1;
-const DONE: u8 = 2;
-/// One thread per rank: the thread is copying the op's contribution out; not yet offered.
-const POSTING: u8 = 3;
 
 /// Where a transfer's compute slowdown comes from: 0 tp, 1 dp, 2 pp.
 fn class_of(stream: Stream) -> usize {
@@ -147,24 +136,15 @@ struct Actor {
     table: u32,
     rank: u32,
     stage: u32,
-    cursor: [u32; 4],
-    gate: [u32; 4],
-    deps_left: Vec<u32>,
-    state: Vec<u8>,
+    /// Where the actor is in its program (the shared semantics).
+    cur: Cursor,
     start_ns: Vec<u64>,
     end_ns: Vec<u64>,
     xfer_ns: Vec<u64>,
-    /// For a send or receive: the matching op of the peer actor.
-    peer_op: Vec<u32>,
-    /// Actors of the `Next` and `Prev` pipeline peers.
-    peer_actor: [u32; 2],
-    coll_seq: [u32; 4],
-    group_slot: [u32; 4],
     running: Option<Running>,
     epoch: u32,
     comm_active: [u32; 3],
     memory: Timeline,
-    remaining: usize,
     /// Ranks this actor stands for (tp·dp in symmetric mode, else 1).
     weight: u32,
     /// One thread per rank: transfers that ended, to finish when the thread is free, with
@@ -173,7 +153,7 @@ struct Actor {
     /// In the engine's serve queue.
     queued: bool,
     /// One thread per rank: which of its three kinds of task the thread turns to next.
-    turn: thread::Turn,
+    turn: Turn,
 }
 
 /// A communication in flight; `finish_ns` is each member's finish work (one thread per rank).
@@ -192,8 +172,13 @@ enum Work {
 struct Engine<'a> {
     plan: &'a Plan,
     tables: Vec<ProgramTable>,
+    map: ActorMap,
     actors: Vec<Actor>,
-    groups: [Vec<GroupState>; 4],
+    rendezvous: Rendezvous,
+    /// Per kind of group and group instance: the request its collectives reuse.
+    group_req: [Vec<Option<CommRequest>>; 4],
+    /// Per actor and op: the partner op of a send or receive on the peer actor.
+    partner: Vec<Vec<u32>>,
     /// Per actor, per direction (Next, Prev): the request of a message it sends.
     p2p_req: Vec<[CommRequest; 2]>,
     comms: Vec<CommRec>,
@@ -213,6 +198,8 @@ struct Engine<'a> {
     /// The actor whose non-compute streams are being advanced by its thread.
     posting: Option<u32>,
 }
+
+const KINDS: [GroupKind; 4] = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
 
 fn dir(peer: Peer) -> usize {
     match peer {
@@ -259,18 +246,11 @@ impl<'a> Engine<'a> {
         cfg: EngineConfig,
         net: &'a mut dyn Network,
     ) -> Result<Engine<'a>, SimError> {
-        let g = plan.grid;
-        let symmetric = cfg.mode == Mode::Symmetric;
-        let ranks: Vec<u32> = if symmetric {
-            (0..g.pp).map(|pp| g.rank(Coord { tp: 0, dp: 0, pp })).collect()
-        } else {
-            (0..g.ranks()).collect()
-        };
-        let actor_of = |rank: u32| if symmetric { g.coord(rank).pp } else { rank };
+        let map = ActorMap::new(plan, cfg.mode == Mode::Symmetric);
         let table_of: BTreeMap<usize, u32> = table_program.iter().enumerate().map(|(t, p)| (*p, t as u32)).collect();
-        let kinds = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
-        let mut actors = Vec::with_capacity(ranks.len());
-        for &rank in &ranks {
+        let mut actors = Vec::with_capacity(map.len());
+        for ai in 0..map.len() as u32 {
+            let rank = map.rank(ai);
             let program = plan.program_index(rank);
             let table = *table_of.get(&program).ok_or_else(|| SimError::InvalidPlan {
                 program,
@@ -279,57 +259,41 @@ impl<'a> Engine<'a> {
             })?;
             let t = &tables[table as usize];
             let n = t.len();
-            let mut group_slot = [0u32; 4];
-            for k in kinds {
-                group_slot[k as usize] = match (symmetric, k) {
-                    (true, GroupKind::Tp | GroupKind::Dp) => g.coord(rank).pp,
-                    _ => g.group_id(rank, k).1,
-                };
-            }
             actors.push(Actor {
                 table,
                 rank,
-                stage: g.coord(rank).pp,
-                cursor: [0; 4],
-                gate: [NONE; 4],
-                deps_left: t.ndeps.clone(),
-                state: vec![IDLE; n],
+                stage: plan.grid.coord(rank).pp,
+                cur: Cursor::new(&t.graph),
                 start_ns: vec![0; n],
                 end_ns: vec![0; n],
                 xfer_ns: vec![0; n],
-                peer_op: vec![NONE; n],
-                peer_actor: [actor_of(g.peer(rank, Peer::Next)), actor_of(g.peer(rank, Peer::Prev))],
-                coll_seq: [0; 4],
-                group_slot,
                 running: None,
                 epoch: 0,
                 comm_active: [0; 3],
                 memory: Timeline::new(cfg.record_memory),
-                remaining: n,
-                weight: if symmetric { g.tp * g.dp } else { 1 },
+                weight: map.weight(),
                 noticed: VecDeque::new(),
                 queued: false,
-                turn: thread::Turn::Compute,
+                turn: Turn::Compute,
             });
         }
-        let groups = kinds.map(|k| {
-            let count = match (symmetric, k) {
-                (true, GroupKind::Tp | GroupKind::Dp) => g.pp,
-                _ => g.group_id(0, k).0,
+        let partner = pair_messages(&map, |a| &plan.programs[plan.program_index(map.rank(a))]).map_err(|e| {
+            let (actor, op, reason) = match e {
+                MessageError::NeverReceived { from, op, to } => {
+                    (from, op, format!("send is never received by rank {}", map.rank(to)))
+                }
+                MessageError::NeverSent { to, op, from } => {
+                    (to, op, format!("receive has no matching send on rank {}", map.rank(from)))
+                }
+                MessageError::Size { to, recv, recv_bytes, send_bytes, .. } => {
+                    (to, recv, format!("receives {recv_bytes} bytes of a message of {send_bytes}"))
+                }
             };
-            // Actors taking part in one group of this kind (all groups of a kind are alike).
-            let total = match (symmetric, k) {
-                (true, GroupKind::Tp | GroupKind::Dp) => 1,
-                (true, GroupKind::Embedding) => u32::from(g.pp > 1) + 1,
-                (true, GroupKind::World) => g.pp,
-                (false, GroupKind::Tp) => g.tp,
-                (false, GroupKind::Dp) => g.dp,
-                (false, GroupKind::Embedding) => u32::from(g.pp > 1) + 1,
-                (false, GroupKind::World) => g.ranks(),
-            };
-            (0..count).map(|_| GroupState { total, base: 0, pending: VecDeque::new(), req: None }).collect()
-        });
-        let multiplicity = if symmetric { g.tp * g.dp } else { 1 };
+            SimError::InvalidPlan { program: plan.program_index(map.rank(actor)), op, reason }
+        })?;
+        let group_req = KINDS.map(|k| vec![None; map.group_count(k) as usize]);
+        let multiplicity = map.message_multiplicity();
+        let g = plan.grid;
         let p2p_req = actors
             .iter()
             .map(|a| {
@@ -341,11 +305,15 @@ impl<'a> Engine<'a> {
                 })
             })
             .collect();
-        let mut e = Engine {
+        let rendezvous = Rendezvous::new(&map);
+        Ok(Engine {
             plan,
             tables,
+            map,
             actors,
-            groups,
+            rendezvous,
+            group_req,
+            partner,
             p2p_req,
             comms: Vec::new(),
             heap: BinaryHeap::new(),
@@ -359,9 +327,7 @@ impl<'a> Engine<'a> {
             busy: 0,
             serve: VecDeque::new(),
             posting: None,
-        };
-        e.match_messages()?;
-        Ok(e)
+        })
     }
 
     fn execute(&mut self) -> Result<(), SimError> {
@@ -452,31 +418,19 @@ impl<'a> Engine<'a> {
     fn complete(&mut self, ai: u32, op: u32) {
         self.events += 1;
         let now = self.now;
-        let a = &mut self.actors[ai as usize];
-        let t = &self.tables[a.table as usize];
-        debug_assert_ne!(a.state[op as usize], DONE);
-        a.state[op as usize] = DONE;
+        let Engine { actors, tables, work, .. } = self;
+        let a = &mut actors[ai as usize];
+        let t = &tables[a.table as usize];
         a.end_ns[op as usize] = now;
-        a.remaining -= 1;
         if let OpInfo::Free { bytes } = t.info[op as usize] {
             a.memory.free(now, bytes);
         }
-        for &d in t.dependents_of(op) {
-            let left = &mut a.deps_left[d as usize];
-            *left -= 1;
-            if *left == 0 {
-                if matches!(t.info[d as usize], OpInfo::Free { .. }) && a.state[d as usize] == POSTED {
-                    self.work.push_back(Work::Complete(ai, d));
-                } else {
-                    self.work.push_back(Work::Advance(ai, t.stream[d as usize].index()));
-                }
-            }
-        }
-        let s = t.stream[op as usize].index();
-        if a.gate[s] == op {
-            a.gate[s] = NONE;
-            self.work.push_back(Work::Advance(ai, s));
-        }
+        a.cur.complete(&t.graph, op, |w| {
+            work.push_back(match w {
+                Wake::Stream(s) => Work::Advance(ai, s.index()),
+                Wake::Free(d) => Work::Complete(ai, d),
+            })
+        });
     }
 
     /// Starts every op of stream `s` of actor `ai` that can start now.
@@ -488,30 +442,21 @@ impl<'a> Engine<'a> {
             let now = self.now;
             let a = &mut self.actors[ai as usize];
             let t = &self.tables[a.table as usize];
-            let Some(&op) = t.streams[s].get(a.cursor[s] as usize) else { return };
-            let o = op as usize;
-            let info = t.info[o];
-            if let OpInfo::Free { .. } = info {
-                // Posted as soon as the stream reaches it, even while the op before it runs;
-                // done when its deps are.
-                a.cursor[s] += 1;
-                a.state[o] = POSTED;
-                a.start_ns[o] = now;
-                if a.deps_left[o] == 0 {
-                    self.complete(ai, op);
+            let op = match a.cur.next(&t.graph, Stream::ALL[s]) {
+                Next::Blocked | Next::End => return,
+                Next::Free { op, ready } => {
+                    // Posted as soon as the stream reaches it; done when its deps are.
+                    a.start_ns[op as usize] = now;
+                    if ready {
+                        self.complete(ai, op);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if a.gate[s] != NONE || a.deps_left[o] > 0 {
-                return;
-            }
-            a.cursor[s] += 1;
-            a.state[o] = POSTED;
+                Next::Start(op) => op,
+            };
+            let o = op as usize;
             a.start_ns[o] = now;
-            if info.gates() {
-                a.gate[s] = op;
-            }
-            match info {
+            match t.info[o] {
                 OpInfo::Compute { ns, .. } => self.start_compute(ai, op, ns),
                 OpInfo::Alloc { bytes } => {
                     a.memory.alloc(now, bytes);
@@ -521,13 +466,13 @@ impl<'a> Engine<'a> {
                     let post_ns = self.post_work_ns(ai, op);
                     if post_ns > 0 {
                         // The rank's thread copies its contribution out first.
-                        self.actors[ai as usize].state[o] = POSTING;
+                        self.actors[ai as usize].cur.set_state(op, OpState::Posting);
                         self.start_task(ai, op, post_ns as f64, Task::Post);
                         return;
                     }
                     self.posted(ai, op);
                 }
-                OpInfo::Free { .. } => unreachable!("handled above"),
+                OpInfo::Free { .. } => unreachable!("frees come as Next::Free"),
             }
         }
     }
@@ -535,7 +480,7 @@ impl<'a> Engine<'a> {
     /// A communication op is posted: a collective arrives at its rendezvous, a message is
     /// offered to its partner.
     fn posted(&mut self, ai: u32, op: u32) {
-        self.actors[ai as usize].state[op as usize] = POSTED;
+        self.actors[ai as usize].cur.set_state(op, OpState::Posted);
         let a = &self.actors[ai as usize];
         let t = &self.tables[a.table as usize];
         let s = t.stream[op as usize].index();
@@ -570,7 +515,7 @@ impl<'a> Engine<'a> {
         let a = &mut self.actors[ai as usize];
         debug_assert!(a.running.is_none(), "two tasks at once on rank {}", a.rank);
         if task == Task::Compute {
-            a.turn = thread::Turn::Post; // the executor's loop serves communication next
+            a.turn = Turn::Post; // the executor's loop serves communication next
         }
         a.running = Some(Running { op, work_ns, since_ns: self.now, factor, task });
         a.epoch += 1;
@@ -626,19 +571,21 @@ impl<'a> Engine<'a> {
     }
 
     fn check_finished(&self) -> Result<(), SimError> {
-        let Some(a) = self.actors.iter().find(|a| a.remaining > 0) else { return Ok(()) };
+        let Some(a) = self.actors.iter().find(|a| a.cur.remaining() > 0) else { return Ok(()) };
         let t = &self.tables[a.table as usize];
         let program = &self.plan.programs[self.plan.program_index(a.rank)];
-        let stuck: Vec<String> = (0..4)
-            .filter_map(|s| {
-                let op = *t.streams[s].get(a.cursor[s] as usize)?;
+        let stuck: Vec<String> = Stream::ALL
+            .iter()
+            .zip(a.cur.waiting_at(&t.graph))
+            .filter_map(|(s, op)| {
+                let op = op?;
                 let line = strata_models::plan::text::op_line(self.plan, &program.ops[op as usize]);
-                Some(format!("{} waits at #{op} ({})", Stream::ALL[s].key(), line.trim()))
+                Some(format!("{} waits at #{op} ({})", s.key(), line.trim()))
             })
             .collect();
         Err(SimError::Deadlock {
             rank: self.plan.grid.label(a.rank),
-            ops_left: a.remaining as u64,
+            ops_left: a.cur.remaining() as u64,
             stuck: stuck.join("; "),
         })
     }

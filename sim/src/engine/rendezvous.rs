@@ -1,123 +1,37 @@
-//! Rendezvous: where the members of a communication meet before it starts.
-//!
-//! - **Collectives.** Members of a group issue the same sequence of collectives on it, so
-//!   the k-th collective an actor issues on a group meets the k-th of every other member.
-//!   Each group keeps a queue of open instances indexed by sequence number (relative to
-//!   the oldest open one); an instance starts — one [`CommRequest`] with the members'
-//!   global ranks — when its last member arrives. In symmetric mode a stage's TP and DP
-//!   groups have one member (the stage actor), so they start at once, with `multiplicity`
-//!   = dp (a TP collective stands for the dp identical groups of the stage) or tp (a DP
-//!   collective for tp).
-//! - **Messages.** A send and its receive are paired before the run, by (receiver, sender,
-//!   kind, microbatch, virtual stage), first with first; at run time the transfer starts
-//!   when the second of the pair is posted.
+//! Communication starts: where the engine hands a complete collective or a paired message
+//! to the network. Which ops meet is the plan's rule, matched by the shared
+//! [`Rendezvous`](strata_models::plan::exec::Rendezvous) (the k-th collective an actor
+//! issues on a group meets the k-th of every other member) and
+//! [`pair_messages`](strata_models::plan::exec::pair_messages) (before the run, first send
+//! with first receive of the same peer pair, kind, microbatch and virtual stage); this file
+//! only turns a match into a [`CommRequest`] at the current instant. In symmetric mode a
+//! stage's TP and DP groups have one member (the stage actor), so they start at once, with
+//! `multiplicity` = dp (a TP collective stands for the dp identical groups of the stage) or
+//! tp (a DP collective for tp).
 
-use std::collections::{BTreeMap, VecDeque};
+use strata_models::plan::exec::{Arrival, OpState};
+use strata_models::plan::{CollKind, GroupKind, Stream};
 
-use strata_models::plan::{CollKind, GroupKind, OpKind, P2pKind, Stream};
-
-use super::{CommRec, Engine, Mode, POSTED, class_of, dir};
+use super::{CommRec, Engine, class_of, dir};
 use crate::net::{CommKind, CommRequest};
 use crate::program::OpInfo;
-use crate::simulate::SimError;
-
-#[derive(Default)]
-pub(super) struct Instance {
-    arrived: u32,
-    members: Vec<(u32, u32)>,
-}
-
-pub(super) struct GroupState {
-    /// Actors that take part.
-    pub(super) total: u32,
-    /// Sequence number of `pending[0]`.
-    pub(super) base: u32,
-    pub(super) pending: VecDeque<Instance>,
-    pub(super) req: Option<CommRequest>,
-}
 
 impl Engine<'_> {
-    /// Pairs every send with its receive: same (receiver, sender, kind, microbatch, virtual
-    /// stage), first posted with first posted.
-    pub(super) fn match_messages(&mut self) -> Result<(), SimError> {
-        type Key = (u32, u32, P2pKind, u32, u32);
-        let mut sends: BTreeMap<Key, VecDeque<u32>> = BTreeMap::new();
-        for (ai, a) in self.actors.iter().enumerate() {
-            let program = &self.plan.programs[self.plan.program_index(a.rank)];
-            for (oi, op) in program.ops.iter().enumerate() {
-                if let OpKind::Send(p) = &op.kind {
-                    let to = a.peer_actor[dir(p.peer)];
-                    sends.entry((to, ai as u32, p.kind, p.mb, p.vstage)).or_default().push_back(oi as u32);
-                }
-            }
-        }
-        for bi in 0..self.actors.len() {
-            let program = &self.plan.programs[self.plan.program_index(self.actors[bi].rank)];
-            for (oi, op) in program.ops.iter().enumerate() {
-                if let OpKind::Recv(p) = &op.kind {
-                    let from = self.actors[bi].peer_actor[dir(p.peer)];
-                    let send = sends.get_mut(&(bi as u32, from, p.kind, p.mb, p.vstage)).and_then(|q| q.pop_front());
-                    let Some(send) = send else {
-                        return Err(SimError::InvalidPlan {
-                            program: self.plan.program_index(self.actors[bi].rank),
-                            op: oi as u32,
-                            reason: format!("receive of {:?} mb{} vs{} has no matching send", p.kind, p.mb, p.vstage),
-                        });
-                    };
-                    self.actors[bi].peer_op[oi] = send;
-                    self.actors[from as usize].peer_op[send as usize] = oi as u32;
-                }
-            }
-        }
-        if let Some(((to, from, kind, mb, vs), q)) = sends.iter().find(|(_, q)| !q.is_empty()) {
-            let a = &self.actors[*from as usize];
-            return Err(SimError::InvalidPlan {
-                program: self.plan.program_index(a.rank),
-                op: q[0],
-                reason: format!(
-                    "send of {kind:?} mb{mb} vs{vs} is never received by rank {}",
-                    self.actors[*to as usize].rank
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// A collective arrives; it starts when its group is complete.
     pub(super) fn arrive(&mut self, ai: u32, op: u32, s: usize, group: GroupKind, kind: CollKind, bytes: u64) {
         let class = class_of(Stream::ALL[s]);
-        let k = group as usize;
-        let a = &mut self.actors[ai as usize];
-        let slot = a.group_slot[k] as usize;
-        let seq = a.coll_seq[k];
-        a.coll_seq[k] += 1;
-        let st = &mut self.groups[k][slot];
-        let members = if st.total == 1 {
-            None
-        } else {
-            let idx = (seq - st.base) as usize;
-            while st.pending.len() <= idx {
-                st.pending.push_back(Instance::default());
-            }
-            let inst = &mut st.pending[idx];
-            inst.arrived += 1;
-            inst.members.push((ai, op));
-            if inst.arrived < st.total {
-                return;
-            }
-            let members = std::mem::take(&mut inst.members);
-            inst.arrived = u32::MAX;
-            while st.pending.front().is_some_and(|i| i.arrived == u32::MAX) {
-                st.pending.pop_front();
-                st.base += 1;
-            }
-            Some(members)
+        let members = match self.rendezvous.arrive(ai, op, group) {
+            Arrival::Waiting => return,
+            Arrival::Alone => None,
+            Arrival::Complete(members) => Some(members),
         };
-        if self.groups[k][slot].req.is_none() {
+        let k = group as usize;
+        let slot = self.rendezvous.slot(ai, group) as usize;
+        if self.group_req[k][slot].is_none() {
             let req = self.group_request(ai, group);
-            self.groups[k][slot].req = Some(req);
+            self.group_req[k][slot] = Some(req);
         }
-        let req = self.groups[k][slot].req.as_mut().expect("just set");
+        let req = self.group_req[k][slot].as_mut().expect("just set");
         req.kind = CommKind::Collective(kind);
         req.bytes = bytes;
         let id = self.net.start(self.now, req);
@@ -168,19 +82,12 @@ impl Engine<'_> {
     /// The request template of actor `ai`'s group of a kind: its members' global ranks and
     /// how many identical copies one request stands for.
     fn group_request(&self, ai: u32, group: GroupKind) -> CommRequest {
-        let g = self.plan.grid;
         let rank = self.actors[ai as usize].rank;
-        let multiplicity = match (self.cfg.mode, group) {
-            (Mode::Full, _) | (Mode::Symmetric, GroupKind::World) => 1,
-            (Mode::Symmetric, GroupKind::Tp) => g.dp,
-            (Mode::Symmetric, GroupKind::Dp) => g.tp,
-            (Mode::Symmetric, GroupKind::Embedding) => g.tp * g.dp,
-        };
         CommRequest {
             kind: CommKind::Collective(CollKind::AllReduce),
-            ranks: g.group(rank, group),
+            ranks: self.plan.grid.group(rank, group),
             bytes: 0,
-            multiplicity,
+            multiplicity: self.map.multiplicity(group),
         }
     }
 
@@ -193,9 +100,9 @@ impl Engine<'_> {
             OpInfo::Recv { peer, bytes } => (false, peer, bytes),
             _ => unreachable!("messages only"),
         };
-        let bi = a.peer_actor[dir(peer)];
-        let pop = a.peer_op[op as usize];
-        if self.actors[bi as usize].state[pop as usize] != POSTED {
+        let bi = self.map.peer(ai, peer);
+        let pop = self.partner[ai as usize][op as usize];
+        if self.actors[bi as usize].cur.state(pop) != OpState::Posted {
             return;
         }
         let (send, recv) = if is_send { ((ai, op), (bi, pop)) } else { ((bi, pop), (ai, op)) };

@@ -9,7 +9,8 @@
 //! - finishing one: after the transfer ended (the network's latency), the CPU work of
 //!   combining what arrived (`finish_ns`), after which the op is done.
 //!
-//! The thread serves its streams in the executor's loop order, round after round: the
+//! The thread serves its streams in the executor's loop order ([`Turn`], the shared
+//! statement of it), round after round: the
 //! compute stream's next op if it is ready (one op); then every ready op of the tp, dp and
 //! pp streams, in that order, posted one task each; then every communication whose transfer
 //! ended, finished in the order they ended; then compute again. A kind with nothing to do
@@ -29,16 +30,9 @@
 //! **Memory.** A communication adds nothing to a rank's memory beyond the plan's buffers:
 //! the executor's collectives read the other members' contributions where they are.
 
-use super::{Engine, Stream};
+use strata_models::plan::exec::Turn;
 
-/// One thread per rank: the kind of task the thread turns to next (the executor's loop:
-/// compute, post, finish, compute, …).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Turn {
-    Compute,
-    Post,
-    Finish,
-}
+use super::{Engine, Stream};
 
 /// What a rank's thread is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +91,7 @@ impl Engine<'_> {
                 }
                 Turn::Post => {
                     self.posting = Some(ai);
-                    for s in [Stream::Tp, Stream::Dp, Stream::Pp] {
+                    for s in Turn::POST_STREAMS {
                         self.advance(ai, s.index());
                         if self.actors[ai as usize].running.is_some() {
                             break;

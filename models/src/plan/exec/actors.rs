@@ -135,7 +135,8 @@ pub enum MessageError {
 type Key = (u32, u32, P2pKind, u32, u32);
 
 /// Pairs every send with its receive: same (receiver, sender, kind, microbatch, virtual
-/// stage), first in program order with first. Returns, per actor and op, the partner op on
+/// stage), first in program order with first. A receive without a send is reported before
+/// a send without a receive (actors in order, ops in program order). Returns, per actor and op, the partner op on
 /// the peer actor ([`NONE`] for ops that are not messages). `program(a)` is actor `a`'s
 /// program.
 pub fn pair_messages<'p>(
@@ -153,9 +154,6 @@ pub fn pair_messages<'p>(
             }
         }
     }
-    // A send that no receive could ever take is the root cause of whatever else is stuck:
-    // report those before receives without a send.
-    let mut unsent = None;
     for b in 0..n {
         for (oi, op) in program(b).ops.iter().enumerate() {
             if let OpKind::Recv(p) = &op.kind {
@@ -163,8 +161,7 @@ pub fn pair_messages<'p>(
                 let Some((send, send_bytes)) =
                     sends.get_mut(&(b, from, p.kind, p.mb, p.vstage)).and_then(|q| q.pop_front())
                 else {
-                    unsent.get_or_insert(MessageError::NeverSent { to: b, op: oi as u32, from });
-                    continue;
+                    return Err(MessageError::NeverSent { to: b, op: oi as u32, from });
                 };
                 if send_bytes != p.bytes {
                     return Err(MessageError::Size {
@@ -184,8 +181,5 @@ pub fn pair_messages<'p>(
     if let Some(((to, from, ..), q)) = sends.iter().find(|(_, q)| !q.is_empty()) {
         return Err(MessageError::NeverReceived { from: *from, op: q[0].0, to: *to });
     }
-    match unsent {
-        Some(e) => Err(e),
-        None => Ok(partner),
-    }
+    Ok(partner)
 }

@@ -68,6 +68,9 @@ pub struct ProgramGraph {
     /// Op indices of each stream, in program order.
     pub streams: [Vec<u32>; 4],
     pub ndeps: Vec<u32>,
+    /// The op of the same stream that must be done before op i starts (the nearest earlier
+    /// gating op), or [`NONE`].
+    pub gate: Vec<u32>,
     /// Dependents of op i: `dependents[dependents_at[i]..dependents_at[i + 1]]`.
     dependents_at: Vec<u32>,
     dependents: Vec<u32>,
@@ -85,13 +88,21 @@ impl ProgramGraph {
         let mut class = Vec::with_capacity(n);
         let mut ndeps = Vec::with_capacity(n);
         let mut count = vec![0u32; n + 1];
+        let mut gate = Vec::with_capacity(n);
+        let mut last_gate = [NONE; 4];
         for (i, op) in ops.iter().enumerate() {
-            streams[op.stream.index()].push(i as u32);
-            class.push(match op.kind {
+            let s = op.stream.index();
+            streams[s].push(i as u32);
+            let c = match op.kind {
                 OpKind::Send(_) => OpClass::Send,
                 OpKind::Free { .. } => OpClass::Free,
                 _ => OpClass::Gating,
-            });
+            };
+            class.push(c);
+            gate.push(last_gate[s]);
+            if c == OpClass::Gating {
+                last_gate[s] = i as u32;
+            }
             ndeps.push(op.deps.len() as u32);
             for &d in &op.deps {
                 if d as usize >= i {
@@ -118,7 +129,7 @@ impl ProgramGraph {
             }
         }
         let stream = ops.iter().map(|o| o.stream).collect();
-        Ok(ProgramGraph { class, stream, streams, ndeps, dependents_at, dependents })
+        Ok(ProgramGraph { class, stream, streams, ndeps, gate, dependents_at, dependents })
     }
 
     pub fn len(&self) -> usize {

@@ -1,0 +1,25 @@
+//! Why a plan could not be simulated: one error type for the engine, the program tables and
+//! [`crate::simulate()`], so none of them imports another for it.
+
+use crate::net::NetError;
+
+/// Why a plan could not be simulated.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("plan program {program} op #{op}: {reason}")]
+    InvalidPlan { program: usize, op: u32, reason: String },
+    #[error("the plan deadlocks at {rank}: {ops_left} ops never run; {stuck}")]
+    Deadlock { rank: String, ops_left: u64, stuck: String },
+    #[error(
+        "full mode simulates every rank; {ranks} ranks is over its limit of {limit}: use symmetric mode, \
+         which simulates one rank per pipeline stage"
+    )]
+    TooLarge { ranks: u32, limit: u32 },
+    #[error(transparent)]
+    Network(#[from] NetError),
+    #[error(
+        "the hardware profile {profile} describes a {profile_gpu} but the cluster has {cluster_gpu}s; \
+         pass a profile of the cluster's GPU"
+    )]
+    ProfileMismatch { profile: String, profile_gpu: String, cluster_gpu: String },
+}
