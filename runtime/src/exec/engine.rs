@@ -1,8 +1,10 @@
-//! The stream scheduler of one rank: a greedy interleaving of its four streams on one
-//! thread that keeps the IR's semantics (see the module comment of `exec`).
+//! The stream scheduler of one rank: the executor's round (one compute op, post what is
+//! ready, finish what arrived) on one thread, driving the plan's shared execution
+//! semantics (`strata_models::plan::exec`); see the module comment of `exec`.
 
 use std::time::{Duration, Instant};
 
+use strata_models::plan::exec::{Cursor, Next, ProgramGraph, Turn, Wake};
 use strata_models::plan::{AllocOp, BufId, Op, OpId, OpKind, P2pKind, P2pOp, Stream};
 use strata_models::trace::Span;
 
@@ -12,7 +14,7 @@ use crate::comm::collective::Pending;
 use crate::comm::threads::POLL;
 use crate::comm::{Payload, Tag};
 
-/// An op that was started and is not done yet.
+/// A communication op that was posted and is not done yet.
 pub(super) enum Flight {
     /// A collective.
     Coll {
@@ -28,16 +30,20 @@ pub(super) enum Flight {
         peer: u32,
         key: BufKey,
     },
-    Free {
-        buf: BufId,
-    },
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Waiting,
-    Posted,
-    Done,
+/// Per-step bookkeeping of the loop: when each op started, its CPU time, the spans.
+struct Books {
+    t0: Instant,
+    started_ns: Vec<u64>,
+    spans: Vec<Span>,
+    record: bool,
+}
+
+impl Books {
+    fn ns(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
 }
 
 impl RankExec {
@@ -50,29 +56,25 @@ impl RankExec {
         self.adamw.lr = self.lr_at(step);
         self.load_batches(step)?;
         let plan = self.plan.clone();
+        let graph = self.graph.clone();
         let ops = &plan.program(self.rank).ops;
         let record = self.cfg.trace_step == Some(step);
-        let mut streams: [Vec<OpId>; 4] = Default::default();
-        for (i, op) in ops.iter().enumerate() {
-            streams[op.stream.index()].push(i as OpId);
-        }
-        let mut state = vec![State::Waiting; ops.len()];
-        let mut started_ns = vec![0u64; ops.len()];
-        let mut cursor = [0usize; 4];
+        let mut cur = Cursor::new(&graph);
         let mut flights: Vec<(OpId, Flight)> = Vec::new();
-        let mut done = 0;
-        let (mut spans, mut samples) = (Vec::new(), Vec::new());
+        // Posted frees whose deps are done: they take effect at once.
+        let mut frees: Vec<OpId> = Vec::new();
+        let mut samples = Vec::new();
         if record {
             // Every rank starts the traced step together, so that each rank's times, counted
             // from its own start, share one origin (up to the barrier's skew).
             self.barrier()?;
         }
-        let t0 = Instant::now();
-        let ns = |t0: Instant| t0.elapsed().as_nanos() as u64;
+        let mut books = Books { t0: Instant::now(), started_ns: vec![0; ops.len()], spans: Vec::new(), record };
         // Thread CPU time, on the traced step only (a clock read per op and finish).
         let cpu = |on: bool| if on { crate::cputime::thread_ns() } else { None };
         let (cpu_step0, received0) = (cpu(record), self.mailbox.received());
-        let mut op_cpu = vec![0u64; if cpu_step0.is_some() { ops.len() } else { 0 }];
+        let on = cpu_step0.is_some();
+        let mut op_cpu = vec![0u64; if on { ops.len() } else { 0 }];
         let mut charge = |id: OpId, c0: Option<u64>| {
             if let (Some(a), Some(b)) = (c0, cpu(c0.is_some())) {
                 op_cpu[id as usize] += b.saturating_sub(a);
@@ -82,123 +84,112 @@ impl RankExec {
         let mut inbox_seen = 0usize;
         self.last_total = u64::MAX;
         self.measure(0, record.then_some(&mut samples));
-        while done < ops.len() {
+        let mut turn = Turn::Compute;
+        while cur.remaining() > 0 {
             let mut progress = false;
-            for s in Stream::ALL {
-                let list = &streams[s.index()];
-                while let Some(&id) = list.get(cursor[s.index()]) {
-                    let c = cursor[s.index()];
-                    let op = &ops[id as usize];
-                    let prev_ok = c == 0 || {
-                        let p = list[c - 1] as usize;
-                        state[p] == State::Done || matches!(ops[p].kind, OpKind::Send(_) | OpKind::Free { .. })
-                    };
-                    let deps_ok = matches!(op.kind, OpKind::Free { .. })
-                        || op.deps.iter().all(|d| state[*d as usize] == State::Done);
-                    if !(prev_ok && deps_ok) {
-                        break;
-                    }
-                    started_ns[id as usize] = ns(t0);
-                    let c0 = cpu(cpu_step0.is_some());
-                    let started = self.start(id, op)?;
-                    charge(id, c0);
-                    match started {
-                        Some(Flight::Free { buf }) if op.deps.iter().all(|d| state[*d as usize] == State::Done) => {
-                            // Its deps are done already: the free takes effect at once.
-                            let c0 = cpu(cpu_step0.is_some());
-                            self.free(buf);
-                            charge(id, c0);
-                            state[id as usize] = State::Done;
-                            done += 1;
-                            if record {
-                                spans.push(self.span(op, id, started_ns[id as usize], ns(t0)));
-                            }
-                        }
-                        Some(f) => {
-                            state[id as usize] = State::Posted;
-                            flights.push((id, f));
-                        }
-                        None => {
-                            state[id as usize] = State::Done;
-                            done += 1;
-                            if record {
-                                spans.push(self.span(op, id, started_ns[id as usize], ns(t0)));
-                            }
-                            // A free whose deps just completed takes effect now, not after
-                            // the rest of the stream's run (the plan frees it here).
-                            let mut i = 0;
-                            while i < flights.len() {
-                                let (fid, Flight::Free { buf }) = flights[i] else {
-                                    i += 1;
-                                    continue;
-                                };
-                                if !ops[fid as usize].deps.iter().all(|d| state[*d as usize] == State::Done) {
-                                    i += 1;
-                                    continue;
+            // One round: compute (one compute op), post (every ready communication), finish
+            // (every communication whose data arrived).
+            for _ in 0..3 {
+                let streams: &[Stream] = match turn {
+                    Turn::Compute => &[Stream::Compute],
+                    Turn::Post => &Turn::POST_STREAMS,
+                    Turn::Finish => &[],
+                };
+                for &s in streams {
+                    loop {
+                        let id = match cur.next(&graph, s) {
+                            Next::Blocked | Next::End => break,
+                            Next::Free { op, ready } => {
+                                books.started_ns[op as usize] = books.ns();
+                                progress = true;
+                                if ready {
+                                    frees.push(op);
+                                    self.take_frees(&graph, &mut cur, &mut frees, ops, &mut books, &mut charge, on);
                                 }
-                                let c0 = cpu(cpu_step0.is_some());
-                                self.free(buf);
-                                charge(fid, c0);
-                                flights.swap_remove(i);
-                                state[fid as usize] = State::Done;
-                                done += 1;
+                                continue;
+                            }
+                            Next::Start(op) => op,
+                        };
+                        progress = true;
+                        let op = &ops[id as usize];
+                        books.started_ns[id as usize] = books.ns();
+                        let c0 = cpu(on);
+                        let started = self.start(id, op)?;
+                        charge(id, c0);
+                        match started {
+                            Some(f) => flights.push((id, f)),
+                            None => {
+                                cur.complete(&graph, id, |w| {
+                                    if let Wake::Free(d) = w {
+                                        frees.push(d)
+                                    }
+                                });
                                 if record {
-                                    spans.push(self.span(&ops[fid as usize], fid, started_ns[fid as usize], ns(t0)));
+                                    let end = books.ns();
+                                    books.spans.push(self.span(op, id, books.started_ns[id as usize], end));
                                 }
+                                // A free whose deps just completed takes effect now, not after
+                                // the rest of the stream's run (the plan frees it here).
+                                self.take_frees(&graph, &mut cur, &mut frees, ops, &mut books, &mut charge, on);
                             }
                         }
-                    }
-                    self.measure(ns(t0), record.then_some(&mut samples));
-                    cursor[s.index()] += 1;
-                    progress = true;
-                    if matches!(op.kind, OpKind::Compute(_)) {
-                        // Between two pieces of work, let the other streams post what became
-                        // ready and the mailbox finish what arrived, as a GPU's communication
-                        // streams run beside its compute stream; a run of compute ops must
-                        // not hold the collectives back until it ends.
-                        break;
+                        self.measure(books.ns(), record.then_some(&mut samples));
+                        if matches!(op.kind, OpKind::Compute(_)) {
+                            // Between two pieces of work, the other streams post what became
+                            // ready and the mailbox finishes what arrived, as a GPU's
+                            // communication streams run beside its compute stream.
+                            break;
+                        }
                     }
                 }
-            }
-            self.mailbox.drain()?;
-            // Received messages are real memory until a collective combines them: measure
-            // while they wait (the finish below consumes them before its own measurement).
-            let inbox = self.mailbox.inbox_bytes();
-            if inbox > inbox_seen {
-                self.measure(ns(t0), record.then_some(&mut samples));
-            }
-            inbox_seen = inbox;
-            let mut i = 0;
-            while i < flights.len() {
-                let (id, _) = flights[i];
-                let c0 = cpu(cpu_step0.is_some());
-                if self.try_finish(&mut flights[i].1, &ops[id as usize], |d| state[d as usize] == State::Done)? {
-                    // Only the call that finishes it is the op's work; the checks before it
-                    // are the loop's.
-                    charge(id, c0);
-                    flights.swap_remove(i);
-                    state[id as usize] = State::Done;
-                    done += 1;
-                    progress = true;
-                    if record {
-                        spans.push(self.span(&ops[id as usize], id, started_ns[id as usize], ns(t0)));
+                if turn == Turn::Finish {
+                    self.mailbox.drain()?;
+                    // Received messages are real memory until a collective combines them:
+                    // measure while they wait (the finish below consumes them first).
+                    let inbox = self.mailbox.inbox_bytes();
+                    if inbox > inbox_seen {
+                        self.measure(books.ns(), record.then_some(&mut samples));
                     }
-                    self.measure(ns(t0), record.then_some(&mut samples));
-                } else {
-                    i += 1;
+                    inbox_seen = inbox;
+                    let mut i = 0;
+                    while i < flights.len() {
+                        let (id, _) = flights[i];
+                        let c0 = cpu(on);
+                        if self.try_finish(&mut flights[i].1, &ops[id as usize])? {
+                            // Only the call that finishes it is the op's work; the checks
+                            // before it are the loop's.
+                            charge(id, c0);
+                            flights.swap_remove(i);
+                            cur.complete(&graph, id, |w| {
+                                if let Wake::Free(d) = w {
+                                    frees.push(d)
+                                }
+                            });
+                            progress = true;
+                            if record {
+                                let end = books.ns();
+                                books.spans.push(self.span(&ops[id as usize], id, books.started_ns[id as usize], end));
+                            }
+                            self.take_frees(&graph, &mut cur, &mut frees, ops, &mut books, &mut charge, on);
+                            self.measure(books.ns(), record.then_some(&mut samples));
+                        } else {
+                            i += 1;
+                        }
+                    }
                 }
+                turn = turn.next();
             }
             if progress {
                 idle = Duration::ZERO;
             } else if !self.mailbox.poll(POLL)? {
                 idle += POLL;
                 if idle >= self.cfg.recv_timeout {
-                    return Err(self.stalled(ops, &flights, &cursor, &streams, idle));
+                    return Err(self.stalled(ops, &graph, &cur, &flights, idle));
                 }
             }
         }
         self.check_step_end();
-        let step_cpu = match (cpu_step0, cpu(cpu_step0.is_some())) {
+        let step_cpu = match (cpu_step0, cpu(on)) {
             (Some(a), Some(b)) => Some(super::StepCpu {
                 step_ns: b.saturating_sub(a),
                 ops: op_cpu.iter().enumerate().map(|(i, c)| (i as u32, *c)).collect(),
@@ -211,10 +202,40 @@ impl RankExec {
             step,
             loss_sum,
             grad_norm: self.grad_norm,
-            spans,
+            spans: books.spans,
             memory: if record { samples } else { vec![] },
             cpu: step_cpu,
         })
+    }
+
+    /// Makes every posted free whose deps are done take effect (a free's dependents may
+    /// release further frees).
+    #[allow(clippy::too_many_arguments)]
+    fn take_frees(
+        &mut self,
+        graph: &ProgramGraph,
+        cur: &mut Cursor,
+        frees: &mut Vec<OpId>,
+        ops: &[Op],
+        books: &mut Books,
+        charge: &mut impl FnMut(OpId, Option<u64>),
+        on: bool,
+    ) {
+        while let Some(id) = frees.pop() {
+            let OpKind::Free { buf } = ops[id as usize].kind else { unreachable!("only frees are woken as frees") };
+            let c0 = if on { crate::cputime::thread_ns() } else { None };
+            self.free(buf);
+            charge(id, c0);
+            cur.complete(graph, id, |w| {
+                if let Wake::Free(d) = w {
+                    frees.push(d)
+                }
+            });
+            if books.record {
+                let end = books.ns();
+                books.spans.push(self.span(&ops[id as usize], id, books.started_ns[id as usize], end));
+            }
+        }
     }
 
     /// Waits until every rank reached this point (an all-reduce on the world group, outside
@@ -260,9 +281,9 @@ impl RankExec {
     fn stalled(
         &self,
         ops: &[Op],
+        graph: &ProgramGraph,
+        cur: &Cursor,
         flights: &[(OpId, Flight)],
-        cursor: &[usize; 4],
-        streams: &[Vec<OpId>; 4],
         idle: Duration,
     ) -> ExecError {
         let mut waiting: Vec<String> = flights
@@ -276,12 +297,11 @@ impl RankExec {
                     Flight::Recv { peer, .. } | Flight::Send { peer, .. } => {
                         format!("op #{id} ({what}) from rank {peer}")
                     }
-                    Flight::Free { .. } => format!("op #{id} ({what})"),
                 }
             })
             .collect();
-        for s in Stream::ALL {
-            if let Some(id) = streams[s.index()].get(cursor[s.index()]) {
+        for (s, at) in Stream::ALL.iter().zip(cur.waiting_at(graph)) {
+            if let Some(id) = at {
                 waiting.push(format!("stream {} blocked at op #{id}", s.key()));
             }
         }
@@ -299,7 +319,7 @@ impl RankExec {
                 self.alloc(a)?;
                 None
             }
-            OpKind::Free { buf } => Some(Flight::Free { buf: *buf }),
+            OpKind::Free { .. } => unreachable!("frees are posted by the cursor, not started"),
             OpKind::Collective(c) => Some(self.post_collective(id, c, &op.bufs)?),
             OpKind::Send(p) => Some(self.post_send(p, &op.bufs)?),
             OpKind::Recv(p) => {
@@ -310,15 +330,8 @@ impl RankExec {
     }
 
     /// Finishes a posted op if it can; true when done.
-    fn try_finish(&mut self, f: &mut Flight, op: &Op, is_done: impl Fn(OpId) -> bool) -> Result<bool, ExecError> {
+    fn try_finish(&mut self, f: &mut Flight, op: &Op) -> Result<bool, ExecError> {
         match f {
-            Flight::Free { buf } => {
-                if !op.deps.iter().all(|d| is_done(*d)) {
-                    return Ok(false);
-                }
-                self.free(*buf);
-                Ok(true)
-            }
             Flight::Send { tag, peer, key } => {
                 let Tag::P2p { step, kind, mb, vstage } = *tag else { unreachable!("sends carry p2p tags") };
                 if self.mailbox.take(Tag::Ack { step, kind, mb, vstage }, *peer).is_none() {

@@ -5,14 +5,17 @@
 //! collectives and sends/receives go to the communicator (`coll.rs`), `Alloc`/`Free` open
 //! and drop the storage of a plan buffer ([`pool`]).
 //!
-//! **Streams on one thread.** The four streams of a rank run on its one thread as a greedy
-//! interleaving (`engine.rs`): repeatedly, every stream starts the ops it may start — its
-//! previous op done (or merely posted, for a `Send` or a `Free`) and every dep done —
-//! and then every posted op that can finish does. Collectives and receives are *posted*
-//! (non-blocking), so a rank never sits in a receive while another of its streams could
-//! move: whatever order the verifier proved deadlock-free for concurrent streams is also
-//! deadlock-free here. A send is done when its receiver acknowledges taking the message;
-//! a `Free` takes effect when its deps are done. Compute runs to completion when started.
+//! **Streams on one thread.** The four streams of a rank run on its one thread in the
+//! executor's round (`engine.rs`, [`strata_models::plan::exec::Turn`]): one compute op,
+//! then every communication op that may start is posted, then every posted op whose data
+//! arrived is finished. Which ops may start — gates, deps, posted frees — is decided by the
+//! plan's shared execution semantics ([`strata_models::plan::exec::Cursor`]), the same
+//! state machine the verifier and the simulator drive. Collectives and receives are
+//! *posted* (non-blocking), so a rank never sits in a receive while another of its streams
+//! could move: whatever order the verifier proved deadlock-free for concurrent streams is
+//! also deadlock-free here. A send is done when its receiver acknowledges taking the
+//! message; a `Free` takes effect when its deps are done. Compute runs to completion when
+//! started.
 //!
 //! **What each ZeRO stage really holds** (per unit: a layer, a table, the final norm):
 //! ZeRO-0 full parameters, gradients and optimizer state, buckets all-reduced; ZeRO-1 the
@@ -46,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_models::Recompute;
+use strata_models::plan::exec::ProgramGraph;
 use strata_models::plan::{BufId, Coord, GroupKind, Plan, Unit};
 use strata_models::trace::{MemSample, Span};
 use thiserror::Error;
@@ -231,6 +235,8 @@ pub struct RankExec {
     // Measurement.
     peaks: MemoryPeaks,
     last_total: u64,
+    /// The rank's program compiled for the shared execution semantics.
+    graph: Arc<ProgramGraph>,
 }
 
 impl RankExec {
@@ -262,6 +268,10 @@ impl RankExec {
                 corpus.vocab()
             )));
         }
+        let graph =
+            Arc::new(ProgramGraph::new(plan.program(rank)).map_err(|e| {
+                RuntimeError::BadSetting(format!("the plan's program for rank {rank} cannot run: {e}"))
+            })?);
         let coord = grid.coord(rank);
         let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
         let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
@@ -340,6 +350,7 @@ impl RankExec {
             clip_scale: 1.0,
             peaks: MemoryPeaks::default(),
             last_total: u64::MAX,
+            graph,
             plan,
             rank,
         })
