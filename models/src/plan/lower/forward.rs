@@ -4,7 +4,7 @@
 //! `Logits`, the loss-statistics all-gather, `Loss`). Allocates the saved activations of
 //! each (layer, microbatch), sized by [`crate::accounting::memory::layer_activation_bytes`].
 
-use crate::accounting::memory::{has_dropout, layer_activation_bytes};
+use crate::accounting::memory::{has_dropout, head_buffer_bytes, layer_activation_bytes};
 use crate::parallel::Schedule;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
@@ -144,12 +144,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
 
     pub(super) fn head_forward(&mut self, chunk: u32, mb: u32) {
         let s = self.s();
-        let m = &s.model;
         let p = &s.parallel;
-        let sbh = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64;
-        let logits = 4 * p.micro_batch as u64 * m.seq_len as u64 * (m.vocab as u64).div_ceil(p.tp as u64);
-        let norm = 2 * self.dtype().bytes() * if self.sp { sbh / p.tp as u64 } else { sbh };
-        let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, norm + logits, format!("head mb{mb}"));
+        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, self.sp);
+        let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("head mb{mb}"));
         self.head_buf.insert(mb, buf);
         let units = self.head_units();
         let (pdeps, pbufs) = self.params_for(chunk, &units, mb, Phase::Forward);
