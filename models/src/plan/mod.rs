@@ -13,7 +13,7 @@ pub mod schedule;
 pub mod text;
 pub mod verify;
 
-pub use grid::{Coord, RankGrid};
+pub use grid::{Coord, Pipeline, RankGrid};
 pub use ir::*;
 pub use lower::{Planner, lower, unit_params};
 pub use lowered::{Bucket, Plan, Unit};

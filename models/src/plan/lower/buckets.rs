@@ -12,14 +12,14 @@ use crate::scenario::Scenario;
 pub(super) fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
     let m = &s.model;
     let p = &s.parallel;
-    let last_vs = p.pp * p.vpp - 1;
+    let pipe = p.pipeline();
     let grad_bytes = state_bytes_per_param(s.training.dtype).1;
     let cap = (p.grad_bucket_mb * 1024.0 * 1024.0) as u64;
     let mut out = Vec::new();
     for chunk in 0..p.vpp {
-        let vs = chunk * p.pp + stage;
+        let vs = pipe.vstage(chunk, stage);
         let mut units = Vec::new();
-        if vs == last_vs {
+        if vs == pipe.last_vstage() {
             if m.tied_embeddings() {
                 if p.pp > 1 {
                     units.push(Unit::WordEmbedding);

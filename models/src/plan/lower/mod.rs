@@ -185,7 +185,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             e: Emitter::new(),
             tp: p.tp > 1,
             sp: p.sequence_parallel,
-            last_vs: p.pp * p.vpp - 1,
+            last_vs: p.pipeline().last_vstage(),
             act: BTreeMap::new(),
             recompute: BTreeMap::new(),
             wgrad: BTreeMap::new(),
@@ -222,7 +222,18 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     }
 
     fn vstage(&self, chunk: u32) -> u32 {
-        chunk * self.s().parallel.pp + self.stage
+        self.s().parallel.pipeline().vstage(chunk, self.stage)
+    }
+
+    /// A chunk's persistent parameter buffer (`persistent_state` allocates params, grads,
+    /// optimizer state per chunk, in that order).
+    fn params_buf(&self, chunk: u32) -> BufId {
+        self.persistent[chunk as usize * 3]
+    }
+
+    /// A chunk's persistent gradient buffer.
+    fn grads_buf(&self, chunk: u32) -> BufId {
+        self.persistent[chunk as usize * 3 + 1]
     }
 
     fn layers(&self, chunk: u32) -> std::ops::Range<u32> {

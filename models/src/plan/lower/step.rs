@@ -26,7 +26,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let rows = unit_params(self.s(), Unit::WordEmbedding);
             let rows = if p.zero >= 1 { rows.div_ceil(p.dp as u64) } else { rows };
             let bytes = rows * state_bytes_per_param(self.dtype()).1;
-            let grads = self.persistent[if self.stage == 0 { 1 } else { (p.vpp as usize - 1) * 3 + 1 }];
+            // The word embedding lives in chunk 0 of the first stage and the last chunk of the last.
+            let grads = self.grads_buf(if self.stage == 0 { 0 } else { p.vpp - 1 });
             let op = self.collective(
                 Stream::Dp,
                 &sync,
@@ -48,7 +49,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             }
             let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
             let bytes = owned * state_bytes_per_param(self.dtype()).1;
-            let grads: Vec<BufId> = (0..p.vpp as usize).map(|c| self.persistent[c * 3 + 1]).collect();
+            let grads: Vec<BufId> = (0..p.vpp).map(|c| self.grads_buf(c)).collect();
             let op = self.collective(
                 Stream::Tp,
                 &sync,

@@ -28,7 +28,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let b = &self.buckets()[bucket];
         let bytes = b.params * state_bytes_per_param(self.dtype()).0;
         let purpose = CollPurpose::ParamBucket { chunk: b.chunk, bucket: b.index };
-        let params = self.persistent[b.chunk as usize * 3];
+        let params = self.params_buf(b.chunk);
         let op = self.collective(Stream::Dp, deps, &[params], CollKind::AllGather, GroupKind::Dp, bytes, purpose);
         self.dp_ops.push(op);
         op
@@ -84,7 +84,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let name = format!("gathered c{} b{} mb{mb}", b.chunk, b.index);
         let (buf, _) = self.e.alloc(Stream::Dp, &wait, BufClass::Params, bytes, name);
         let purpose = CollPurpose::ParamGather { chunk: b.chunk, bucket: b.index, mb, phase };
-        let shard = self.persistent[b.chunk as usize * 3];
+        let shard = self.params_buf(b.chunk);
         let op = self.collective(Stream::Dp, &[], &[buf, shard], CollKind::AllGather, GroupKind::Dp, bytes, purpose);
         self.dp_ops.push(op);
         (op, buf)
@@ -153,7 +153,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let bytes = bk.params * state_bytes_per_param(self.dtype()).1;
         let kind = if self.zero() == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
         let purpose = CollPurpose::GradBucket { chunk: bk.chunk, bucket: bk.index, mb };
-        let grads = self.persistent[bk.chunk as usize * 3 + 1];
+        let grads = self.grads_buf(bk.chunk);
         let mut bufs = vec![grads];
         bufs.extend(full);
         let op = self.collective(Stream::Dp, deps, &bufs, kind, GroupKind::Dp, bytes, purpose);
