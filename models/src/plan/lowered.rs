@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::grid::RankGrid;
+use crate::plan::grid::{Pipeline, RankGrid};
 use crate::plan::ir::{ComputeCost, CostId, Program};
 use crate::scenario::Scenario;
 
@@ -87,5 +87,27 @@ impl Plan {
     /// Total ops over all distinct programs.
     pub fn op_count(&self) -> usize {
         self.programs.iter().map(|p| p.ops.len()).sum()
+    }
+
+    /// The virtual pipeline the programs run: pp stages of vpp chunks.
+    pub fn pipeline(&self) -> Pipeline {
+        self.scenario.parallel.pipeline()
+    }
+
+    /// Model width h: the last dimension of every activation, message and gradient.
+    pub fn hidden(&self) -> u32 {
+        self.scenario.model.hidden
+    }
+
+    /// Vocabulary size v: token ids run over 0..v.
+    pub fn vocab(&self) -> u32 {
+        self.scenario.model.vocab
+    }
+
+    /// Whether the programs split activations outside attention and the MLP along the
+    /// sequence over the tensor-parallel group. Lowering validated the scenario, so then
+    /// tp ≥ 2 and tp divides seq_len (and so micro_batch · seq_len).
+    pub fn sequence_parallel(&self) -> bool {
+        self.scenario.parallel.sequence_parallel
     }
 }
