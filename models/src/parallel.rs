@@ -253,7 +253,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.layers < p.pp * p.vpp {
+        if model.layers < p.pipeline().vstages() {
             bad(
                 "layers-split",
                 format!(
@@ -261,7 +261,7 @@ impl ParallelConfig {
                     model.layers,
                     p.pp,
                     p.vpp,
-                    p.pp * p.vpp
+                    p.pipeline().vstages()
                 ),
             );
         }

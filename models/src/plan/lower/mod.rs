@@ -134,6 +134,9 @@ pub fn lower(s: &Scenario) -> Result<Plan, ScenarioError> {
     Ok(Planner::new(s)?.plan())
 }
 
+/// One stage's lowering in progress: the ops emitted so far and the buffers, pending
+/// reductions and gathers the ops still to come depend on. Its methods live in the files
+/// of this module by concept (`forward`, `backward`, `zero`, `step`, `emit`).
 struct StageLowering<'p, 'a> {
     pl: &'p Planner<'a>,
     stage: u32,
@@ -164,6 +167,8 @@ struct StageLowering<'p, 'a> {
     /// ZeRO-3 gathers issued ahead: (bucket, mb, phase) → (gather op, buffer).
     prefetched: BTreeMap<(usize, u32, Phase), (OpId, BufId)>,
     last_compute: Option<OpId>,
+    /// Params, grads and optimizer state of each chunk, in that order (`params_buf`,
+    /// `grads_buf`).
     persistent: Vec<BufId>,
     /// The `Alloc` op of each persistent buffer (ops on other streams that use it wait on it).
     persistent_alloc: BTreeMap<BufId, OpId>,
