@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterSpec;
 use crate::model::ModelSpec;
+use crate::plan::grid::Pipeline;
 
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -151,13 +152,19 @@ impl ParallelConfig {
         self.tp as u64 * self.pp as u64 * self.dp as u64
     }
 
+    /// The virtual pipeline: pp stages of vpp chunks ([`Pipeline`] maps chunks to virtual
+    /// stages and back).
+    pub fn pipeline(&self) -> Pipeline {
+        Pipeline { pp: self.pp, vpp: self.vpp }
+    }
+
     /// The layers of virtual stage `vstage` (model chunk `vstage / pp` of pipeline stage
     /// `vstage % pp`). The l layers are split as evenly as pp · vpp chunks allow; when they do
     /// not divide, the chunks at the two ends of the pipeline — which also carry the
     /// embedding and the output layer — get one layer fewer, alternately first and last, as
     /// the Llama 3 report does for 126 layers over 16 stages.
     pub fn chunk_layers(&self, model: &ModelSpec, vstage: u32) -> std::ops::Range<u32> {
-        let v = self.pp * self.vpp;
+        let v = self.pipeline().vstages();
         assert!(vstage < v, "virtual stage {vstage} of {v}");
         let q = model.layers / v;
         let short = if model.layers.is_multiple_of(v) { 0 } else { v - model.layers % v };
@@ -170,7 +177,7 @@ impl ParallelConfig {
 
     /// Layers held by pipeline stage `stage` over all its chunks.
     pub fn stage_layers(&self, model: &ModelSpec, stage: u32) -> u32 {
-        (0..self.vpp).map(|c| self.chunk_layers(model, c * self.pp + stage).len() as u32).sum()
+        (0..self.vpp).map(|c| self.chunk_layers(model, self.pipeline().vstage(c, stage)).len() as u32).sum()
     }
 
     /// Checks every rule against the model and the cluster. All violations are returned,
@@ -246,7 +253,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if model.layers < p.pp * p.vpp {
+        if model.layers < p.pipeline().vstages() {
             bad(
                 "layers-split",
                 format!(
@@ -254,7 +261,7 @@ impl ParallelConfig {
                     model.layers,
                     p.pp,
                     p.vpp,
-                    p.pp * p.vpp
+                    p.pipeline().vstages()
                 ),
             );
         }

@@ -182,8 +182,7 @@ pub fn time_jobs(scenarios: &[Scenario], cores: u32, steps: u32) -> Result<JobSa
     let mut out = JobSamples::default();
     for s in scenarios {
         let p = &s.parallel;
-        let ranks = p.tp * p.pp * p.dp;
-        let copies = if ranks == 1 { cores.max(1) } else { 1 };
+        let copies = if p.ranks() == 1 { cores.max(1) } else { 1 };
         let plan = Arc::new(lower(s).map_err(|e| e.to_string())?);
         let need = (steps as usize + 1) * p.global_batch as usize * (s.model.seq_len as usize + 1);
         let src = MarkovSource::new(s.model.vocab as usize, 3, s.training.seed).map_err(|e| e.to_string())?;

@@ -21,9 +21,9 @@
 //! Units: bytes (u64), time in ns.
 
 use serde::{Deserialize, Serialize};
-use strata_models::plan::{GroupKind, OpKind, Plan, Program};
+use strata_models::plan::{OpKind, Plan, Program};
 
-use crate::profile::HardwareProfile;
+use crate::profile::{HardwareProfile, MemoryParams};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -102,31 +102,31 @@ impl std::fmt::Display for OutOfMemory {
     }
 }
 
+/// C_nccl of a rank on `collectives` collective communicators (each `nccl_channels` rings
+/// to 2 peers) and `p2p_peers` point-to-point peers (each `nccl_p2p_channels`), bytes:
+/// (2 · collectives · nccl_channels + p2p_peers · nccl_p2p_channels) · nccl_buffer_mib.
+pub fn nccl_buffer_bytes(m: &MemoryParams, collectives: u32, p2p_peers: u32) -> f64 {
+    let connections = collectives as f64 * m.nccl_channels as f64 * 2.0 + p2p_peers as f64 * m.nccl_p2p_channels as f64;
+    connections * m.nccl_buffer_mib * MIB
+}
+
 /// NCCL buffer bytes of a rank running `program`: its collective communicators and its
 /// point-to-point peers.
 pub fn nccl_bytes(plan: &Plan, program: &Program, profile: &HardwareProfile) -> u64 {
     let g = plan.grid;
-    let size = |k: GroupKind| match k {
-        GroupKind::Tp => g.tp,
-        GroupKind::Dp => g.dp,
-        GroupKind::Embedding => u32::from(g.pp > 1) + 1,
-        GroupKind::World => g.ranks(),
-    };
     let mut used = [false; 4];
     let mut p2p = false;
     for op in &program.ops {
         match &op.kind {
-            OpKind::Collective(c) if size(c.group) > 1 => used[c.group as usize] = true,
+            OpKind::Collective(c) if g.group_size(c.group) > 1 => used[c.group as usize] = true,
             OpKind::Send(_) | OpKind::Recv(_) => p2p = true,
             _ => {}
         }
     }
-    let m = &profile.memory;
-    let comms = used.iter().filter(|u| **u).count() as f64;
+    let comms = used.iter().filter(|u| **u).count() as u32;
     // A pipeline stage talks to its two neighbours (one when they are the same stage).
-    let peers = if p2p { if g.pp > 2 { 2.0 } else { 1.0 } } else { 0.0 };
-    let connections = comms * m.nccl_channels as f64 * 2.0 + peers * m.nccl_p2p_channels as f64;
-    (connections * m.nccl_buffer_mib * MIB).round() as u64
+    let peers = if p2p { if g.pp > 2 { 2 } else { 1 } } else { 0 };
+    nccl_buffer_bytes(&profile.memory, comms, peers).round() as u64
 }
 
 /// The memory of one stage at the peak `buffers_bytes` of its live buffers.

@@ -207,7 +207,7 @@ fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network:
     let gpus = g.ranks() as u64;
     let step_ns = out.makespan_ns.max(1);
     let step_time_s = step_ns as f64 * 1e-9;
-    let copies = if out.mode == Mode::Symmetric { (g.tp * g.dp) as f64 } else { 1.0 };
+    let copies = if out.mode == Mode::Symmetric { g.stage_ranks() as f64 } else { 1.0 };
     let hardware_flops: f64 = out.actors.iter().map(|a| out.tables[a.table].flops * copies).sum();
     let model_flops = step_flops(&s.model, s.parallel.global_batch as u64, Recompute::None).model;
     let spec = s.cluster.gpu.spec();

@@ -311,7 +311,7 @@ pub fn megatron_args(s: &Scenario) -> String {
         a.push("--swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear".into());
     }
     if p.schedule == Schedule::Interleaved {
-        a.push(format!("--num-layers-per-virtual-pipeline-stage {}", m.layers / (p.pp * p.vpp)));
+        a.push(format!("--num-layers-per-virtual-pipeline-stage {}", m.layers / p.pipeline().vstages()));
     }
     if p.sequence_parallel {
         a.push("--sequence-parallel".into());

@@ -127,6 +127,19 @@ pub fn weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32)
     tokens * (qkv + 2.0 * m.hidden as f64 + fc1) * dtype.bytes() as f64
 }
 
+/// The head's buffer per microbatch and tp rank, bytes: the final norm's input and output
+/// (2·e·s·b·h; ÷ t under sequence parallelism) and the fp32 logits of the rank's vocabulary
+/// shard (4·s·b·⌈v/t⌉), held from the head's forward to its backward. The lowering allocates
+/// exactly this ("head mb…"); the stage estimate counts it per microbatch held.
+pub fn head_buffer_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool) -> u64 {
+    let t = tp.max(1) as u64;
+    let sb = micro_batch as u64 * m.seq_len as u64;
+    let sbh = sb * m.hidden as u64;
+    let norm = 2 * dtype.bytes() * if sp { sbh / t } else { sbh };
+    let logits = 4 * sb * (m.vocab as u64).div_ceil(t);
+    norm + logits
+}
+
 /// ZB-H1's peak over its schedule table, in units of one microbatch-layer's activations
 /// (`act`) and deferred output gradients (`wgrad`): max over the passes of
 /// live·act + pending·wgrad, with a microbatch live from its forward to its weight pass and
@@ -210,7 +223,6 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let m = &s.model;
     let p = &s.parallel;
     let dtype = s.training.dtype;
-    let e = dtype.bytes() as f64;
     let t = p.tp as f64;
     let b = p.micro_batch;
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
@@ -253,8 +265,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                     Schedule::ZbH1 => p.pp.min(p.microbatches()) as f64,
                     _ => 1.0,
                 };
-                let logits = 4.0 * m.seq_len as f64 * b as f64 * m.vocab as f64 / t;
-                embedding_logits_bytes += held * (2.0 * e * sbh / if p.sequence_parallel { t } else { 1.0 } + logits);
+                embedding_logits_bytes += held * head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) as f64;
             }
             let mut transient_bytes = 0.0;
             if p.recompute == Recompute::Full {

@@ -9,10 +9,54 @@
 //! [0, 4], [1, 5], [2, 6], [3, 7]. Placement is contiguous: rank r runs on node
 //! r / gpus_per_node, local GPU r mod gpus_per_node, so tensor-parallel groups (tp ≤
 //! gpus_per_node) never leave a node and local GPU i drives rail i.
+//!
+//! The virtual pipeline ([`Pipeline`]): each of the pp stages holds vpp model chunks
+//! (Megatron-LM's interleaved schedule); chunk c of stage i is virtual stage
+//!
+//!   v = c · pp + i,   so c = v / pp and i = v mod pp,
+//!
+//! and the model's layers run through virtual stages 0 … vpp · pp − 1 in order. Worked
+//! example, pp = 2, vpp = 2: stage 0 holds virtual stages 0 and 2, stage 1 holds 1 and 3.
 
 use serde::{Deserialize, Serialize};
 
 use crate::plan::ir::{GroupKind, Peer};
+
+/// The virtual pipeline: `pp` stages of `vpp` model chunks each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pipeline {
+    pub pp: u32,
+    pub vpp: u32,
+}
+
+impl Pipeline {
+    pub fn new(pp: u32, vpp: u32) -> Pipeline {
+        assert!(pp > 0 && vpp > 0, "pipeline of {pp} stages × {vpp} chunks");
+        Pipeline { pp, vpp }
+    }
+
+    /// Number of virtual stages, vpp · pp.
+    pub fn vstages(&self) -> u32 {
+        self.vpp * self.pp
+    }
+
+    /// The virtual stage of chunk `chunk` on pipeline stage `stage`: chunk · pp + stage.
+    pub fn vstage(&self, chunk: u32, stage: u32) -> u32 {
+        debug_assert!(chunk < self.vpp && stage < self.pp, "chunk {chunk} of stage {stage} in {self:?}");
+        chunk * self.pp + stage
+    }
+
+    /// The (chunk, stage) that runs virtual stage `vstage`: (vstage / pp, vstage mod pp).
+    pub fn chunk_and_stage(&self, vstage: u32) -> (u32, u32) {
+        debug_assert!(vstage < self.vstages(), "virtual stage {vstage} in {self:?}");
+        (vstage / self.pp, vstage % self.pp)
+    }
+
+    /// The last virtual stage, vpp · pp − 1: the one that runs the head.
+    pub fn last_vstage(&self) -> u32 {
+        self.vstages() - 1
+    }
+}
 
 /// Coordinates of a rank in the grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -66,6 +110,22 @@ impl RankGrid {
             }
             GroupKind::World => (0..self.ranks()).collect(),
         }
+    }
+
+    /// Members of every group of a kind: tp, dp, 2 for the embedding group (first and last
+    /// stage; 1 when pp = 1, where they are the same stage), every rank for the world.
+    pub fn group_size(&self, kind: GroupKind) -> u32 {
+        match kind {
+            GroupKind::Tp => self.tp,
+            GroupKind::Dp => self.dp,
+            GroupKind::Embedding => 1 + u32::from(self.pp > 1),
+            GroupKind::World => self.ranks(),
+        }
+    }
+
+    /// Ranks that run one pipeline stage, tp · dp.
+    pub fn stage_ranks(&self) -> u32 {
+        self.tp * self.dp
     }
 
     /// Number of distinct groups of a kind, and the index of `rank`'s group among them.
@@ -135,12 +195,38 @@ mod tests {
             assert_eq!(g.rank(g.coord(r)), r);
             for kind in [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding] {
                 let members = g.group(r, kind);
+                assert_eq!(members.len() as u32, g.group_size(kind));
                 assert_eq!(members[g.position(r, kind) as usize], r);
                 // Every member of a group agrees on the group's id.
                 let id = g.group_id(r, kind);
                 assert!(members.iter().all(|m| g.group_id(*m, kind) == id));
             }
         }
+    }
+
+    #[test]
+    fn group_sizes() {
+        let g = RankGrid::new(4, 3, 2, 8);
+        assert_eq!(g.group_size(GroupKind::World), 24);
+        assert_eq!(g.group(5, GroupKind::World).len(), 24);
+        assert_eq!(g.group_size(GroupKind::Embedding), 2);
+        assert_eq!(RankGrid::new(4, 3, 1, 8).group_size(GroupKind::Embedding), 1);
+        assert_eq!(RankGrid::new(4, 3, 1, 8).group(5, GroupKind::Embedding), vec![5]);
+        assert_eq!(g.stage_ranks(), 12);
+    }
+
+    #[test]
+    fn virtual_stages() {
+        // pp = 2, vpp = 2: stage 0 holds virtual stages 0 and 2, stage 1 holds 1 and 3.
+        let p = Pipeline::new(2, 2);
+        assert_eq!((p.vstage(0, 0), p.vstage(0, 1), p.vstage(1, 0), p.vstage(1, 1)), (0, 1, 2, 3));
+        assert_eq!(p.last_vstage(), 3);
+        let p = Pipeline::new(4, 3);
+        for v in 0..p.vstages() {
+            let (c, i) = p.chunk_and_stage(v);
+            assert_eq!(p.vstage(c, i), v);
+        }
+        assert_eq!(p.chunk_and_stage(p.last_vstage()), (2, 3));
     }
 
     #[test]

@@ -1,21 +1,23 @@
 //! The plan: a training step lowered to per-rank programs.
 //!
 //! [`ir`] defines the op types (the contract with the backends), [`grid`] the rank grid,
-//! [`schedule`] the pipeline tables, [`cost`] what each model piece costs, [`lower`] the
-//! lowering itself.
+//! [`schedule`] the pipeline tables, [`cost`] what each model piece costs, [`lowered`] the
+//! lowered plan the backends consume, [`lower`] the lowering itself.
 
 pub mod cost;
 pub mod exec;
 pub mod grid;
 pub mod ir;
 pub mod lower;
+pub mod lowered;
 pub mod schedule;
 pub mod text;
 pub mod verify;
 
-pub use grid::{Coord, RankGrid};
+pub use grid::{Coord, Pipeline, RankGrid};
 pub use ir::*;
-pub use lower::{Bucket, Plan, Planner, Unit, lower, unit_params};
+pub use lower::{Planner, lower, unit_params};
+pub use lowered::{Bucket, Plan, Unit};
 pub use verify::{VerifyError, VerifyReport, verify};
 
 #[cfg(test)]

@@ -148,12 +148,13 @@ pub(crate) mod tests {
             Pass::Backward | Pass::BackwardInput => 1,
             Pass::BackwardWeight => 2,
         };
-        let last = pp * v - 1;
+        let pipe = crate::plan::grid::Pipeline::new(pp, v);
+        let last = pipe.last_vstage();
         loop {
             let mut progressed = false;
             for i in 0..pp as usize {
                 let Some(s) = tables[i].get(next[i]) else { continue };
-                let vs = s.chunk * pp + i as u32;
+                let vs = pipe.vstage(s.chunk, i as u32);
                 let dep = match s.pass {
                     Pass::Forward => (vs > 0).then(|| (0u8, s.mb, vs - 1)),
                     Pass::Backward | Pass::BackwardInput => {

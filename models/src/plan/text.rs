@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use crate::plan::ir::*;
-use crate::plan::lower::Plan;
+use crate::plan::lowered::Plan;
 
 /// Bytes in binary units (`1.5 MiB`).
 pub fn bytes(b: u64) -> String {

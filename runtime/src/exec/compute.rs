@@ -32,7 +32,7 @@ impl RankExec {
     }
 
     fn embed_fwd(&mut self, chunk: u32, mb: u32, bufs: &[BufId]) -> Result<(), ExecError> {
-        let h = self.plan.scenario.model.hidden as usize;
+        let h = self.plan.hidden() as usize;
         let mut out = vec![0.0f32; self.micro.tokens() * h];
         {
             let p = EmbedTensors {
@@ -129,7 +129,7 @@ impl RankExec {
     fn layer_forward_piece(&mut self, c: &ComputeOp, bufs: &[BufId], acts: &mut LayerActs) {
         let (piece, phase, chunk, mb, layer) = (c.piece, c.phase, c.chunk, c.mb, c.layer);
         let (key, full_rc) = ((layer, mb), self.recompute == Recompute::Full);
-        let (t_all, h) = (self.micro.tokens(), self.plan.scenario.model.hidden as usize);
+        let (t_all, h) = (self.micro.tokens(), self.plan.hidden() as usize);
         let rows = self.my_rows(t_all * h);
         match (piece, phase) {
             (Piece::AttnIn, Phase::Forward | Phase::Recompute) => {
@@ -200,7 +200,7 @@ impl RankExec {
         grad: Option<&mut Vec<f32>>,
     ) {
         let (piece, phase, chunk, mb, layer) = (c.piece, c.phase, c.chunk, c.mb, c.layer);
-        let (t_all, h) = (self.micro.tokens(), self.plan.scenario.model.hidden as usize);
+        let (t_all, h) = (self.micro.tokens(), self.plan.hidden() as usize);
         match (piece, phase) {
             (Piece::LayerOut, Phase::BackwardInput) => {
                 let dr = self.grad_in(chunk, mb);
@@ -274,7 +274,7 @@ impl RankExec {
         } else {
             self.heads.remove(&mb).unwrap_or_else(|| panic!("rank {}: mb {mb} has no head state", self.rank))
         };
-        let (t_all, h) = (self.micro.tokens(), self.plan.scenario.model.hidden as usize);
+        let (t_all, h) = (self.micro.tokens(), self.plan.hidden() as usize);
         let rows = self.my_rows(t_all * h);
         match (piece, phase) {
             (Piece::FinalNorm, Phase::Forward) => {

@@ -423,11 +423,11 @@ impl RankExec {
     }
 
     fn post_send(&mut self, p: &P2pOp, bufs: &[BufId]) -> Result<Flight, ExecError> {
-        let pp = self.plan.grid.pp;
+        let pipe = self.plan.pipeline();
         let (chunk, t) = match p.kind {
             // An activation for virtual stage v leaves v − 1; a gradient leaves v itself.
-            P2pKind::Activation => ((p.vstage - 1) / pp, T::R),
-            P2pKind::Gradient => (p.vstage / pp, T::Dr),
+            P2pKind::Activation => (pipe.chunk_and_stage(p.vstage - 1).0, T::R),
+            P2pKind::Gradient => (pipe.chunk_and_stage(p.vstage).0, T::Dr),
         };
         let data = self.take(chunk, p.mb, t);
         let (tag, peer, key) = self.p2p_ids(p, bufs);

@@ -275,23 +275,24 @@ impl RankExec {
         let coord = grid.coord(rank);
         let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
         let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
-        if p.sequence_parallel && !micro.tokens().is_multiple_of(p.tp as usize) {
-            return Err(RuntimeError::BadSetting(format!(
-                "sequence parallelism: micro_batch · seq_len = {} is not divisible by tp = {}",
-                micro.tokens(),
-                p.tp
-            )));
-        }
-        let last_vs = p.pp * p.vpp - 1;
+        // Lowering checked that tp divides seq_len under sequence parallelism.
+        let sp = plan.sequence_parallel();
+        debug_assert!(
+            !sp || micro.tokens().is_multiple_of(p.tp as usize),
+            "{} tokens over tp = {}",
+            micro.tokens(),
+            p.tp
+        );
+        let pipe = plan.pipeline();
         let seed = s.training.seed;
         let mut chunks = Vec::new();
         for c in 0..p.vpp {
-            let vs = c * p.pp + coord.pp;
+            let vs = pipe.vstage(c, coord.pp);
             let layers = p.chunk_layers(&s.model, vs);
             let spec = ChunkSpec {
                 embedding: vs == 0,
                 layers: layers.start as usize..layers.end as usize,
-                head: vs == last_vs,
+                head: vs == pipe.last_vstage(),
             };
             let layout = ParamLayout::new(&s.model, tp, spec)?;
             let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
@@ -307,20 +308,21 @@ impl RankExec {
             .collect();
         let t = &s.training;
         let m = p.microbatches();
+        // Lowering validated the scenario: lr is positive and finite, grad_clip non-negative.
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
-        if !(adamw.lr.is_finite() && adamw.lr > 0.0 && t.grad_clip >= 0.0) {
-            return Err(RuntimeError::BadSetting(format!(
-                "training.lr = {}, training.grad_clip = {}: lr must be positive and grad_clip non-negative",
-                t.lr, t.grad_clip
-            )));
-        }
+        debug_assert!(
+            t.lr > 0.0 && t.lr.is_finite() && t.grad_clip >= 0.0,
+            "lr = {}, grad_clip = {}",
+            t.lr,
+            t.grad_clip
+        );
         Ok(RankExec {
             coord,
             cfg,
             micro,
             m,
             tp: p.tp as usize,
-            sp: p.sequence_parallel,
+            sp,
             zero: p.zero,
             recompute: p.recompute,
             flash: t.flash_attention,
@@ -381,7 +383,7 @@ impl RankExec {
     }
 
     fn vstage(&self, chunk: u32) -> u32 {
-        chunk * self.plan.grid.pp + self.coord.pp
+        self.plan.pipeline().vstage(chunk, self.coord.pp)
     }
 
     /// This rank's rows of a (T, h)-shaped buffer of `len` elements (sequence parallelism).
@@ -476,7 +478,7 @@ impl RankExec {
             .map(|k| self.corpus.batch((step as u64 * dp + d) * m + k, self.micro))
             .collect::<Result<Vec<_>, _>>()?;
         for b in &self.batches {
-            crate::embed::check_tokens(&b.inputs, self.plan.scenario.model.vocab as usize)?;
+            crate::embed::check_tokens(&b.inputs, self.plan.vocab() as usize)?;
         }
         Ok(())
     }

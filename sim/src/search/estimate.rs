@@ -191,7 +191,9 @@ impl Estimator {
             p.tp * p.dp,
             if p.sequence_parallel { tensor / p.tp as u64 } else { tensor },
         );
-        let pipe = mb * max_x + bubble + 2.0 * (p.pp * p.vpp - 1) as f64 * p2p;
+        // The critical path crosses each of the vpp · pp − 1 virtual-stage boundaries twice
+        // (forward and backward).
+        let pipe = mb * max_x + bubble + 2.0 * p.pipeline().last_vstage() as f64 * p2p;
 
         // Data parallelism (the stage with the most parameters).
         let psi = stage_params(m, p).iter().map(|sp| sp.per_rank()).max().unwrap_or(0);

@@ -27,6 +27,7 @@ use strata_models::plan::lower;
 
 use crate::compute::ComputeModel;
 use crate::engine::Mode;
+use crate::memory::nccl_buffer_bytes;
 use crate::net::{self, NetworkKind};
 use crate::profile::HardwareProfile;
 use crate::simulate::{SimError, SimOptions, SimReport, simulate_with};
@@ -150,9 +151,7 @@ pub fn search(
     let mem = &profile.memory;
     let mib = 1024.0 * 1024.0;
     // Communicators a rank may hold (tp, dp, embedding, world, two pipeline peers).
-    let overhead = mem.cuda_context_mib * mib
-        + 4.0 * mem.nccl_channels as f64 * 2.0 * mem.nccl_buffer_mib * mib
-        + 2.0 * mem.nccl_p2p_channels as f64 * mem.nccl_buffer_mib * mib;
+    let overhead = mem.cuda_context_mib * mib + nccl_buffer_bytes(mem, 4, 2);
     let total = e.valid.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
     let screened: Vec<(f64, Option<f64>)> = e

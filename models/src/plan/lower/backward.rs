@@ -1,0 +1,287 @@
+//! The backward of (microbatch, chunk): the forward's pieces in reverse, each
+//! tensor-parallel collective replaced by its dual; recomputation first (the attention core,
+//! or the whole layer forward); weight gradients inline, or for ZB-H1 in a later slot (the
+//! W pass, [`StageLowering::backward_weight`]). A layer's activations are freed and its
+//! gradient marked done once its last gradient op is emitted.
+
+use crate::accounting::memory::{layer_activation_bytes, layer_activation_parts};
+use crate::parallel::{Recompute, Schedule};
+use crate::plan::ir::*;
+use crate::plan::lower::StageLowering;
+use crate::plan::lowered::Unit;
+
+impl<'p, 'a> StageLowering<'p, 'a> {
+    /// Backward of (chunk, mb): input gradients, and weight gradients too unless `split`.
+    pub(super) fn backward(&mut self, chunk: u32, mb: u32, split: bool) {
+        let vs = self.vstage(chunk);
+        let mut deps = Vec::new();
+        let mut grad_in = None;
+        if vs != self.last_vs {
+            let bytes = self.residual_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Pp, &[], BufClass::Activations, bytes, format!("recv grad vs{} mb{mb}", vs + 1));
+            let p2p = P2pOp { peer: Peer::Next, kind: P2pKind::Gradient, mb, vstage: vs + 1, bytes };
+            deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
+            grad_in = Some(buf);
+        } else {
+            self.head_backward(chunk, mb, split);
+        }
+        let layers: Vec<u32> = self.layers(chunk).rev().collect();
+        for (i, layer) in layers.iter().enumerate() {
+            let first = self.layer_backward(*layer, mb, chunk, split, &deps);
+            deps.clear();
+            if i == 0
+                && let Some(b) = grad_in.take()
+            {
+                self.e.free(Stream::Compute, &[first], b);
+            }
+        }
+        if vs > 0 {
+            let bytes = self.residual_bytes();
+            let after = self.last_compute.expect("a chunk has layers");
+            let (buf, _) =
+                self.e.alloc(Stream::Pp, &[after], BufClass::Activations, bytes, format!("send grad vs{vs} mb{mb}"));
+            let p2p = P2pOp { peer: Peer::Prev, kind: P2pKind::Gradient, mb, vstage: vs, bytes };
+            let send = self.e.op(Stream::Pp, &[after], &[buf], OpKind::Send(p2p));
+            self.e.free(Stream::Pp, &[send], buf);
+        } else if !split {
+            self.embed_backward(chunk, mb);
+        }
+    }
+
+    pub(super) fn head_backward(&mut self, chunk: u32, mb: u32, split: bool) {
+        let buf = self.head_buf[&mb];
+        let units = self.head_units();
+        let (pdeps, pbufs) = self.params_for(chunk, &units, mb, Phase::BackwardInput);
+        let mut bufs = vec![buf];
+        bufs.extend(&pbufs);
+        self.touch(chunk, &units, mb);
+        let saved = if self.sp && !split {
+            let after = self.last_compute.expect("the head's forward ran");
+            Some(self.tp_coll(TpSite::GatherSaved, Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, after))
+        } else {
+            None
+        };
+        let op = self.compute(Piece::Logits, Phase::BackwardInput, mb, chunk, 0, &pdeps, &bufs);
+        let wait: Vec<OpId> = if self.tp {
+            vec![self.tp_coll(TpSite::Reduce, Piece::Logits, Phase::BackwardInput, mb, chunk, 0, op)]
+        } else {
+            vec![]
+        };
+        if !split {
+            self.head_weight(chunk, mb, saved);
+        }
+        let op = self.compute(Piece::FinalNorm, Phase::BackwardInput, mb, chunk, 0, &wait, &bufs);
+        self.release_gathered(&pbufs, op);
+        self.unit_done(chunk, Unit::FinalNorm, mb, op);
+        if !split {
+            let b = self.head_buf.remove(&mb).expect("head buffer");
+            self.e.free(Stream::Compute, &[op], b);
+        }
+    }
+
+    pub(super) fn head_weight(&mut self, chunk: u32, mb: u32, saved: Option<OpId>) {
+        let buf = self.head_buf[&mb];
+        let wait: Vec<OpId> = match saved {
+            Some(op) => vec![op],
+            None if self.sp => {
+                let after = self.last_compute.expect("after the head's backward");
+                vec![self.tp_coll(TpSite::GatherSaved, Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, after)]
+            }
+            None => vec![],
+        };
+        let op = self.compute(Piece::Logits, Phase::BackwardWeight, mb, chunk, 0, &wait, &[buf]);
+        let tied = self.s().model.tied_embeddings();
+        // With one pipeline stage the tied embedding's gradient is completed by the
+        // embedding's own backward, which comes later.
+        if !tied || self.s().parallel.pp > 1 {
+            self.unit_done(chunk, if tied { Unit::WordEmbedding } else { Unit::OutputLayer }, mb, op);
+        }
+        // Under ZB the weight half runs last; otherwise FinalNorm's backward frees the buffer.
+        if self.s().parallel.schedule == Schedule::ZbH1 {
+            let b = self.head_buf.remove(&mb).expect("head buffer");
+            self.e.free(Stream::Compute, &[op], b);
+        }
+    }
+
+    pub(super) fn layer_backward(&mut self, layer: u32, mb: u32, chunk: u32, split: bool, deps: &[OpId]) -> OpId {
+        let p = self.s().parallel.clone();
+        let act = self.act[&(layer, mb)];
+        let mut first = None;
+        let (pdeps, pbufs) = self.params_for(chunk, &[Unit::Layer(layer)], mb, Phase::BackwardInput);
+        if layer > self.layers(chunk).start {
+            self.prefetch(chunk, Unit::Layer(layer - 1), mb, Phase::BackwardInput);
+        }
+        let mut d: Vec<OpId> = deps.to_vec();
+        d.extend(pdeps);
+        if p.recompute == Recompute::Full {
+            let s = self.s();
+            let bytes = layer_activation_bytes(
+                &s.model,
+                p.micro_batch,
+                s.training.dtype,
+                p.tp,
+                p.sequence_parallel,
+                Recompute::None,
+                s.training.flash_attention,
+            )
+            .ceil() as u64;
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("recompute L{layer} mb{mb}"));
+            self.recompute.insert((layer, mb), buf);
+            first = Some(self.layer_forward(layer, mb, chunk, Phase::Recompute, &d, Some(&pbufs)));
+            d.clear();
+        }
+        let mut bufs = vec![act];
+        if let Some(b) = self.recompute.get(&(layer, mb)) {
+            bufs.push(*b);
+        }
+        if split {
+            // ZB-H1 defers the weight passes: the output gradients they read (of QKV, the
+            // attention projection, FC1 and FC2) stay alive until then (freed with the layer).
+            let bytes = self.wgrad_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("wgrad L{layer} mb{mb}"));
+            self.wgrad.insert((layer, mb), buf);
+            bufs.push(buf);
+        }
+        bufs.extend(&pbufs);
+        self.touch(chunk, &[Unit::Layer(layer)], mb);
+        let op = self.compute(Piece::LayerOut, Phase::BackwardInput, mb, chunk, layer, &d, &bufs);
+        let first = first.unwrap_or(op);
+        let mut prev = op;
+        for (piece, norm) in [(Piece::Mlp, Piece::MlpIn), (Piece::Attn, Piece::AttnIn)] {
+            let mut wait = Vec::new();
+            let mut scores = None;
+            // Selective recomputation re-runs the attention core; fused attention already
+            // recomputes its scores inside the backward kernel.
+            if piece == Piece::Attn && p.recompute == Recompute::Selective && !self.s().training.flash_attention {
+                let s = self.s();
+                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.dtype, false).scores
+                    / p.tp as f64)
+                    .ceil() as u64;
+                let (buf, _) =
+                    self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("scores L{layer} mb{mb}"));
+                let mut b = bufs.clone();
+                b.push(buf);
+                self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &[], &b);
+                scores = Some(buf);
+            }
+            // Under sequence parallelism the saved input is gathered again for the weight
+            // gradient; issued before the input-gradient pass, it overlaps it (Megatron-LM).
+            let mut saved = None;
+            if self.sp {
+                wait.push(self.tp_coll(TpSite::Gather, piece, Phase::BackwardInput, mb, chunk, layer, prev));
+                if !split {
+                    saved =
+                        Some(self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, prev));
+                }
+            }
+            let mut b = bufs.clone();
+            b.extend(scores);
+            let op = self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b);
+            if let Some(sb) = scores {
+                self.e.free(Stream::Compute, &[op], sb);
+            }
+            let reduce = if self.tp {
+                Some(self.tp_coll(TpSite::Reduce, piece, Phase::BackwardInput, mb, chunk, layer, op))
+            } else {
+                None
+            };
+            if !split {
+                // The weight gradient overlaps the reduction of the input gradient.
+                self.piece_weight(piece, layer, mb, chunk, act, saved);
+            }
+            prev = self.compute(
+                norm,
+                Phase::BackwardInput,
+                mb,
+                chunk,
+                layer,
+                &reduce.into_iter().collect::<Vec<_>>(),
+                &bufs,
+            );
+        }
+        self.release_gathered(&pbufs, prev);
+        if !split {
+            self.layer_done(layer, mb, chunk, prev);
+        }
+        first
+    }
+
+    /// The weight pass of a piece; `saved` is the gather of its saved input if already issued.
+    pub(super) fn piece_weight(
+        &mut self,
+        piece: Piece,
+        layer: u32,
+        mb: u32,
+        chunk: u32,
+        act: BufId,
+        saved: Option<OpId>,
+    ) -> OpId {
+        let wait: Vec<OpId> = match saved {
+            Some(op) => vec![op],
+            None if self.sp => {
+                let after = self.last_compute.expect("weight pass follows an input pass");
+                vec![self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, after)]
+            }
+            None => vec![],
+        };
+        let mut bufs = vec![act];
+        if let Some(b) = self.recompute.get(&(layer, mb)) {
+            bufs.push(*b);
+        }
+        self.compute(piece, Phase::BackwardWeight, mb, chunk, layer, &wait, &bufs)
+    }
+
+    /// A layer's backward is complete: free its activations, mark its gradient done.
+    pub(super) fn layer_done(&mut self, layer: u32, mb: u32, chunk: u32, last: OpId) {
+        let act = self.act.remove(&(layer, mb)).expect("activation buffer of the layer");
+        self.e.free(Stream::Compute, &[last], act);
+        if let Some(b) = self.wgrad.remove(&(layer, mb)) {
+            self.e.free(Stream::Compute, &[last], b);
+        }
+        if let Some(b) = self.recompute.remove(&(layer, mb)) {
+            self.e.free(Stream::Compute, &[last], b);
+        }
+        self.unit_done(chunk, Unit::Layer(layer), mb, last);
+    }
+
+    /// ZB's W pass of (chunk, mb).
+    pub(super) fn backward_weight(&mut self, chunk: u32, mb: u32) {
+        let vs = self.vstage(chunk);
+        if vs == self.last_vs {
+            self.head_weight(chunk, mb, None);
+        }
+        let layers: Vec<u32> = self.layers(chunk).rev().collect();
+        for layer in layers {
+            let act = self.act[&(layer, mb)];
+            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+            let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act, None);
+            self.layer_done(layer, mb, chunk, op);
+        }
+        if vs == 0 {
+            self.embed_backward(chunk, mb);
+        }
+    }
+
+    pub(super) fn embed_backward(&mut self, chunk: u32, mb: u32) {
+        let buf = self.embed_buf.remove(&mb).expect("embedding buffer");
+        let mut units = vec![Unit::WordEmbedding];
+        if self.s().model.learned_positions() {
+            units.push(Unit::PosEmbedding);
+        }
+        self.touch(chunk, &units, mb);
+        let wait: Vec<OpId> = if self.sp {
+            let after = self.last_compute.expect("after the first layer's backward");
+            vec![self.tp_coll(TpSite::Gather, Piece::Embed, Phase::BackwardWeight, mb, chunk, 0, after)]
+        } else {
+            vec![]
+        };
+        let op = self.compute(Piece::Embed, Phase::BackwardWeight, mb, chunk, 0, &wait, &[buf]);
+        self.e.free(Stream::Compute, &[op], buf);
+        for u in units {
+            self.unit_done(chunk, u, mb, op);
+        }
+    }
+}

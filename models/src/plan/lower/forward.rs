@@ -1,0 +1,177 @@
+//! The forward of (microbatch, chunk): receive the activation (or embed), then per layer
+//! `AttnIn`, `Attn`, `MlpIn`, `Mlp`, `LayerOut` with Megatron-LM's tensor-parallel
+//! collectives between them, then send the activation on or run the head (`FinalNorm`,
+//! `Logits`, the loss-statistics all-gather, `Loss`). Allocates the saved activations of
+//! each (layer, microbatch), sized by [`crate::accounting::memory::layer_activation_bytes`].
+
+use crate::accounting::memory::{has_dropout, head_buffer_bytes, layer_activation_bytes};
+use crate::parallel::Schedule;
+use crate::plan::ir::*;
+use crate::plan::lower::StageLowering;
+use crate::plan::lowered::Unit;
+
+impl<'p, 'a> StageLowering<'p, 'a> {
+    pub(super) fn forward(&mut self, chunk: u32, mb: u32) {
+        let vs = self.vstage(chunk);
+        let mut deps = Vec::new();
+        let mut input_buf = None;
+        if vs > 0 {
+            let bytes = self.residual_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Pp, &[], BufClass::Activations, bytes, format!("recv act vs{vs} mb{mb}"));
+            let p2p = P2pOp { peer: Peer::Prev, kind: P2pKind::Activation, mb, vstage: vs, bytes };
+            deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
+            input_buf = Some(buf);
+        } else {
+            let units = if self.s().model.learned_positions() {
+                vec![Unit::WordEmbedding, Unit::PosEmbedding]
+            } else {
+                vec![Unit::WordEmbedding]
+            };
+            let (pdeps, pbufs) = self.params_for(chunk, &units, mb, Phase::Forward);
+            let m = &self.s().model;
+            let p = &self.s().parallel;
+            let mask = if has_dropout(m) {
+                let sbh = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64;
+                if self.sp { sbh / p.tp as u64 } else { sbh }
+            } else {
+                0
+            };
+            // Under ZB the embedding's weight pass runs later from the saved output gradient.
+            let saved_grad = if p.schedule == Schedule::ZbH1 { self.residual_bytes() } else { 0 };
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, mask + saved_grad, format!("embed mb{mb}"));
+            self.embed_buf.insert(mb, buf);
+            let mut bufs = vec![buf];
+            bufs.extend(&pbufs);
+            let op = self.compute(Piece::Embed, Phase::Forward, mb, chunk, 0, &pdeps, &bufs);
+            self.release_gathered(&pbufs, op);
+            if self.tp {
+                deps.push(self.tp_coll(TpSite::Reduce, Piece::Embed, Phase::Forward, mb, chunk, 0, op));
+            }
+        }
+        let layers = self.layers(chunk);
+        for (i, layer) in layers.clone().enumerate() {
+            let bytes = self.layer_act_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("act L{layer} mb{mb}"));
+            self.act.insert((layer, mb), buf);
+            let first = self.layer_forward(layer, mb, chunk, Phase::Forward, &deps, None);
+            deps.clear();
+            if i == 0
+                && let Some(b) = input_buf.take()
+            {
+                self.e.free(Stream::Compute, &[first], b);
+            }
+        }
+        if vs == self.last_vs {
+            self.head_forward(chunk, mb);
+        } else {
+            let bytes = self.residual_bytes();
+            let after = self.last_compute.expect("a chunk has layers");
+            let (buf, _) = self.e.alloc(
+                Stream::Pp,
+                &[after],
+                BufClass::Activations,
+                bytes,
+                format!("send act vs{} mb{mb}", vs + 1),
+            );
+            let p2p = P2pOp { peer: Peer::Next, kind: P2pKind::Activation, mb, vstage: vs + 1, bytes };
+            let send = self.e.op(Stream::Pp, &[after], &[buf], OpKind::Send(p2p));
+            self.e.free(Stream::Pp, &[send], buf);
+        }
+    }
+
+    /// The output gradients a layer's deferred weight passes read
+    /// ([`crate::accounting::memory::weight_grad_bytes`]).
+    pub(super) fn wgrad_bytes(&self) -> u64 {
+        let s = self.s();
+        crate::accounting::memory::weight_grad_bytes(&s.model, s.parallel.micro_batch, s.training.dtype, s.parallel.tp)
+            .ceil() as u64
+    }
+
+    pub(super) fn layer_act_bytes(&self) -> u64 {
+        let s = self.s();
+        let p = &s.parallel;
+        let flash = s.training.flash_attention;
+        layer_activation_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, p.sequence_parallel, p.recompute, flash)
+            .ceil() as u64
+    }
+
+    /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
+    /// first compute op.
+    /// `gathered`: parameters the caller already gathered (ZeRO-3 recomputation reuses the
+    /// backward's gather); otherwise this gathers and releases them itself.
+    pub(super) fn layer_forward(
+        &mut self,
+        layer: u32,
+        mb: u32,
+        chunk: u32,
+        phase: Phase,
+        deps: &[OpId],
+        gathered: Option<&[BufId]>,
+    ) -> OpId {
+        let mut bufs = vec![self.act[&(layer, mb)]];
+        if let Some(b) = self.recompute.get(&(layer, mb)) {
+            bufs.push(*b);
+        }
+        let (pdeps, pbufs) = match gathered {
+            Some(g) => (vec![], g.to_vec()),
+            None => self.params_for(chunk, &[Unit::Layer(layer)], mb, phase),
+        };
+        bufs.extend(&pbufs);
+        let mut d: Vec<OpId> = deps.to_vec();
+        d.extend(pdeps);
+        let first = self.compute(Piece::AttnIn, phase, mb, chunk, layer, &d, &bufs);
+        let mut prev = first;
+        for (gather_piece, body) in [(Piece::Attn, Piece::MlpIn), (Piece::Mlp, Piece::LayerOut)] {
+            let mut wait = Vec::new();
+            if self.sp {
+                wait.push(self.tp_coll(TpSite::Gather, gather_piece, phase, mb, chunk, layer, prev));
+            }
+            let op = self.compute(gather_piece, phase, mb, chunk, layer, &wait, &bufs);
+            let mut wait = Vec::new();
+            if self.tp {
+                wait.push(self.tp_coll(TpSite::Reduce, gather_piece, phase, mb, chunk, layer, op));
+            }
+            prev = self.compute(body, phase, mb, chunk, layer, &wait, &bufs);
+        }
+        if gathered.is_none() {
+            self.release_gathered(&pbufs, prev);
+        }
+        first
+    }
+
+    pub(super) fn head_forward(&mut self, chunk: u32, mb: u32) {
+        let s = self.s();
+        let p = &s.parallel;
+        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, self.sp);
+        let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("head mb{mb}"));
+        self.head_buf.insert(mb, buf);
+        let units = self.head_units();
+        let (pdeps, pbufs) = self.params_for(chunk, &units, mb, Phase::Forward);
+        let mut bufs = vec![buf];
+        bufs.extend(&pbufs);
+        let op = self.compute(Piece::FinalNorm, Phase::Forward, mb, chunk, 0, &pdeps, &bufs);
+        let wait: Vec<OpId> = if self.sp {
+            vec![self.tp_coll(TpSite::Gather, Piece::Logits, Phase::Forward, mb, chunk, 0, op)]
+        } else {
+            vec![]
+        };
+        let op = self.compute(Piece::Logits, Phase::Forward, mb, chunk, 0, &wait, &bufs);
+        let wait: Vec<OpId> = if self.tp {
+            vec![self.tp_coll(TpSite::LossStats, Piece::Loss, Phase::Forward, mb, chunk, 0, op)]
+        } else {
+            vec![]
+        };
+        let op = self.compute(Piece::Loss, Phase::Forward, mb, chunk, 0, &wait, &bufs);
+        self.release_gathered(&pbufs, op);
+    }
+
+    /// Units the head's pieces use.
+    pub(super) fn head_units(&self) -> Vec<Unit> {
+        let m = &self.s().model;
+        let out = if m.tied_embeddings() { Unit::WordEmbedding } else { Unit::OutputLayer };
+        vec![Unit::FinalNorm, out]
+    }
+}

@@ -1,0 +1,311 @@
+//! Lowering: a validated scenario becomes one program per pipeline stage.
+//!
+//! The stage's schedule table ([`crate::plan::schedule`]) is walked in order and each slot
+//! emits its ops:
+//! - **forward** of (microbatch, chunk): receive the activation (or embed), then per layer
+//!   `AttnIn`, `Attn`, `MlpIn`, `Mlp`, `LayerOut`, with Megatron-LM's tensor-parallel
+//!   collectives between them — an all-reduce of the partial output of `Attn` and `Mlp`, or
+//!   with sequence parallelism an all-gather of the normed input before them and a
+//!   reduce-scatter after; then send the activation on, or run the head (`FinalNorm`,
+//!   `Logits`, the loss-statistics all-gather, `Loss`);
+//! - **backward**: the same pieces in reverse, each collective replaced by its dual (the
+//!   all-reduce of the partial input gradient; under sequence parallelism an all-gather of
+//!   the incoming gradient and of the saved input for the weight gradient, and a
+//!   reduce-scatter of the input gradient); recomputation first (the attention core, or the
+//!   whole layer forward with its collectives); weight gradients inline, or in a later slot
+//!   for ZB-H1;
+//! - **data parallelism**: gradient buckets (whole units in backward order, up to
+//!   `grad_bucket_mb`) reduced on the `dp` stream as soon as their last gradient is
+//!   computed: all-reduce (ZeRO-0) or reduce-scatter (ZeRO ≥ 1) after the last microbatch,
+//!   every microbatch for ZeRO-2/3; ZeRO-1/2 all-gather the updated shards (at the start of
+//!   the step, overlapped with the forward, when `overlap_param_gather`); ZeRO-3 all-gathers
+//!   each unit before its forward and its backward, prefetching one unit ahead;
+//! - **end of step**: tied-embedding gradient all-reduce between first and last stage, the
+//!   global gradient-norm all-reduce, the optimizer step;
+//! - **memory**: `Alloc`/`Free` for every buffer — persistent parameters, gradients and
+//!   optimizer state; per (layer, microbatch) saved activations sized by
+//!   [`crate::accounting::memory::layer_activation_bytes`]; recomputation working sets;
+//!   pipeline message buffers; ZeRO's gathered parameters and full gradient buckets.
+//!
+//! Semantics the backends share: ops of one stream run in order; a `Send` only posts its
+//! message — the stream moves on at once, and ops that list the send in `deps` wait for its
+//! delivery; a transfer starts when both its send and its receive are posted; a `Free`
+//! never holds up its stream — it takes effect once the ops in its `deps` are done.
+//!
+//! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
+//! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
+//! passes, `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
+
+mod backward;
+mod buckets;
+mod emit;
+mod forward;
+mod step;
+mod units;
+mod zero;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::accounting::memory::state_bytes_per_param;
+use crate::plan::cost::{optimizer_cost, piece_cost};
+use crate::plan::grid::RankGrid;
+use crate::plan::ir::*;
+// The plan types lived here before the lowering was split; `plan::lower::Plan` still names them.
+pub use crate::plan::lowered::{Bucket, Plan, Unit};
+use crate::plan::schedule::{self, Pass};
+use crate::scenario::{Scenario, ScenarioError};
+
+use buckets::stage_buckets;
+use emit::Emitter;
+pub use units::unit_params;
+use zero::BucketState;
+
+/// Builds programs for a scenario; `program(stage)` lowers one stage on demand, so a
+/// caller that needs a few stages of a 16,384-GPU plan pays only for those.
+pub struct Planner<'a> {
+    s: &'a Scenario,
+    grid: RankGrid,
+    costs: Vec<ComputeCost>,
+    cost_ids: BTreeMap<(Piece, Phase), CostId>,
+    buckets: Vec<Vec<Bucket>>,
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(s: &'a Scenario) -> Result<Planner<'a>, ScenarioError> {
+        s.validate()?;
+        let p = &s.parallel;
+        let grid = RankGrid::new(p.tp, p.dp, p.pp, s.cluster.gpus_per_node);
+        let mut costs = Vec::new();
+        let mut cost_ids = BTreeMap::new();
+        use Piece::*;
+        for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
+            for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
+                cost_ids.insert((piece, phase), costs.len() as CostId);
+                costs.push(piece_cost(&s.model, p, s.training.dtype, s.training.flash_attention, piece, phase));
+            }
+        }
+        let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
+        for b in &buckets {
+            let params: u64 = b.iter().map(|b| b.params).sum();
+            let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.dtype).1));
+        }
+        Ok(Planner { s, grid, costs, cost_ids, buckets })
+    }
+
+    pub fn grid(&self) -> RankGrid {
+        self.grid
+    }
+
+    /// The program of one pipeline stage.
+    pub fn program(&self, stage: u32) -> Program {
+        assert!(stage < self.grid.pp, "stage {stage} of {}", self.grid.pp);
+        let mut l = StageLowering::new(self, stage);
+        l.lower();
+        Program { ops: l.e.ops }
+    }
+
+    /// Every stage's program.
+    pub fn plan(self) -> Plan {
+        let programs = (0..self.grid.pp).map(|s| self.program(s)).collect();
+        Plan {
+            scenario: self.s.clone(),
+            grid: self.grid,
+            costs: self.costs,
+            buckets: self.buckets,
+            programs,
+            rank_programs: BTreeMap::new(),
+        }
+    }
+
+    fn cost(&self, piece: Piece, phase: Phase) -> CostId {
+        self.cost_ids[&(piece, phase)]
+    }
+
+    fn optimizer_cost(&self, stage: u32) -> CostId {
+        // Optimizer costs follow the 36 piece costs, one per stage.
+        (9 * 4 + stage) as CostId
+    }
+}
+
+/// Lowers a scenario to its full plan.
+pub fn lower(s: &Scenario) -> Result<Plan, ScenarioError> {
+    Ok(Planner::new(s)?.plan())
+}
+
+/// One stage's lowering in progress: the ops emitted so far and the buffers, pending
+/// reductions and gathers the ops still to come depend on. Its methods live in the files
+/// of this module by concept (`forward`, `backward`, `zero`, `step`, `emit`).
+struct StageLowering<'p, 'a> {
+    pl: &'p Planner<'a>,
+    stage: u32,
+    e: Emitter,
+    tp: bool,
+    sp: bool,
+    last_vs: u32,
+    /// (layer, mb) → saved-activation buffer.
+    act: BTreeMap<(u32, u32), BufId>,
+    /// (layer, mb) → full-recompute working set.
+    recompute: BTreeMap<(u32, u32), BufId>,
+    /// ZB-H1: the output gradients a layer's deferred weight passes read.
+    wgrad: BTreeMap<(u32, u32), BufId>,
+    /// mb → embedding / head buffers (only chunk 0 embeds, only the last chunk has the head).
+    embed_buf: BTreeMap<u32, BufId>,
+    head_buf: BTreeMap<u32, BufId>,
+    /// (chunk, unit) → index of its bucket.
+    unit_bucket: BTreeMap<(u32, Unit), usize>,
+    bucket_state: Vec<BucketState>,
+    /// ZeRO-1/2: the parameter all-gather each bucket's first use waits for.
+    param_ready: BTreeMap<usize, OpId>,
+    /// ZeRO-3: frees of gathered units, most recent last (prefetch window).
+    gathered_frees: VecDeque<OpId>,
+    dp_ops: Vec<OpId>,
+    deferred_grad_reduce: Vec<(usize, u32, Vec<OpId>)>,
+    /// Ops the next compute op must wait for (synchronous ZeRO-2/3 reductions).
+    pending_sync: Vec<OpId>,
+    /// ZeRO-3 gathers issued ahead: (bucket, mb, phase) → (gather op, buffer).
+    prefetched: BTreeMap<(usize, u32, Phase), (OpId, BufId)>,
+    last_compute: Option<OpId>,
+    /// Params, grads and optimizer state of each chunk, in that order (`params_buf`,
+    /// `grads_buf`).
+    persistent: Vec<BufId>,
+    /// The `Alloc` op of each persistent buffer (ops on other streams that use it wait on it).
+    persistent_alloc: BTreeMap<BufId, OpId>,
+}
+
+impl<'p, 'a> StageLowering<'p, 'a> {
+    fn new(pl: &'p Planner<'a>, stage: u32) -> Self {
+        let p = &pl.s.parallel;
+        let buckets = &pl.buckets[stage as usize];
+        let mut unit_bucket = BTreeMap::new();
+        for (i, b) in buckets.iter().enumerate() {
+            for u in &b.units {
+                unit_bucket.insert((b.chunk, *u), i);
+            }
+        }
+        StageLowering {
+            pl,
+            stage,
+            e: Emitter::new(),
+            tp: p.tp > 1,
+            sp: p.sequence_parallel,
+            last_vs: p.pipeline().last_vstage(),
+            act: BTreeMap::new(),
+            recompute: BTreeMap::new(),
+            wgrad: BTreeMap::new(),
+            embed_buf: BTreeMap::new(),
+            head_buf: BTreeMap::new(),
+            unit_bucket,
+            bucket_state: buckets.iter().map(|_| BucketState::default()).collect(),
+            param_ready: BTreeMap::new(),
+            gathered_frees: VecDeque::new(),
+            dp_ops: Vec::new(),
+            deferred_grad_reduce: Vec::new(),
+            pending_sync: Vec::new(),
+            prefetched: BTreeMap::new(),
+            last_compute: None,
+            persistent: Vec::new(),
+            persistent_alloc: BTreeMap::new(),
+        }
+    }
+
+    fn s(&self) -> &'a Scenario {
+        self.pl.s
+    }
+
+    fn zero(&self) -> u8 {
+        self.s().parallel.zero
+    }
+
+    fn dtype(&self) -> crate::scenario::Dtype {
+        self.s().training.dtype
+    }
+
+    fn buckets(&self) -> &'p [Bucket] {
+        &self.pl.buckets[self.stage as usize]
+    }
+
+    fn vstage(&self, chunk: u32) -> u32 {
+        self.s().parallel.pipeline().vstage(chunk, self.stage)
+    }
+
+    /// A chunk's persistent parameter buffer (`persistent_state` allocates params, grads,
+    /// optimizer state per chunk, in that order).
+    fn params_buf(&self, chunk: u32) -> BufId {
+        self.persistent[chunk as usize * 3]
+    }
+
+    /// A chunk's persistent gradient buffer.
+    fn grads_buf(&self, chunk: u32) -> BufId {
+        self.persistent[chunk as usize * 3 + 1]
+    }
+
+    fn layers(&self, chunk: u32) -> std::ops::Range<u32> {
+        self.s().parallel.chunk_layers(&self.s().model, self.vstage(chunk))
+    }
+
+    /// Bytes of the residual stream of one microbatch on one rank (a pipeline message).
+    fn residual_bytes(&self) -> u64 {
+        let m = &self.s().model;
+        let p = &self.s().parallel;
+        let full = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes();
+        if self.sp { full / p.tp as u64 } else { full }
+    }
+
+    /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective.
+    fn tensor_bytes(&self) -> u64 {
+        let m = &self.s().model;
+        self.s().parallel.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes()
+    }
+
+    fn lower(&mut self) {
+        let p = self.s().parallel.clone();
+        self.persistent_state();
+        let table = schedule::table(p.schedule, p.pp, p.vpp, p.microbatches(), self.stage);
+        for slot in table {
+            match slot.pass {
+                Pass::Forward => self.forward(slot.chunk, slot.mb),
+                Pass::Backward => self.backward(slot.chunk, slot.mb, false),
+                Pass::BackwardInput => self.backward(slot.chunk, slot.mb, true),
+                Pass::BackwardWeight => self.backward_weight(slot.chunk, slot.mb),
+            }
+        }
+        self.end_of_step();
+        debug_assert!(self.act.is_empty() && self.recompute.is_empty(), "activation buffers left alive");
+    }
+
+    /// Parameters, gradients and optimizer state, per chunk, for the whole run.
+    fn persistent_state(&mut self) {
+        let p = self.s().parallel.clone();
+        let (w, g, k) = state_bytes_per_param(self.dtype());
+        let dp = p.dp as u64;
+        for chunk in 0..p.vpp {
+            let params: u64 = self.buckets().iter().filter(|b| b.chunk == chunk).map(|b| b.params).sum();
+            let shard = params.div_ceil(dp);
+            let weights = if p.zero >= 3 { shard * w } else { params * w };
+            let grads = if p.zero >= 2 { shard * g } else { params * g };
+            let optim = if p.zero >= 1 { shard * k } else { params * k };
+            for (class, bytes, what) in [
+                (BufClass::Params, weights, "params"),
+                (BufClass::Grads, grads, "grads"),
+                (BufClass::OptimizerState, optim, "optimizer"),
+            ] {
+                let (buf, op) = self.e.alloc(Stream::Compute, &[], class, bytes, format!("{what} c{chunk}"));
+                self.persistent.push(buf);
+                self.persistent_alloc.insert(buf, op);
+            }
+        }
+        // ZeRO-1/2 overlapped: gather the shards the previous step updated, under the forward,
+        // in the order the forward needs them (chunks in order, each chunk's buckets — kept in
+        // backward order — reversed).
+        if (1..=2).contains(&p.zero) && p.overlap_param_gather {
+            let mut order: Vec<usize> = (0..self.buckets().len()).collect();
+            order.sort_by_key(|i| (self.buckets()[*i].chunk, std::cmp::Reverse(self.buckets()[*i].index)));
+            for i in order {
+                let op = self.param_bucket_gather(i, &[]);
+                self.param_ready.insert(i, op);
+            }
+        }
+    }
+}

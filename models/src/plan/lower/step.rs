@@ -1,0 +1,87 @@
+//! The end of a step: the deferred gradient reductions, the tied-embedding gradient
+//! all-reduce between the first and the last stage, the all-reduce of the replicated
+//! tensors' gradients under sequence parallelism, the global gradient-norm all-reduce, and
+//! the optimizer step (followed, for ZeRO-1/2 without overlap, by the parameter gathers).
+
+use crate::accounting::memory::state_bytes_per_param;
+use crate::accounting::params::layer_params;
+use crate::plan::ir::*;
+use crate::plan::lower::{StageLowering, unit_params};
+use crate::plan::lowered::Unit;
+
+impl<'p, 'a> StageLowering<'p, 'a> {
+    pub(super) fn end_of_step(&mut self) {
+        let p = self.s().parallel.clone();
+        let last_compute = self.last_compute.expect("a step computes");
+        for (b, mb, deps) in std::mem::take(&mut self.deferred_grad_reduce) {
+            let mut d = deps;
+            d.push(last_compute);
+            self.grad_reduce(b, mb, &d, None);
+        }
+        let mut sync: Vec<OpId> = self.dp_ops.clone();
+        sync.push(last_compute);
+        // Tied embeddings: sum the two copies' gradients (the ZeRO shard of them).
+        let m = &self.s().model;
+        if m.tied_embeddings() && p.pp > 1 && (self.stage == 0 || self.stage == p.pp - 1) {
+            let rows = unit_params(self.s(), Unit::WordEmbedding);
+            let rows = if p.zero >= 1 { rows.div_ceil(p.dp as u64) } else { rows };
+            let bytes = rows * state_bytes_per_param(self.dtype()).1;
+            // The word embedding lives in chunk 0 of the first stage and the last chunk of the last.
+            let grads = self.grads_buf(if self.stage == 0 { 0 } else { p.vpp - 1 });
+            let op = self.collective(
+                Stream::Dp,
+                &sync,
+                &[grads],
+                CollKind::AllReduce,
+                GroupKind::Embedding,
+                bytes,
+                CollPurpose::TiedEmbeddingGrad,
+            );
+            sync.push(op);
+        }
+        // Sequence parallelism leaves the replicated tensors' gradients partial per tp rank.
+        if p.sequence_parallel && p.tp > 1 {
+            let m = &self.s().model;
+            let per_layer = layer_params(m).replicated;
+            let mut params: u64 = (0..p.vpp).map(|c| self.layers(c).len() as u64 * per_layer).sum();
+            if self.stage == p.pp - 1 {
+                params += m.norm_params();
+            }
+            let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let bytes = owned * state_bytes_per_param(self.dtype()).1;
+            let grads: Vec<BufId> = (0..p.vpp).map(|c| self.grads_buf(c)).collect();
+            let op = self.collective(
+                Stream::Tp,
+                &sync,
+                &grads,
+                CollKind::AllReduce,
+                GroupKind::Tp,
+                bytes,
+                CollPurpose::SpReplicatedGrads,
+            );
+            sync.push(op);
+        }
+        if self.s().training.grad_clip > 0.0 {
+            let op = self.collective(
+                Stream::Dp,
+                &sync,
+                &[],
+                CollKind::AllReduce,
+                GroupKind::World,
+                4,
+                CollPurpose::GradNorm,
+            );
+            sync.push(op);
+        }
+        let cost = self.pl.optimizer_cost(self.stage);
+        let op = ComputeOp { piece: Piece::Optimizer, phase: Phase::Step, mb: 0, chunk: 0, layer: 0, cost };
+        let bufs = self.persistent.clone();
+        let step = self.e.op(Stream::Compute, &sync, &bufs, OpKind::Compute(op));
+        self.last_compute = Some(step);
+        if (1..=2).contains(&p.zero) && !p.overlap_param_gather {
+            for i in 0..self.buckets().len() {
+                self.param_bucket_gather(i, &[step]);
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Parameter accounting per ZeRO unit: how many parameters one tensor-parallel rank holds
+//! of a layer or an embedding piece ([`crate::accounting::params`] does the counting).
+
+use crate::accounting::params::{embedding_params, layer_params};
+use crate::plan::lowered::Unit;
+use crate::scenario::Scenario;
+
+/// Parameters per tensor-parallel rank in a unit.
+pub fn unit_params(s: &Scenario, unit: Unit) -> u64 {
+    let m = &s.model;
+    let t = s.parallel.tp as u64;
+    let (word, pos) = embedding_params(m);
+    match unit {
+        Unit::WordEmbedding | Unit::OutputLayer => word / t,
+        Unit::PosEmbedding => pos,
+        Unit::Layer(_) => layer_params(m).per_rank(s.parallel.tp),
+        Unit::FinalNorm => m.norm_params(),
+    }
+}
