@@ -67,6 +67,8 @@ fn describe(plan: &Plan, op: &Op) -> String {
 
 /// Verifies a plan.
 pub fn verify(plan: &Plan) -> Result<VerifyReport, VerifyError> {
+    // Every index below is in range only on a checked plan.
+    crate::plan::check::check(plan)?;
     // Structure first (the execution relies on it), then communication and deadlock (the
     // most telling failure when a message or collective is missing), then lifetimes.
     for (pi, program) in plan.programs.iter().enumerate() {
