@@ -139,8 +139,9 @@ fn check_grid(plan: &Plan) -> Result<u64, PlanError> {
             return Err(PlanError::GridDimension { field, value });
         }
     }
-    // Each factor is < 2^32, so the product of two fits a u64; the third is checked.
-    let ranks = (u64::from(g.tp) * u64::from(g.dp)).checked_mul(u64::from(g.pp)).unwrap_or(u64::MAX);
+    // Each factor is < 2^32, so the product of two fits a u64; the third saturates (and
+    // u64::MAX is over the limit too).
+    let ranks = (u64::from(g.tp) * u64::from(g.dp)).saturating_mul(u64::from(g.pp));
     if ranks > MAX_RANKS {
         return Err(PlanError::TooManyRanks { tp: g.tp, dp: g.dp, pp: g.pp, ranks });
     }
