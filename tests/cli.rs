@@ -105,6 +105,54 @@ fn plan_then_verify_and_a_corrupt_plan() {
     );
 }
 
+/// Hand-edited plans: each exits 2 with a message that names the bad value, never a panic
+/// (and never an out-of-memory abort from a grid too big to allocate).
+#[test]
+fn hand_edited_plans_are_rejected_by_value() {
+    let p = tmp("base-plan.json");
+    let out = strata(&["plan", "scenarios/tiny-gpt-cpu.toml", "--out", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let first_compute = |plan: &mut serde_json::Value| -> usize {
+        let ops = plan["programs"][1]["ops"].as_array().unwrap();
+        ops.iter().position(|o| o["kind"].get("compute").is_some()).unwrap()
+    };
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &[&str]); 7] = [
+        ("tp-zero", |v| v["grid"]["tp"] = 0.into(), &["grid.tp = 0", "at least 1"]),
+        ("pp-zero", |v| v["grid"]["pp"] = 0.into(), &["grid.pp = 0", "at least 1"]),
+        ("pp-billion", |v| v["grid"]["pp"] = 1_000_000_000.into(), &["pp = 1000000000", "4000000000 ranks", "limit"]),
+        (
+            "fewer-programs",
+            |v| drop(v["programs"].as_array_mut().unwrap().pop()),
+            &["programs.len() = 1", "grid.pp = 2"],
+        ),
+        ("no-programs", |v| v["programs"] = serde_json::json!([]), &["programs.len() = 0", "grid.pp = 2"]),
+        (
+            "rank-program-missing",
+            |v| v["rank_programs"] = serde_json::json!({ "3": 9 }),
+            &["rank_programs[3] = 9", "2 programs"],
+        ),
+        ("cost-out-of-range", |_| {}, &["programs[1].ops[", "kind.compute.cost = 4096", "must index costs"]),
+    ];
+    for (name, edit, words) in cases {
+        let mut plan = base.clone();
+        edit(&mut plan);
+        if name == "cost-out-of-range" {
+            let i = first_compute(&mut plan);
+            plan["programs"][1]["ops"][i]["kind"]["compute"]["cost"] = 4096.into();
+        }
+        let path = tmp(&format!("{name}.json"));
+        std::fs::write(&path, plan.to_string()).unwrap();
+        let out = strata(&["verify", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{name}: exit {:?}: {}", out.status.code(), err.trim_end());
+        assert_eq!(err.lines().count(), 1, "{name}: one message: {err}");
+        rejects(&out, words);
+        assert!(err.contains("is malformed"), "{name}: {err}");
+    }
+}
+
 #[test]
 fn plan_text_shows_one_op_a_line() {
     let out = strata(&["plan", "scenarios/tiny-gpt-cpu.toml", "--rank", "2"]);

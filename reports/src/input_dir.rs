@@ -20,6 +20,7 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use strata_models::plan::CheckedPlan;
 use strata_models::trace::MemSample;
 
 use crate::error::{ReportError, write_file};
@@ -76,6 +77,13 @@ pub fn load_inputs(dir: &Path) -> Result<ReportInputs, ReportError> {
 fn load_timelines(dir: &Path, p: &mut PlanComparison) -> Result<(), ReportError> {
     let t = &mut p.timelines;
     t.plan = read_json_opt(&dir.join(PLAN))?;
+    // The report indexes the plan's programs and costs by the traces' op ids: a plan edited
+    // by hand must be checked first.
+    if let Some(plan) = t.plan.take() {
+        let checked = CheckedPlan::new(plan)
+            .map_err(|e| ReportError::invalid(dir.join(PLAN).display().to_string(), e.to_string()))?;
+        t.plan = Some(checked.into_inner());
+    }
     t.predicted_trace = read_json_opt(&dir.join(PREDICTED_TRACE))?;
     t.measured_trace = read_json_opt(&dir.join(MEASURED_TRACE))?;
     for (name, samples) in [(PREDICTED_MEMORY, &mut t.predicted_memory), (MEASURED_MEMORY, &mut t.measured_memory)] {

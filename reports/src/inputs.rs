@@ -16,7 +16,7 @@ use strata_models::plan::Plan;
 use strata_models::trace::{MemSample, Trace};
 
 use crate::error::ReportError;
-use crate::op_kinds::{OpCategory, op_times};
+use crate::op_kinds::{OpTime, op_times};
 
 /// Everything one report shows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -98,17 +98,6 @@ impl ScenarioSummary {
 pub struct RankBytes {
     pub rank: u32,
     pub bytes: u64,
-}
-
-/// Predicted and measured seconds per step spent in one kind of op (mean over ranks).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpTime {
-    /// `attn fwd`, `mlp bwd-in`, `all-reduce tp`, `send act` …
-    pub kind: String,
-    pub category: OpCategory,
-    pub predicted_s: f64,
-    pub measured_s: f64,
 }
 
 /// The timelines behind a comparison: optional, large, stored in files of their own.

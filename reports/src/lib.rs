@@ -22,8 +22,7 @@ pub use chrome_trace::chrome_trace_json;
 pub use error::ReportError;
 pub use input_dir::{load_inputs, save_inputs};
 pub use inputs::{
-    ComparisonSet, LandscapeCell, OpTime, PlanComparison, RankBytes, ReportInputs, ScenarioSummary, SearchLandscape,
-    Timelines,
+    ComparisonSet, LandscapeCell, PlanComparison, RankBytes, ReportInputs, ScenarioSummary, SearchLandscape, Timelines,
 };
-pub use op_kinds::{OpCategory, OpKindKey, op_seconds, op_times};
+pub use op_kinds::{OpCategory, OpKindKey, OpTime, op_seconds, op_times};
 pub use report::{ReportFiles, ReportSource, build_report};

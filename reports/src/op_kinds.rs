@@ -5,6 +5,9 @@
 //! Seconds per kind are summed over a trace's spans and divided by the number of ranks the
 //! trace covers: the mean time one rank spends in that kind of op per step. For
 //! communication that includes waiting for the peers, as a timeline shows it.
+//!
+//! This module uses no other module of the crate: [`crate::inputs`] builds on it (an
+//! [`OpTime`] row lives here, beside the kinds it is keyed by), never the reverse.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +16,16 @@ use strata_models::plan::{CollKind, GroupKind, Op};
 use strata_models::plan::{OpKind, P2pKind, Phase, Piece, Plan};
 use strata_models::trace::Trace;
 
-use crate::inputs::OpTime;
+/// Predicted and measured seconds per step spent in one kind of op (mean over ranks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpTime {
+    /// `attn fwd`, `mlp bwd-in`, `all-reduce tp`, `send act` …
+    pub kind: String,
+    pub category: OpCategory,
+    pub predicted_s: f64,
+    pub measured_s: f64,
+}
 
 /// Broad class of an op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -25,7 +25,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use thiserror::Error;
 
-use crate::shard::Micro;
+use crate::micro::Micro;
 
 /// Peakedness of the random transition weights: the largest is up to e^4 ≈ 55× the smallest.
 const PEAK: f64 = 4.0;

@@ -15,8 +15,9 @@
 //! rank, so the replicated position tables stay in sync without communication.
 
 use crate::error::RuntimeError;
+use crate::micro::Micro;
 use crate::params::{EmbedGrads, EmbedParams};
-use crate::shard::{Micro, ShardDims};
+use crate::shard::ShardDims;
 
 /// Checks that every token id is below `vocab`: token ids are user data.
 pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<(), RuntimeError> {

@@ -168,8 +168,9 @@ mod tests {
     use super::*;
     use crate::embed::{embed_backward, embed_forward};
     use crate::gradcheck::{Probe, check_directional, seeded_vec};
+    use crate::micro::Micro;
     use crate::params::{ChunkSpec, ParamLayout};
-    use crate::shard::{Micro, TpRank};
+    use crate::shard::TpRank;
 
     const MB: Micro = Micro { batch: 2, seq: 3 };
 

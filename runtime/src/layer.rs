@@ -40,8 +40,9 @@ use crate::kernels::{
     add_bias, add_into, col_sum_into, gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,
 };
 use crate::matmul::{MatMut, MatRef, Transpose, matmul};
+use crate::micro::Micro;
 use crate::params::{LayerGrads, LayerParams};
-use crate::shard::{Micro, ShardDims};
+use crate::shard::ShardDims;
 use crate::tensor::Tensor;
 
 /// What one layer saves for one microbatch. Shapes: T tokens, Tl rows of the residual

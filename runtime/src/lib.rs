@@ -92,6 +92,7 @@ pub mod head;
 pub mod kernels;
 pub mod layer;
 pub mod matmul;
+pub mod micro;
 pub mod optim;
 pub mod params;
 pub mod reference;

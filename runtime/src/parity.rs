@@ -23,8 +23,9 @@ use crate::head::{
     logits_forward, loss_forward,
 };
 use crate::layer::*;
+use crate::micro::Micro;
 use crate::params::{ChunkSpec, ParamLayout, TpSplit};
-use crate::shard::{Micro, TpRank};
+use crate::shard::TpRank;
 
 const MB: Micro = Micro { batch: 2, seq: 6 };
 const H: usize = 16;

@@ -27,9 +27,10 @@ use crate::head::{
     logits_forward, loss_forward,
 };
 use crate::layer::*;
+use crate::micro::Micro;
 use crate::optim::{AdamW, AdamWConfig, ZeroShard, clip_scale, scale_in_place};
 use crate::params::{ChunkSpec, ParamLayout};
-use crate::shard::{Micro, TpRank};
+use crate::shard::TpRank;
 
 /// What the reference trainer does per step.
 #[derive(Clone, Debug, PartialEq)]

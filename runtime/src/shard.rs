@@ -120,20 +120,6 @@ impl ShardDims {
     }
 }
 
-/// One microbatch's shape: `batch` sequences of `seq` tokens, flattened to T = batch·seq
-/// rows; row i holds position i mod seq.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Micro {
-    pub batch: usize,
-    pub seq: usize,
-}
-
-impl Micro {
-    pub fn tokens(&self) -> usize {
-        self.batch * self.seq
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,9 +130,9 @@ fn every_split_gives_the_single_rank_loss_curve() {
 /// losses bit for bit.
 #[test]
 fn one_rank_plan_equals_the_reference_trainer() {
+    use strata_runtime::micro::Micro;
     use strata_runtime::optim::AdamWConfig;
     use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
-    use strata_runtime::shard::Micro;
     let s = common::scenario(&[]);
     let interp = common::train(&[], &common::options(5)).unwrap().losses();
     let cfg = TrainConfig {

@@ -261,8 +261,11 @@ pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<
     let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); n];
     for round in 0..cfg.runs.max(1) {
         for (i, s) in cfg.plans.iter().enumerate() {
-            let corpus =
-                corpora.iter().find(|(k, _)| *k == (s.model.vocab, s.training.seed)).expect("made above").1.clone();
+            let corpus = corpora
+                .iter()
+                .find(|(k, _)| *k == (s.model.vocab, s.training.seed))
+                .map(|(_, c)| c.clone())
+                .with_context(|| format!("no corpus was made for plan {}", s.name))?;
             let mut attempt = 0;
             let m = loop {
                 let meter = CpuMeter::now();
@@ -296,7 +299,7 @@ pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<
     let mut plans = Vec::new();
     let mut loads = Vec::new();
     for (i, ((trace, plan), mut r)) in predicted.into_iter().zip(runs).enumerate() {
-        let last = r.pop().expect("at least one run");
+        let last = r.pop().context("a plan was measured no times")?;
         let mut seconds: Vec<f64> = r.iter().flat_map(|m| m.seconds.iter().copied()).collect();
         seconds.extend(&last.seconds);
         let load = r

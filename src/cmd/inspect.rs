@@ -173,8 +173,10 @@ fn text(r: &Report) -> String {
             if st.fits { "yes" } else { "NO" }
         );
     }
-    if !r.fits {
-        let worst = r.stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes)).expect("at least one stage");
+    // A job that does not fit has a stage that does not.
+    if !r.fits
+        && let Some(worst) = r.stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes))
+    {
         let _ = writeln!(
             o,
             "\nDoes not fit: stage {} needs {} more than the GPU's {}. Try more pipeline stages, a higher ZeRO stage, recompute = \"selective\" or \"full\", or a smaller micro_batch.",

@@ -72,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({elapsed})")
-            .expect("valid template")
+            .context("the progress bar's template")?
             .progress_chars("=> "),
     );
     let start = Instant::now();
@@ -159,8 +159,10 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}",
             "#", "split", "memory", "step (s)", "tokens/s", "MFU", "compute", "tp", "dp", "pp", "bubble", "optim"
         );
-        for (rank, c) in top_rows(r, top).iter().enumerate() {
-            let rep = c.report.as_ref().expect("ranked candidates are simulated");
+        // Ranked candidates are simulated; one without a report has no row to show.
+        for (rank, (c, rep)) in
+            top_rows(r, top).iter().filter_map(|c| c.report.as_ref().map(|rep| (c, rep))).enumerate()
+        {
             let b = &rep.breakdown_s;
             let pct = |x: f64| 100.0 * x / rep.step_time_s;
             let peak = rep.peak_memory_bytes.iter().copied().max().unwrap_or(0);

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use strata_models::plan::{self, Plan};
+use strata_models::plan::{self, CheckedPlan, Plan};
 
 use crate::common;
 
@@ -22,6 +22,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::read_to_string(&args.plan).with_context(|| format!("cannot read plan {}", args.plan.display()))?;
     let plan: Plan = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a Strata plan (JSON from `strata plan --out`)", args.plan.display()))?;
+    // A hand-edited plan may index past its tables; check its shape before anything reads it.
+    let plan = CheckedPlan::new(plan).with_context(|| format!("plan {} is malformed", args.plan.display()))?;
     let report = plan::verify(&plan).with_context(|| format!("plan {} is invalid", args.plan.display()))?;
     if args.json {
         return common::print_json(&report);

@@ -1,7 +1,9 @@
 //! `cargo xtask`: the project's automation, needing nothing but cargo.
 //!
-//! - `ci` — what CI runs: format check, clippy with `-D warnings`, the test suite, and the
-//!   `cuda` feature's build on a machine without CUDA;
+//! - `ci` — what CI runs, exactly: it runs `.ci/run`, the one list of CI steps (toolchain,
+//!   system packages, format check, clippy with `-D warnings` with and without the `cuda`
+//!   feature, the test suite, the main job, its report in headless Chromium, the MPI
+//!   jobs). Steps live only in that script, so the two cannot drift apart;
 //! - `bench` — the speed and memory targets of the issues, each measured in its own
 //!   process (so peak memory is that benchmark's alone), printed as figures;
 //! - `validate` — predicted against measured on this machine: calibrate, run a dozen splits
@@ -24,7 +26,7 @@ fn main() -> anyhow::Result<()> {
         Some("validate") => validate::validate(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            format check, clippy -D warnings, tests, cuda build check\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
+                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")
@@ -41,10 +43,15 @@ pub(crate) fn cargo(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `.ci/run`, the single source of CI's steps (it installs system packages with
+/// apt-get where there is one, as CI's machine needs).
 fn ci() -> anyhow::Result<()> {
-    cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    cargo(&["test", "--release", "--workspace"])?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/run");
+    eprintln!("$ bash {}", script.display());
+    let status = Command::new("bash").arg(&script).status().context("running .ci/run with bash")?;
+    if !status.success() {
+        bail!(".ci/run failed ({status})");
+    }
     Ok(())
 }
 

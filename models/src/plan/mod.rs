@@ -2,8 +2,12 @@
 //!
 //! [`ir`] defines the op types (the contract with the backends), [`grid`] the rank grid,
 //! [`schedule`] the pipeline tables, [`cost`] what each model piece costs, [`lowered`] the
-//! lowered plan the backends consume, [`lower`] the lowering itself.
+//! lowered plan the backends consume, [`lower`] the lowering itself; [`check`] proves the
+//! shape of a plan read from outside (every index in range, every size bounded),
+//! [`verify`] its communication and buffer lifetimes, and [`exec`] is the execution
+//! semantics every backend drives.
 
+pub mod check;
 pub mod cost;
 pub mod exec;
 pub mod grid;
@@ -14,6 +18,7 @@ pub mod schedule;
 pub mod text;
 pub mod verify;
 
+pub use check::{CheckedPlan, PlanError};
 pub use grid::{Coord, Pipeline, RankGrid};
 pub use ir::*;
 pub use lower::{Planner, lower, unit_params};

@@ -27,7 +27,7 @@ use crate::plan::exec::{
     ActorMap, Arrival, Cursor, MessageError, Next, OpState, ProgramGraph, Rendezvous, Wake, pair_messages,
 };
 use crate::plan::ir::*;
-use crate::plan::lower::Plan;
+use crate::plan::Plan;
 
 /// What a verified plan looks like.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -70,6 +70,8 @@ fn describe(plan: &Plan, op: &Op) -> String {
 
 /// Verifies a plan.
 pub fn verify(plan: &Plan) -> Result<VerifyReport, VerifyError> {
+    // Every index below is in range only on a checked plan.
+    crate::plan::check::check(plan)?;
     // Structure first (the execution relies on it), then communication and deadlock (the
     // most telling failure when a message or collective is missing), then lifetimes.
     for (pi, program) in plan.programs.iter().enumerate() {

@@ -6,7 +6,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{CategoryAxis, DrawResult, Figure, MEASURED, MUTED, PREDICTED, font, nice_max, pct, tick, time_unit};
-use crate::inputs::{OpTime, PlanComparison};
+use crate::inputs::PlanComparison;
+use crate::op_kinds::OpTime;
 use crate::table::{Cell, Table};
 
 pub struct OpBarsPlot {

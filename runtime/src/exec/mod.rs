@@ -60,9 +60,10 @@ use crate::data::{Batch, Corpus};
 use crate::error::RuntimeError;
 use crate::head::HeadActs;
 use crate::layer::LayerActs;
+use crate::micro::Micro;
 use crate::optim::{AdamW, AdamWConfig, ZeroShard};
 use crate::params::{ChunkSpec, ParamLayout};
-use crate::shard::{Micro, TpRank};
+use crate::shard::TpRank;
 use pool::{BufKey, Pool};
 use units::{BucketInfo, UnitVecs, chunk_buckets, read_segment, split_units};
 
