@@ -271,48 +271,56 @@ impl ParallelConfig {
             );
         }
         let m = p.microbatches();
-        match p.schedule {
-            Schedule::Interleaved => {
-                if p.vpp < 2 {
-                    bad(
-                        "interleaved-needs-vpp",
-                        format!(
-                            "parallel.schedule = \"interleaved\" with parallel.vpp = {}: interleaving needs vpp ≥ 2 model chunks per stage",
-                            p.vpp
-                        ),
-                    );
-                }
-                if p.pp < 2 {
-                    bad(
-                        "interleaved-needs-pp",
-                        format!(
-                            "parallel.schedule = \"interleaved\" with parallel.pp = {}: interleaving needs a pipeline (pp ≥ 2)",
-                            p.pp
-                        ),
-                    );
-                }
-                if m > 0 && !m.is_multiple_of(p.pp) {
-                    bad(
-                        "interleaved-microbatches",
-                        format!(
-                            "parallel.schedule = \"interleaved\" needs microbatches divisible by pp: global_batch / (micro_batch · dp) = {} / ({} · {}) = {} is not a multiple of pp = {}",
-                            p.global_batch, p.micro_batch, p.dp, m, p.pp
-                        ),
-                    );
-                }
+        // A chunked schedule (interleaving) needs chunks, a pipeline and groups of pp
+        // microbatches; every other schedule runs one chunk per stage.
+        let s = p.schedule;
+        if s.chunked() {
+            if p.vpp < 2 {
+                bad(
+                    "interleaved-needs-vpp",
+                    format!(
+                        "parallel.schedule = \"{}\" with parallel.vpp = {}: interleaving needs vpp ≥ 2 model chunks per stage",
+                        s.key(),
+                        p.vpp
+                    ),
+                );
             }
-            s => {
-                if p.vpp != 1 {
-                    bad(
-                        "vpp-needs-interleaved",
-                        format!(
-                            "parallel.vpp = {} with parallel.schedule = \"{}\": model chunks (vpp > 1) need schedule = \"interleaved\"",
-                            p.vpp,
-                            s.key()
-                        ),
-                    );
-                }
+            if p.pp < 2 {
+                bad(
+                    "interleaved-needs-pp",
+                    format!(
+                        "parallel.schedule = \"{}\" with parallel.pp = {}: interleaving needs a pipeline (pp ≥ 2)",
+                        s.key(),
+                        p.pp
+                    ),
+                );
             }
+            if m > 0 && !m.is_multiple_of(p.pp) {
+                bad(
+                    "interleaved-microbatches",
+                    format!(
+                        "parallel.schedule = \"{}\" needs microbatches divisible by pp: global_batch / (micro_batch · dp) = {} / ({} · {}) = {} is not a multiple of pp = {}",
+                        s.key(),
+                        p.global_batch,
+                        p.micro_batch,
+                        p.dp,
+                        m,
+                        p.pp
+                    ),
+                );
+            }
+        } else if p.vpp != 1 {
+            let chunked: Vec<String> =
+                Schedule::ALL.iter().filter(|c| c.chunked()).map(|c| format!("\"{}\"", c.key())).collect();
+            bad(
+                "vpp-needs-interleaved",
+                format!(
+                    "parallel.vpp = {} with parallel.schedule = \"{}\": model chunks (vpp > 1) need schedule = {}",
+                    p.vpp,
+                    s.key(),
+                    chunked.join(" or ")
+                ),
+            );
         }
         if p.zero > 3 {
             bad(

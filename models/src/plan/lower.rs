@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounting::memory::{has_dropout, layer_activation_bytes, layer_activation_parts, state_bytes_per_param};
 use crate::accounting::params::{embedding_params, layer_params};
-use crate::parallel::{Recompute, Schedule};
+use crate::parallel::Recompute;
 use crate::plan::cost::{optimizer_cost, piece_cost};
 use crate::plan::grid::RankGrid;
 use crate::plan::ir::*;
@@ -637,7 +637,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 0
             };
             // Under ZB the embedding's weight pass runs later from the saved output gradient.
-            let saved_grad = if p.schedule == Schedule::ZbH1 { self.residual_bytes() } else { 0 };
+            let saved_grad = if p.schedule.splits_backward() { self.residual_bytes() } else { 0 };
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, mask + saved_grad, format!("embed mb{mb}"));
             self.embed_buf.insert(mb, buf);
@@ -864,7 +864,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             self.unit_done(chunk, if tied { Unit::WordEmbedding } else { Unit::OutputLayer }, mb, op);
         }
         // Under ZB the weight half runs last; otherwise FinalNorm's backward frees the buffer.
-        if self.s().parallel.schedule == Schedule::ZbH1 {
+        if self.s().parallel.schedule.splits_backward() {
             let b = self.head_buf.remove(&mb).expect("head buffer");
             self.e.free(Stream::Compute, &[op], b);
         }

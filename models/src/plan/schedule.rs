@@ -60,11 +60,164 @@ pub struct Slot {
 /// multiple of pp).
 pub fn table(schedule: Schedule, pp: u32, vpp: u32, m: u32, stage: u32) -> Vec<Slot> {
     assert!(stage < pp && m > 0 && vpp > 0, "schedule table of stage {stage} of {pp}, m = {m}, v = {vpp}");
-    match schedule {
-        Schedule::Gpipe => gpipe(m),
-        Schedule::OneFOneB => one_f_one_b(pp, m, stage),
-        Schedule::Interleaved => interleaved(pp, vpp, m, stage),
-        Schedule::ZbH1 => zb_h1(pp, m, stage),
+    (schedule.spec().table)(pp, vpp, m, stage)
+}
+
+/// Everything a consumer needs about a schedule besides its table, defined beside the
+/// table so that memory accounting, the search estimate and lowering never match on
+/// schedule names. Closed forms here are checked against the tables by the tests below.
+pub struct Spec {
+    /// The table of one stage: (pp, vpp, m, stage) → slots.
+    table: fn(u32, u32, u32, u32) -> Vec<Slot>,
+    /// Whether the table runs several model chunks per stage. Such a schedule needs
+    /// vpp ≥ 2, a pipeline (pp ≥ 2) and m a multiple of pp (its groups of p microbatches);
+    /// every other schedule needs vpp = 1.
+    pub chunked: bool,
+    /// Microbatch-chunks whose activations one stage holds at its peak, from a forward to
+    /// the pass that frees them (the backward, or the weight pass when split): a closed form
+    /// of the table's peak, (pp, vpp, m, stage) → count.
+    in_flight: fn(u32, u32, u32, u32) -> u64,
+    /// Microbatches whose embedding buffers (first stage) or output-layer buffers (last
+    /// stage) are alive at once: (pp, vpp, m, stage) → count.
+    edge_in_flight: fn(u32, u32, u32, u32) -> u64,
+    /// The bubble the search estimate adds to m · max_i X_i.
+    bubble: Bubble,
+    /// Short name in search labels; chunked schedules append vpp (`int2`).
+    pub label: &'static str,
+    /// What running this split under Megatron-LM takes beyond the stock arguments.
+    pub megatron_note: Option<&'static str>,
+}
+
+/// Closed forms of a schedule's bubble under a flush, in per-stage pass times.
+#[derive(Clone, Copy, Debug)]
+enum Bubble {
+    /// (p−1)/v · mean_i (F_i + B_i + W_i): every stage idles while the first microbatch
+    /// fills the pipeline and the last drains it (Narayanan et al. SC'21).
+    Fill,
+    /// (p−1) · max(0, mean_i (F_i + B_i − W_i)): deferred weight passes fill the drain
+    /// (ZB-H1, Qi et al.).
+    DeferredW,
+}
+
+/// Per-microbatch times of one stage's passes (any unit): forward, input gradient, weight
+/// gradient, over all the stage's chunks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassTimes {
+    pub f: f64,
+    pub b: f64,
+    pub w: f64,
+}
+
+static GPIPE: Spec = Spec {
+    table: |_, _, m, _| gpipe(m),
+    chunked: false,
+    in_flight: |_, _, m, _| m as u64,
+    edge_in_flight: |_, _, m, _| m as u64,
+    bubble: Bubble::Fill,
+    label: "gpipe",
+    megatron_note: None,
+};
+
+static ONE_F_ONE_B: Spec = Spec {
+    table: |pp, _, m, stage| one_f_one_b(pp, m, stage),
+    chunked: false,
+    in_flight: one_f_one_b_in_flight,
+    edge_in_flight: one_f_one_b_in_flight,
+    bubble: Bubble::Fill,
+    label: "1f1b",
+    megatron_note: None,
+};
+
+static INTERLEAVED: Spec = Spec {
+    table: interleaved,
+    chunked: true,
+    in_flight: |pp, v, m, stage| {
+        let (pp, v, m, i) = (pp as u64, v as u64, m as u64, stage as u64);
+        // With m = p Megatron-LM runs every forward before any backward.
+        if m == pp { m * v } else { ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v) }
+    },
+    // The embedding and output-layer buffers are counted as 1F1B counts them.
+    edge_in_flight: one_f_one_b_in_flight,
+    bubble: Bubble::Fill,
+    label: "int",
+    megatron_note: None,
+};
+
+static ZB_H1: Spec = Spec {
+    table: |pp, _, m, stage| zb_h1(pp, m, stage),
+    chunked: false,
+    // Deferred weight passes keep up to p microbatches on every stage (1F1B's peak).
+    in_flight: |pp, _, m, _| pp.min(m) as u64,
+    edge_in_flight: |pp, _, m, _| pp.min(m) as u64,
+    bubble: Bubble::DeferredW,
+    label: "zb-h1",
+    megatron_note: Some(
+        "ZB-H1 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --zero-bubble-v-schedule is not ZB-H1; use its --enable-zero-bubble.",
+    ),
+};
+
+fn one_f_one_b_in_flight(pp: u32, _: u32, m: u32, stage: u32) -> u64 {
+    (pp - stage).min(m) as u64
+}
+
+impl Schedule {
+    /// What consumers need about this schedule besides its table.
+    pub fn spec(self) -> &'static Spec {
+        match self {
+            Schedule::Gpipe => &GPIPE,
+            Schedule::OneFOneB => &ONE_F_ONE_B,
+            Schedule::Interleaved => &INTERLEAVED,
+            Schedule::ZbH1 => &ZB_H1,
+        }
+    }
+
+    /// Whether the schedule runs several model chunks per stage (vpp > 1).
+    pub fn chunked(self) -> bool {
+        self.spec().chunked
+    }
+
+    /// The schedule a scenario that sets vpp > 1 but no schedule gets: the first chunked
+    /// one in [`Schedule::ALL`].
+    pub fn chunked_default() -> Schedule {
+        *Schedule::ALL.iter().find(|s| s.chunked()).expect("a chunked schedule")
+    }
+
+    /// Whether the backward is split into input-gradient (B) and weight-gradient (W)
+    /// passes: read off a small table (any `BackwardWeight` slot), so it cannot disagree
+    /// with the tables lowering walks.
+    pub fn splits_backward(self) -> bool {
+        let vpp = if self.chunked() { 2 } else { 1 };
+        table(self, 2, vpp, 4, 0).iter().any(|s| s.pass == Pass::BackwardWeight)
+    }
+
+    /// Microbatch-chunks whose activations stage `stage` holds at its peak (of l/(p·v)
+    /// layers each): the peak over the table of forwards minus the passes that free their
+    /// activations (backward, or weight pass when split).
+    pub fn in_flight(self, pp: u32, vpp: u32, m: u32, stage: u32) -> u64 {
+        (self.spec().in_flight)(pp, vpp, m, stage)
+    }
+
+    /// Microbatches whose embedding buffers (first stage) or output-layer buffers (last
+    /// stage) stage `stage` holds at once.
+    pub fn edge_in_flight(self, pp: u32, vpp: u32, m: u32, stage: u32) -> u64 {
+        (self.spec().edge_in_flight)(pp, vpp, m, stage)
+    }
+
+    /// The pipeline bubble of one step under a flush, in the unit of `stages` (one entry
+    /// per stage, per microbatch): what the step takes beyond m · max_i (F_i + B_i + W_i)
+    /// when every stage does the same work.
+    pub fn bubble(self, pp: u32, vpp: u32, stages: &[PassTimes]) -> f64 {
+        let mean = |x: &dyn Fn(&PassTimes) -> f64| stages.iter().map(x).sum::<f64>() / stages.len() as f64;
+        match self.spec().bubble {
+            Bubble::Fill => (pp as f64 - 1.0) / vpp as f64 * mean(&|t| t.f + t.b + t.w),
+            Bubble::DeferredW => (pp as f64 - 1.0) * mean(&|t| t.f + t.b - t.w).max(0.0),
+        }
+    }
+
+    /// The label of a split's schedule in search output: `1f1b`, `int2`.
+    pub fn label(self, vpp: u32) -> String {
+        let l = self.spec().label;
+        if self.chunked() { format!("{l}{vpp}") } else { l.to_string() }
     }
 }
 
@@ -138,10 +291,24 @@ pub(crate) mod tests {
     /// stage; an input-gradient pass the next virtual stage's; a weight pass its own input
     /// pass.
     pub(crate) fn unit_makespan(schedule: Schedule, pp: u32, v: u32, m: u32, tf: u64, tb: u64, tw: u64) -> u64 {
+        unit_spans(schedule, pp, v, m, tf, tb, tw).iter().map(|s| s.1).max().expect("pp > 0")
+    }
+
+    /// Like [`unit_makespan`], but each stage's (start of its first pass, end of its last).
+    pub(crate) fn unit_spans(
+        schedule: Schedule,
+        pp: u32,
+        v: u32,
+        m: u32,
+        tf: u64,
+        tb: u64,
+        tw: u64,
+    ) -> Vec<(u64, u64)> {
         use std::collections::BTreeMap;
         let tables: Vec<Vec<Slot>> = (0..pp).map(|i| table(schedule, pp, v, m, i)).collect();
         let mut done: BTreeMap<(u8, u32, u32), u64> = BTreeMap::new(); // (pass, mb, vstage) -> finish
         let mut clock = vec![0u64; pp as usize];
+        let mut first = vec![None; pp as usize];
         let mut next = vec![0usize; pp as usize];
         let key = |pass: Pass| match pass {
             Pass::Forward => 0u8,
@@ -174,6 +341,7 @@ pub(crate) mod tests {
                         Pass::BackwardWeight => tw,
                     };
                     let start = clock[i].max(r).max(f);
+                    first[i].get_or_insert(start);
                     clock[i] = start + dur;
                     done.insert((key(s.pass), s.mb, vs), clock[i]);
                     next[i] += 1;
@@ -182,9 +350,98 @@ pub(crate) mod tests {
             }
             if !progressed {
                 assert!(next.iter().zip(&tables).all(|(n, t)| *n == t.len()), "schedule {schedule:?} deadlocks");
-                return *clock.iter().max().expect("pp > 0");
+                return first.iter().zip(&clock).map(|(f, c)| (f.expect("a stage runs passes"), *c)).collect();
             }
         }
+    }
+
+    /// The peak over a stage's table of microbatch-chunks alive: a forward starts one, the
+    /// pass that frees its activations (the backward, or the weight pass when split) ends it.
+    fn table_peak(schedule: Schedule, pp: u32, v: u32, m: u32, stage: u32) -> u64 {
+        let (mut live, mut peak) = (0u64, 0u64);
+        for s in table(schedule, pp, v, m, stage) {
+            match s.pass {
+                Pass::Forward => live += 1,
+                Pass::Backward | Pass::BackwardWeight => live -= 1,
+                Pass::BackwardInput => {}
+            }
+            peak = peak.max(live);
+        }
+        peak
+    }
+
+    /// Shapes every schedule's closed forms are checked at: (pp, vpp, m), vpp ignored by
+    /// single-chunk schedules, m a multiple of pp where a schedule needs it.
+    fn shapes(schedule: Schedule) -> Vec<(u32, u32, u32)> {
+        let mut out = Vec::new();
+        for pp in [1, 2, 3, 4, 8] {
+            for m in [1, 2, 3, 4, 5, 8, 9, 16, 24] {
+                if schedule.chunked() {
+                    if pp >= 2 && m % pp == 0 {
+                        out.extend([2, 3].map(|v| (pp, v, m)));
+                    }
+                } else {
+                    out.push((pp, 1, m));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn in_flight_closed_forms_are_the_table_peaks() {
+        for sched in Schedule::ALL {
+            for (pp, v, m) in shapes(sched) {
+                for i in 0..pp {
+                    let peak = table_peak(sched, pp, v, m, i);
+                    assert_eq!(sched.in_flight(pp, v, m, i), peak, "{sched:?} p={pp} v={v} m={m} stage {i}");
+                    if !sched.chunked() {
+                        // One chunk: the embedding and head buffers live as long as the stage's
+                        // activations.
+                        assert_eq!(sched.edge_in_flight(pp, v, m, i), peak, "{sched:?} p={pp} m={m} stage {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn splits_backward_is_read_off_the_table() {
+        for sched in Schedule::ALL {
+            for (pp, v, m) in shapes(sched) {
+                let any_w = (0..pp).any(|i| table(sched, pp, v, m, i).iter().any(|s| s.pass == Pass::BackwardWeight));
+                assert_eq!(sched.splits_backward(), any_w, "{sched:?} p={pp} v={v} m={m}");
+            }
+        }
+    }
+
+    #[test]
+    fn search_bubble_is_the_table_makespan_at_unit_times() {
+        // With every stage alike and T_F = T_B = T_W, the estimate's bubble is exactly what the
+        // tables take beyond m · (T_F + T_B + T_W) (m ≥ p, where the closed forms hold).
+        for sched in Schedule::ALL {
+            for (pp, v, m) in shapes(sched).into_iter().filter(|(pp, _, m)| m >= pp) {
+                let k = 6 * v as u64;
+                let times = vec![PassTimes { f: k as f64, b: k as f64, w: k as f64 }; pp as usize];
+                let chunk = k / v as u64;
+                let span = unit_makespan(sched, pp, v, m, chunk, chunk, chunk);
+                let ideal = 3 * k * m as u64;
+                let bubble = sched.bubble(pp, v, &times);
+                assert!(
+                    (bubble - (span - ideal) as f64).abs() < 1e-9,
+                    "{sched:?} p={pp} v={v} m={m}: estimate {bubble}, table {}",
+                    span - ideal
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn labels_and_the_chunked_default() {
+        assert_eq!(Schedule::Interleaved.label(2), "int2");
+        assert_eq!(Schedule::OneFOneB.label(1), "1f1b");
+        assert_eq!(Schedule::chunked_default(), Schedule::Interleaved);
+        assert!(Schedule::ALL.iter().all(|s| s.chunked() || s.label(1) == s.key()));
     }
 
     #[test]
