@@ -33,10 +33,15 @@ pub enum Schedule {
     /// W deferred to fill the cool-down bubble at 1F1B's memory (Qi et al. 2023).
     #[serde(rename = "zb-h1")]
     ZbH1,
+    /// Zero-bubble H2: ZB-H1 with up to 2p − 1 microbatches in flight, so that no stage idles
+    /// between its first and last pass (Qi et al. 2023).
+    #[serde(rename = "zb-h2")]
+    ZbH2,
 }
 
 impl Schedule {
-    pub const ALL: [Schedule; 4] = [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1];
+    pub const ALL: [Schedule; 5] =
+        [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1, Schedule::ZbH2];
 
     pub fn key(self) -> &'static str {
         match self {
@@ -44,6 +49,7 @@ impl Schedule {
             Schedule::OneFOneB => "1f1b",
             Schedule::Interleaved => "interleaved",
             Schedule::ZbH1 => "zb-h1",
+            Schedule::ZbH2 => "zb-h2",
         }
     }
 }

@@ -16,6 +16,14 @@
 //!   until stage i has more than i of them pending, the rest at the end. With
 //!   T_F = T_B = T_W the bubble is (p−1)/(3m) and no stage holds more than p microbatches,
 //!   1F1B's peak.
+//! - **ZB-H2** (same paper, §2.2 and Figure 3): stage i runs min(2(p−i)−1, m) warm-up
+//!   forwards, then for each microbatch its input-gradient pass, the weight passes pending
+//!   beyond 2i, and the next forward; the rest of the weight passes at the end. Every stage
+//!   holds up to 2p − 1 microbatches, and no stage idles between its first and last pass:
+//!   the paper's bubble (p−1)(T_F + T_B − 2T_W) is 0 with T_F = T_B = T_W, once the
+//!   optimizer step no longer synchronises the stages. Under a flush (one step, as
+//!   simulated here) the last stage still starts (p−1)·T_F late, so the step's bubble is
+//!   (p−1)·T_F there, ZB-H1's, at twice its memory; ZB-H2 gains where T_B > T_W.
 //!
 //! Non-zero-bubble schedules run the backward as one pass (`Pass::Backward`: input and
 //! weight gradients back to back).
@@ -97,6 +105,10 @@ enum Bubble {
     /// (p−1) · max(0, mean_i (F_i + B_i − W_i)): deferred weight passes fill the drain
     /// (ZB-H1, Qi et al.).
     DeferredW,
+    /// (p−1) · max(mean_i F_i, mean_i (F_i + B_i − 2·W_i)): twice the weight passes fill
+    /// the drain, but under a flush the last stage still waits (p−1)·T_F for its first
+    /// forward (ZB-H2).
+    DeferredTwoW,
 }
 
 /// Per-microbatch times of one stage's passes (any unit): forward, input gradient, weight
@@ -156,6 +168,20 @@ static ZB_H1: Spec = Spec {
     ),
 };
 
+static ZB_H2: Spec = Spec {
+    table: |pp, _, m, stage| zb_h2(pp, m, stage),
+    chunked: false,
+    // 2(p − i) − 1 warm-up forwards, then weight passes deferred while 2i are pending: every
+    // stage reaches 2p − 1 (Qi et al.'s (2p − 1)·M_B).
+    in_flight: |pp, _, m, _| (2 * pp - 1).min(m) as u64,
+    edge_in_flight: |pp, _, m, _| (2 * pp - 1).min(m) as u64,
+    bubble: Bubble::DeferredTwoW,
+    label: "zb-h2",
+    megatron_note: Some(
+        "ZB-H2 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --enable-zero-bubble with --zero-bubble-max-pending-backward set to 2·pp (its ZB-2P).",
+    ),
+};
+
 fn one_f_one_b_in_flight(pp: u32, _: u32, m: u32, stage: u32) -> u64 {
     (pp - stage).min(m) as u64
 }
@@ -168,6 +194,7 @@ impl Schedule {
             Schedule::OneFOneB => &ONE_F_ONE_B,
             Schedule::Interleaved => &INTERLEAVED,
             Schedule::ZbH1 => &ZB_H1,
+            Schedule::ZbH2 => &ZB_H2,
         }
     }
 
@@ -211,6 +238,7 @@ impl Schedule {
         match self.spec().bubble {
             Bubble::Fill => (pp as f64 - 1.0) / vpp as f64 * mean(&|t| t.f + t.b + t.w),
             Bubble::DeferredW => (pp as f64 - 1.0) * mean(&|t| t.f + t.b - t.w).max(0.0),
+            Bubble::DeferredTwoW => (pp as f64 - 1.0) * mean(&|t| t.f).max(mean(&|t| t.f + t.b - 2.0 * t.w)),
         }
     }
 
@@ -274,6 +302,26 @@ fn zb_h1(pp: u32, m: u32, stage: u32) -> Vec<Slot> {
                     t.push(slot(j, 0, Pass::BackwardWeight, s.phase));
                 }
             }
+        }
+    }
+    t.extend(pending.into_iter().map(|j| slot(j, 0, Pass::BackwardWeight, Stage::CoolDown)));
+    t
+}
+
+fn zb_h2(pp: u32, m: u32, stage: u32) -> Vec<Slot> {
+    let warm = (2 * (pp - stage) - 1).min(m);
+    let mut t: Vec<Slot> = (0..warm).map(|j| slot(j, 0, Pass::Forward, Stage::WarmUp)).collect();
+    let mut pending = std::collections::VecDeque::new();
+    for k in 0..m {
+        let phase = if warm + k < m { Stage::Steady } else { Stage::CoolDown };
+        t.push(slot(k, 0, Pass::BackwardInput, phase));
+        pending.push_back(k);
+        while pending.len() > 2 * stage as usize {
+            let j = pending.pop_front().expect("non-empty");
+            t.push(slot(j, 0, Pass::BackwardWeight, phase));
+        }
+        if warm + k < m {
+            t.push(slot(warm + k, 0, Pass::Forward, Stage::Steady));
         }
     }
     t.extend(pending.into_iter().map(|j| slot(j, 0, Pass::BackwardWeight, Stage::CoolDown)));
@@ -418,9 +466,9 @@ pub(crate) mod tests {
     #[test]
     fn search_bubble_is_the_table_makespan_at_unit_times() {
         // With every stage alike and T_F = T_B = T_W, the estimate's bubble is exactly what the
-        // tables take beyond m · (T_F + T_B + T_W) (m ≥ p, where the closed forms hold).
+        // tables take beyond m · (T_F + T_B + T_W) (m ≥ 2p, where every closed form holds).
         for sched in Schedule::ALL {
-            for (pp, v, m) in shapes(sched).into_iter().filter(|(pp, _, m)| m >= pp) {
+            for (pp, v, m) in shapes(sched).into_iter().filter(|(pp, _, m)| *m >= 2 * pp) {
                 let k = 6 * v as u64;
                 let times = vec![PassTimes { f: k as f64, b: k as f64, w: k as f64 }; pp as usize];
                 let chunk = k / v as u64;
@@ -453,10 +501,12 @@ pub(crate) mod tests {
             (Schedule::Interleaved, 4, 2, 8),
             (Schedule::Interleaved, 2, 3, 2),
             (Schedule::ZbH1, 4, 1, 8),
+            (Schedule::ZbH2, 4, 1, 8),
+            (Schedule::ZbH2, 4, 1, 5),
         ] {
             for i in 0..pp {
                 let t = table(sched, pp, v, m, i);
-                let passes = if sched == Schedule::ZbH1 { 3 } else { 2 };
+                let passes = if sched.splits_backward() { 3 } else { 2 };
                 assert_eq!(t.len() as u32, m * v * passes, "{sched:?} stage {i}");
                 for j in 0..m {
                     for c in 0..v {
@@ -508,6 +558,77 @@ pub(crate) mod tests {
                 }
                 assert!(peak <= pp as i32 && peak <= m as i32, "stage {i}: {peak}");
             }
+        }
+    }
+
+    /// Qi et al.'s Figure 3 (bottom), p = 4, m = 8, microbatches from 0: the first stage runs
+    /// 7 forwards, then B0 W0 F7, then B W pairs; the last runs F B pairs to F6 B6, then
+    /// W0 F7 B7 and the remaining weight passes.
+    #[test]
+    fn zb_h2_is_the_papers_figure() {
+        let text = |i| {
+            let t = table(Schedule::ZbH2, 4, 1, 8, i);
+            let name = |s: &Slot| {
+                let p = match s.pass {
+                    Pass::Forward => "F",
+                    Pass::BackwardInput => "B",
+                    Pass::BackwardWeight => "W",
+                    Pass::Backward => "BW",
+                };
+                format!("{p}{}", s.mb)
+            };
+            t.iter().map(name).collect::<Vec<_>>().join(" ")
+        };
+        assert_eq!(text(0), "F0 F1 F2 F3 F4 F5 F6 B0 W0 F7 B1 W1 B2 W2 B3 W3 B4 W4 B5 W5 B6 W6 B7 W7");
+        assert_eq!(text(3), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 W0 F7 B7 W1 W2 W3 W4 W5 W6 W7");
+    }
+
+    /// Qi et al. §2.2: the bubble of ZB-H2 is (p−1)(T_F + T_B − 2T_W), zero at T_F = T_B =
+    /// T_W, counted as each stage's idle time between its first and last pass (the
+    /// parallelogram, with the optimizer step's synchronisation bypassed). Under a flush the
+    /// step also waits for the last stage's late start: (p−1)·max(T_F, T_F + T_B − 2T_W),
+    /// the closed form the search estimate uses. Both need m ≥ 2p − 1 (a full warm-up).
+    #[test]
+    fn zb_h2_bubble_is_the_papers_formula() {
+        let mut measured = Vec::new();
+        for (tf, tb, tw) in [(6u64, 6u64, 6u64), (6, 12, 6), (6, 6, 3), (6, 9, 3), (12, 6, 6), (6, 6, 12)] {
+            for (pp, m) in [(2, 3), (2, 4), (3, 7), (4, 7), (4, 8), (4, 12), (8, 15), (8, 16), (8, 24)] {
+                let ideal = m as u64 * (tf + tb + tw);
+                let spans = unit_spans(Schedule::ZbH2, pp, 1, m, tf, tb, tw);
+                let idle = spans.iter().map(|(start, end)| end - start).max().unwrap() - ideal;
+                let paper = (pp as i64 - 1) * (tf as i64 + tb as i64 - 2 * tw as i64);
+                assert_eq!(idle as i64, paper.max(0), "t=({tf},{tb},{tw}) p={pp} m={m}");
+                let step = spans.iter().map(|s| s.1).max().unwrap() - ideal;
+                assert_eq!(
+                    step as i64,
+                    paper.max((pp as i64 - 1) * tf as i64),
+                    "flush t=({tf},{tb},{tw}) p={pp} m={m}"
+                );
+                let times = vec![PassTimes { f: tf as f64, b: tb as f64, w: tw as f64 }; pp as usize];
+                assert_eq!(Schedule::ZbH2.bubble(pp, 1, &times), step as f64, "t=({tf},{tb},{tw}) p={pp} m={m}");
+                // Never slower than ZB-H1 (same order of F and B, more room for W).
+                assert!(step <= unit_makespan(Schedule::ZbH1, pp, 1, m, tf, tb, tw) - ideal);
+                if tf == tb && tb == tw {
+                    measured.push(format!("p={pp} m={m}: span {} flush {}", ideal + idle, ideal + step));
+                }
+            }
+        }
+        println!("ZB-H2 at T_F = T_B = T_W = 6: {}", measured.join("; "));
+    }
+
+    /// Qi et al. §2.2: ZB-H2 holds at most 2p − 1 microbatches (its peak memory (2p−1)·M_B),
+    /// and the first stage reaches it once m ≥ 2p − 1.
+    #[test]
+    fn zb_h2_holds_at_most_2p_minus_1_microbatches() {
+        for (pp, m) in [(2, 4), (4, 8), (4, 3), (8, 16), (8, 32)] {
+            for i in 0..pp {
+                assert!(
+                    table_peak(Schedule::ZbH2, pp, 1, m, i) <= (2 * pp - 1).min(m) as u64,
+                    "p={pp} m={m} stage {i}"
+                );
+            }
+            assert_eq!(table_peak(Schedule::ZbH2, pp, 1, m, 0), (2 * pp - 1).min(m) as u64, "p={pp} m={m}");
+            assert_eq!(Schedule::ZbH2.in_flight(pp, 1, m, 0), (2 * pp - 1).min(m) as u64);
         }
     }
 }
