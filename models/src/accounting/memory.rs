@@ -360,4 +360,28 @@ mod tests {
         let g = ParallelConfig { schedule: Schedule::Gpipe, ..p };
         assert_eq!(in_flight(&g, 3), 8);
     }
+
+    /// Qi et al. §2.2: ZB-H2's first stage holds 2p − 1 microbatches' activations where
+    /// ZB-H1's holds p, each plus the one deferred weight pass's output gradients it is
+    /// about to run.
+    #[test]
+    fn zb_h2_first_stage_holds_2p_minus_1_microbatches() {
+        let text = |schedule: &str| {
+            format!(
+                "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n\
+                 [parallel]\ntp = 8\npp = 8\ndp = 16\nschedule = \"{schedule}\"\nmicro_batch = 1\n\
+                 global_batch = 1536\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n"
+            )
+        };
+        let s1 = Scenario::from_toml(&text("zb-h1"), "t", "t", &[]).unwrap();
+        let s2 = Scenario::from_toml(&text("zb-h2"), "t", "t", &[]).unwrap();
+        let (p, dtype, flash) = (&s2.parallel, s2.training.dtype, s2.training.flash_attention);
+        let act = layer_activation_bytes(&s2.model, 1, dtype, 8, true, Recompute::Selective, flash);
+        let wgrad = weight_grad_bytes(&s2.model, 1, dtype, 8);
+        let layers = p.stage_layers(&s2.model, 0) as f64;
+        let (h1, h2) = (stage_memory(&s1)[0].activations_bytes, stage_memory(&s2)[0].activations_bytes);
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+        assert!(close(h1, layers * (8.0 * act + wgrad)), "zb-h1 {h1}");
+        assert!(close(h2, layers * (15.0 * act + wgrad)), "zb-h2 {h2}");
+    }
 }
