@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use strata_models::parallel::{Recompute, Schedule};
+use strata_models::parallel::Recompute;
 use strata_models::{Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
 
