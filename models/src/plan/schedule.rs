@@ -80,7 +80,7 @@ pub fn table(schedule: Schedule, pp: u32, vpp: u32, m: u32, stage: u32) -> Vec<S
 
 /// Everything a consumer needs about a schedule besides its table, defined beside the
 /// table so that memory accounting, the search estimate and lowering never match on
-/// schedule names. Closed forms here are checked against the tables by the tests below.
+/// schedule names. Closed forms here are checked against the tables in `schedule/tests.rs`.
 pub struct Spec {
     /// The table of one stage: (pp, vpp, m, stage) → slots.
     table: fn(u32, u32, u32, u32) -> Vec<Slot>,
@@ -93,7 +93,9 @@ pub struct Spec {
     /// of the table's peak, (pp, vpp, m, stage) → count.
     in_flight: fn(u32, u32, u32, u32) -> u64,
     /// Microbatches whose embedding buffers (first stage) or output-layer buffers (last
-    /// stage) are alive at once: (pp, vpp, m, stage) → count.
+    /// stage) are alive at once: (pp, vpp, m, stage) → count. With one chunk this is the
+    /// table's peak; interleaved keeps 1F1B's count (min(p − i, m)), as memory accounting
+    /// always has, though its table holds more first-chunk microbatches during warm-up.
     edge_in_flight: fn(u32, u32, u32, u32) -> u64,
     /// The bubble the search estimate adds to m · max_i X_i.
     bubble: Bubble,
@@ -110,7 +112,9 @@ enum Bubble {
     /// fills the pipeline and the last drains it (Narayanan et al. SC'21).
     Fill,
     /// (p−1) · max(0, mean_i (F_i + B_i − W_i)): deferred weight passes fill the drain
-    /// (ZB-H1, Qi et al.).
+    /// (ZB-H1, Qi et al.). Exact for T_W ≤ T_B; the table takes (p−1)·T_F where T_W > T_B
+    /// (the last stage's late start), which this form, kept so estimates do not move,
+    /// leaves out.
     DeferredW,
     /// (p−1) · max(mean_i F_i, mean_i (F_i + B_i − 2·W_i)): twice the weight passes fill
     /// the drain, but under a flush the last stage still waits (p−1)·T_F for its first
