@@ -34,10 +34,15 @@ pub enum Schedule {
     /// W deferred to fill the cool-down bubble at 1F1B's memory (Qi et al. 2023).
     #[serde(rename = "zb-h1")]
     ZbH1,
+    /// Zero-bubble H2: ZB-H1 with up to 2p − 1 microbatches in flight, so that no stage idles
+    /// between its first and last pass (Qi et al. 2023).
+    #[serde(rename = "zb-h2")]
+    ZbH2,
 }
 
 impl Schedule {
-    pub const ALL: [Schedule; 4] = [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1];
+    pub const ALL: [Schedule; 5] =
+        [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1, Schedule::ZbH2];
 
     pub fn key(self) -> &'static str {
         match self {
@@ -45,6 +50,7 @@ impl Schedule {
             Schedule::OneFOneB => "1f1b",
             Schedule::Interleaved => "interleaved",
             Schedule::ZbH1 => "zb-h1",
+            Schedule::ZbH2 => "zb-h2",
         }
     }
 }
@@ -278,48 +284,56 @@ impl ParallelConfig {
             );
         }
         let m = p.microbatches();
-        match p.schedule {
-            Schedule::Interleaved => {
-                if p.vpp < 2 {
-                    bad(
-                        "interleaved-needs-vpp",
-                        format!(
-                            "parallel.schedule = \"interleaved\" with parallel.vpp = {}: interleaving needs vpp ≥ 2 model chunks per stage",
-                            p.vpp
-                        ),
-                    );
-                }
-                if p.pp < 2 {
-                    bad(
-                        "interleaved-needs-pp",
-                        format!(
-                            "parallel.schedule = \"interleaved\" with parallel.pp = {}: interleaving needs a pipeline (pp ≥ 2)",
-                            p.pp
-                        ),
-                    );
-                }
-                if m > 0 && !m.is_multiple_of(p.pp) {
-                    bad(
-                        "interleaved-microbatches",
-                        format!(
-                            "parallel.schedule = \"interleaved\" needs microbatches divisible by pp: global_batch / (micro_batch · dp) = {} / ({} · {}) = {} is not a multiple of pp = {}",
-                            p.global_batch, p.micro_batch, p.dp, m, p.pp
-                        ),
-                    );
-                }
+        // A chunked schedule (interleaving) needs chunks, a pipeline and groups of pp
+        // microbatches; every other schedule runs one chunk per stage.
+        let s = p.schedule;
+        if s.chunked() {
+            if p.vpp < 2 {
+                bad(
+                    "interleaved-needs-vpp",
+                    format!(
+                        "parallel.schedule = \"{}\" with parallel.vpp = {}: interleaving needs vpp ≥ 2 model chunks per stage",
+                        s.key(),
+                        p.vpp
+                    ),
+                );
             }
-            s => {
-                if p.vpp != 1 {
-                    bad(
-                        "vpp-needs-interleaved",
-                        format!(
-                            "parallel.vpp = {} with parallel.schedule = \"{}\": model chunks (vpp > 1) need schedule = \"interleaved\"",
-                            p.vpp,
-                            s.key()
-                        ),
-                    );
-                }
+            if p.pp < 2 {
+                bad(
+                    "interleaved-needs-pp",
+                    format!(
+                        "parallel.schedule = \"{}\" with parallel.pp = {}: interleaving needs a pipeline (pp ≥ 2)",
+                        s.key(),
+                        p.pp
+                    ),
+                );
             }
+            if m > 0 && !m.is_multiple_of(p.pp) {
+                bad(
+                    "interleaved-microbatches",
+                    format!(
+                        "parallel.schedule = \"{}\" needs microbatches divisible by pp: global_batch / (micro_batch · dp) = {} / ({} · {}) = {} is not a multiple of pp = {}",
+                        s.key(),
+                        p.global_batch,
+                        p.micro_batch,
+                        p.dp,
+                        m,
+                        p.pp
+                    ),
+                );
+            }
+        } else if p.vpp != 1 {
+            let chunked: Vec<String> =
+                Schedule::ALL.iter().filter(|c| c.chunked()).map(|c| format!("\"{}\"", c.key())).collect();
+            bad(
+                "vpp-needs-interleaved",
+                format!(
+                    "parallel.vpp = {} with parallel.schedule = \"{}\": model chunks (vpp > 1) need schedule = {}",
+                    p.vpp,
+                    s.key(),
+                    chunked.join(" or ")
+                ),
+            );
         }
         if p.zero > 3 {
             bad(

@@ -435,7 +435,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         pp,
         dp,
         vpp,
-        schedule: rp.schedule.unwrap_or(if vpp > 1 { Schedule::Interleaved } else { d.schedule }),
+        schedule: rp.schedule.unwrap_or(if vpp > 1 { Schedule::chunked_default() } else { d.schedule }),
         micro_batch: rp.micro_batch.unwrap_or(d.micro_batch),
         global_batch: rp.global_batch.ok_or_else(|| missing("parallel", "global_batch"))?,
         zero: rp.zero.unwrap_or(d.zero),

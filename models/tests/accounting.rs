@@ -85,7 +85,7 @@ fn any_config() -> impl Strategy<Value = (ParallelConfig, u32, u32)> {
     (
         (0u32..10, 0u32..10, 0u32..10, 0u32..4),
         (
-            0usize..4,
+            0usize..Schedule::ALL.len(),
             0u32..4,
             0u32..200,
             0u8..6,

@@ -87,6 +87,12 @@ fn golden_zb_h1() {
 }
 
 #[test]
+fn golden_zb_h2() {
+    // Two stages, three microbatches: the first stage's full warm-up (2p − 1 = 3 forwards).
+    golden("zb-h2", &toy(1, 2, 1, 1, Schedule::ZbH2, 0, 3, 2), &[0, 1]);
+}
+
+#[test]
 fn golden_zero_stages() {
     for zero in 1..=3 {
         golden(&format!("zero{zero}"), &toy(1, 1, 2, 1, Schedule::OneFOneB, zero, 2, 2), &[0]);
@@ -102,7 +108,7 @@ fn plans_survive_json() {
 
 prop_compose! {
     fn any_scenario()(tp in prop::sample::select(vec![1u32, 2, 4]), pp in 1u32..5, dp in 1u32..4,
-                      vpp in 1u32..3, sched in 0usize..4, zero in 0u8..4, rc in 0usize..3, sp: bool,
+                      vpp in 1u32..3, sched in 0usize..Schedule::ALL.len(), zero in 0u8..4, rc in 0usize..3, sp: bool,
                       mb in 1u32..3, mfac in 1u32..4, layers in prop::sample::select(vec![4u32, 6, 8]),
                       bucket in prop::sample::select(vec![0.001f64, 0.01, 1.0]),
                       overlap_grad: bool, overlap_param: bool, flash: bool, clip: bool) -> Option<Scenario> {

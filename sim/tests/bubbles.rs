@@ -1,7 +1,9 @@
 //! Pipeline bubbles against their closed forms: with every stage doing the same work and
 //! communication free, the simulated idle time of the last rank over its busy time is
 //! (p−1)/m for GPipe and 1F1B, (p−1)/(v·m) for interleaved 1F1B and (p−1)/(3m) for ZB-H1
-//! with T_F = T_B = T_W (formulas.md; Narayanan et al. SC'21, Qi et al. 2023).
+//! with T_F = T_B = T_W (formulas.md; Narayanan et al. SC'21, Qi et al. 2023). ZB-H2 keeps
+//! every stage busy from its first pass to its last, so under the step's flush only the last
+//! stage's late start is left: (p−1)·max(T_F, T_F + T_B − 2T_W) per stage's layers.
 
 mod common;
 
@@ -87,6 +89,34 @@ fn zb_h1_bubble_is_p_minus_1_over_3m_and_below_1f1b() {
         assert_eq!((zb - ideal) * 3 * m as u64, ideal * (p as u64 - 1), "p={p} m={m}");
         assert_eq!(idle, zb - ideal);
         assert!(zb < one, "p={p} m={m}: zb-h1 {zb} ns is not below 1f1b {one} ns");
+    }
+    println!("{}", table.join("\n"));
+}
+
+#[test]
+fn zb_h2_bubble_is_the_last_stages_late_start_and_at_most_zb_h1() {
+    let mut table = Vec::new();
+    // (T_F, T_B, T_W) in units: equal, and input gradients twice the weight gradients.
+    for (f, b, w) in [(1, 1, 1), (1, 2, 1)] {
+        let t = LayerTimer { f: f * UNIT_NS, b: b * UNIT_NS, w: w * UNIT_NS };
+        for (p, m) in [(2, 4), (4, 8), (4, 12), (8, 16), (8, 32)] {
+            let (zb2, idle, ideal) = run("zb-h2", p, 1, m, &t);
+            let (zb1, _, _) = run("zb-h1", p, 1, m, &t);
+            let stage_layers = (LAYERS / p) as u64;
+            let formula = (p as u64 - 1) * stage_layers * t.f.max(t.f + t.b - 2 * t.w);
+            table.push(format!(
+                "zb-h2 t=({f},{b},{w}) p={p} m={m:>2}: {:.4} (formula {:.4}; zb-h1 {:.4})",
+                (zb2 - ideal) as f64 / ideal as f64,
+                formula as f64 / ideal as f64,
+                (zb1 - ideal) as f64 / ideal as f64
+            ));
+            assert_eq!(zb2 - ideal, formula, "t=({f},{b},{w}) p={p} m={m}");
+            assert_eq!(idle, zb2 - ideal);
+            assert!(zb2 <= zb1, "t=({f},{b},{w}) p={p} m={m}: zb-h2 {zb2} ns above zb-h1 {zb1} ns");
+            if b > w {
+                assert!(zb2 < zb1, "t=({f},{b},{w}) p={p} m={m}: zb-h2 {zb2} ns not below zb-h1 {zb1} ns");
+            }
+        }
     }
     println!("{}", table.join("\n"));
 }

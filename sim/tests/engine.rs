@@ -75,7 +75,7 @@ fn breakdown_sums_to_the_step_and_hardware_flops_are_the_plans() {
 
 #[test]
 fn symmetric_and_full_modes_agree_on_small_plans() {
-    for (schedule, vpp) in [("1f1b", 1), ("interleaved", 2), ("gpipe", 1), ("zb-h1", 1)] {
+    for (schedule, vpp) in [("1f1b", 1), ("interleaved", 2), ("gpipe", 1), ("zb-h1", 1), ("zb-h2", 1)] {
         let plan = common::plan(&small(schedule, vpp));
         let run = |mode| {
             let mut net = ClosedFormNetwork::new(&plan.scenario.cluster, NcclEnv::default()).unwrap();

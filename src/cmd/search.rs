@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use strata_models::parallel::{Recompute, Schedule};
+use strata_models::parallel::Recompute;
 use strata_models::{Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
 
@@ -312,7 +312,7 @@ pub fn megatron_args(s: &Scenario) -> String {
     if m.family == strata_models::Family::Llama {
         a.push("--swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear".into());
     }
-    if p.schedule == Schedule::Interleaved {
+    if p.schedule.chunked() {
         a.push(format!("--num-layers-per-virtual-pipeline-stage {}", m.layers / p.pipeline().vstages()));
     }
     if p.sequence_parallel {
@@ -346,8 +346,8 @@ pub fn megatron_args(s: &Scenario) -> String {
     if p.zero >= 2 {
         out.push_str("# ZeRO-2/3 have no Megatron-LM equivalent (its distributed optimizer is ZeRO-1); run it with DeepSpeed (deepspeed.json).\n");
     }
-    if p.schedule == Schedule::ZbH1 {
-        out.push_str("# ZB-H1 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --zero-bubble-v-schedule is not ZB-H1; use its --enable-zero-bubble.\n");
+    if let Some(note) = p.schedule.spec().megatron_note {
+        out.push_str(&format!("# {note}\n"));
     }
     let args: Vec<String> = a.into_iter().filter(|x| !x.is_empty()).collect();
     out.push_str(&args.join(" \\\n  "));

@@ -16,19 +16,20 @@
 //! layer input, 2·sbh. The general form below counts the same tensors for any shape
 //! (grouped-query attention, SwiGLU, no dropout for Llama) and reproduces Table 2 for GPT.
 //!
-//! **In flight**: GPipe holds all m microbatches; 1F1B holds p − i on stage i; ZB-H1 keeps a
-//! microbatch's activations until its deferred weight pass, and from its input-gradient
-//! pass on the output gradients that pass reads ([`weight_grad_bytes`]): the peak is taken
-//! over the stage's schedule table;
-//! interleaved 1F1B holds (p − i − 1)·2 + (v − 1)·p + 1 microbatch-chunks of l/(p·v) layers
-//! (Megatron-LM's warm-up count plus one), which on the first stage is Korthikanti's factor
-//! (1 + (p − 1)/(p·v)) over 1F1B.
+//! **In flight**: each schedule says how many microbatch-chunks of l/(p·v) layers a stage
+//! holds at its peak ([`crate::parallel::Schedule::in_flight`], checked against its table in
+//! [`crate::plan::schedule`]): GPipe all m; 1F1B p − i on stage i; interleaved 1F1B
+//! (p − i − 1)·2 + (v − 1)·p + 1 (Megatron-LM's warm-up count plus one), which on the first
+//! stage is Korthikanti's factor (1 + (p − 1)/(p·v)) over 1F1B. A schedule that splits the
+//! backward keeps a microbatch's activations until its deferred weight pass, and from its
+//! input-gradient pass on the output gradients that pass reads ([`weight_grad_bytes`]):
+//! its peak is taken over the stage's schedule table.
 
 use serde::Serialize;
 
 use crate::accounting::params::stage_params;
 use crate::model::ModelSpec;
-use crate::parallel::{ParallelConfig, Recompute, Schedule};
+use crate::parallel::{ParallelConfig, Recompute};
 use crate::scenario::{Dtype, Scenario};
 
 /// Bytes of model state per parameter: (weights, gradients, optimizer state).
@@ -140,11 +141,11 @@ pub fn head_buffer_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32,
     norm + logits
 }
 
-/// ZB-H1's peak over its schedule table, in units of one microbatch-layer's activations
+/// The peak of a split-backward schedule over its table, in units of one microbatch-layer's activations
 /// (`act`) and deferred output gradients (`wgrad`): max over the passes of
 /// live·act + pending·wgrad, with a microbatch live from its forward to its weight pass and
 /// pending from its input-gradient pass to its weight pass.
-fn zb_h1_peak(p: &ParallelConfig, stage: u32, act: f64, wgrad: f64) -> f64 {
+fn split_backward_peak(p: &ParallelConfig, stage: u32, act: f64, wgrad: f64) -> f64 {
     let (mut live, mut pending, mut peak) = (0.0, 0.0, 0.0f64);
     for slot in crate::plan::schedule::table(p.schedule, p.pp, p.vpp, p.microbatches(), stage) {
         use crate::plan::schedule::Pass;
@@ -173,20 +174,7 @@ pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32,
 
 /// Microbatch-chunks whose activations a stage holds at its peak.
 pub fn in_flight(p: &ParallelConfig, stage: u32) -> u64 {
-    let m = p.microbatches() as u64;
-    let pp = p.pp as u64;
-    let i = stage as u64;
-    match p.schedule {
-        Schedule::Gpipe => m,
-        Schedule::OneFOneB => (pp - i).min(m),
-        // Deferred weight passes keep up to p microbatches on every stage (1F1B's peak).
-        Schedule::ZbH1 => pp.min(m),
-        Schedule::Interleaved => {
-            let v = p.vpp as u64;
-            // With m = p Megatron-LM runs every forward before any backward.
-            if m == pp { m * v } else { ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v) }
-        }
-    }
+    p.schedule.in_flight(p.pp, p.vpp, p.microbatches(), stage)
 }
 
 /// Memory of one rank of a pipeline stage.
@@ -236,19 +224,16 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
-            let activations_bytes = if p.schedule == Schedule::ZbH1 {
+            let activations_bytes = if p.schedule.splits_backward() {
                 let wgrad = weight_grad_bytes(m, b, dtype, p.tp);
-                layers_per_chunk * zb_h1_peak(p, sp.stage, per_layer, wgrad)
+                layers_per_chunk * split_backward_peak(p, sp.stage, per_layer, wgrad)
             } else {
                 in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer
             };
             let first = sp.stage == 0;
             let last = sp.stage == p.pp - 1;
             // Microbatches in flight on this stage (for the embedding and logits buffers).
-            let mbs_in_flight = match p.schedule {
-                Schedule::Gpipe => p.microbatches() as f64,
-                _ => ((p.pp - sp.stage) as f64).min(p.microbatches() as f64),
-            };
+            let mbs_in_flight = p.schedule.edge_in_flight(p.pp, p.vpp, p.microbatches(), sp.stage) as f64;
             let mut embedding_logits_bytes = 0.0;
             if first && has_dropout(m) {
                 // Dropout mask on the embedding output, per microbatch in flight.
@@ -258,13 +243,9 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             if last {
                 // Final-norm input and output (16-bit), and fp32 logits of the vocabulary shard,
                 // held from the head's forward to its backward: one microbatch under 1F1B, all
-                // of them under GPipe.
-                // ZB-H1 keeps each output-layer input until its deferred weight pass.
-                let held = match p.schedule {
-                    Schedule::Gpipe => p.microbatches() as f64,
-                    Schedule::ZbH1 => p.pp.min(p.microbatches()) as f64,
-                    _ => 1.0,
-                };
+                // of them under GPipe; a split backward keeps each output-layer input until its
+                // deferred weight pass.
+                let held = mbs_in_flight;
                 embedding_logits_bytes += held * head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) as f64;
             }
             let mut transient_bytes = 0.0;
@@ -297,6 +278,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parallel::Schedule;
 
     fn gb(x: f64) -> f64 {
         x / 1e9
@@ -388,5 +370,29 @@ mod tests {
         assert_eq!(in_flight(&p, 3), 1);
         let g = ParallelConfig { schedule: Schedule::Gpipe, ..p };
         assert_eq!(in_flight(&g, 3), 8);
+    }
+
+    /// Qi et al. §2.2: ZB-H2's first stage holds 2p − 1 microbatches' activations where
+    /// ZB-H1's holds p, each plus the one deferred weight pass's output gradients it is
+    /// about to run.
+    #[test]
+    fn zb_h2_first_stage_holds_2p_minus_1_microbatches() {
+        let text = |schedule: &str| {
+            format!(
+                "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n\
+                 [parallel]\ntp = 8\npp = 8\ndp = 16\nschedule = \"{schedule}\"\nmicro_batch = 1\n\
+                 global_batch = 1536\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n"
+            )
+        };
+        let s1 = Scenario::from_toml(&text("zb-h1"), "t", "t", &[]).unwrap();
+        let s2 = Scenario::from_toml(&text("zb-h2"), "t", "t", &[]).unwrap();
+        let (p, dtype, flash) = (&s2.parallel, s2.training.dtype, s2.training.flash_attention);
+        let act = layer_activation_bytes(&s2.model, 1, dtype, 8, true, Recompute::Selective, flash);
+        let wgrad = weight_grad_bytes(&s2.model, 1, dtype, 8);
+        let layers = p.stage_layers(&s2.model, 0) as f64;
+        let (h1, h2) = (stage_memory(&s1)[0].activations_bytes, stage_memory(&s2)[0].activations_bytes);
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+        assert!(close(h1, layers * (8.0 * act + wgrad)), "zb-h1 {h1}");
+        assert!(close(h2, layers * (15.0 * act + wgrad)), "zb-h2 {h2}");
     }
 }

@@ -16,9 +16,24 @@
 //!   until stage i has more than i of them pending, the rest at the end. With
 //!   T_F = T_B = T_W the bubble is (p−1)/(3m) and no stage holds more than p microbatches,
 //!   1F1B's peak.
+//! - **ZB-H2** (same paper, §2.2 and Figure 3): stage i runs min(2(p−i)−1, m) warm-up
+//!   forwards, then for each microbatch its input-gradient pass, the weight passes pending
+//!   beyond 2i, and the next forward; the rest of the weight passes at the end. Every stage
+//!   holds up to 2p − 1 microbatches, and no stage idles between its first and last pass:
+//!   the paper's bubble (p−1)(T_F + T_B − 2T_W) is 0 with T_F = T_B = T_W, once the
+//!   optimizer step no longer synchronises the stages. Under a flush (one step, as
+//!   simulated here) the last stage still starts (p−1)·T_F late: the step's bubble is
+//!   (p−1)·max(T_F, T_F + T_B − 2T_W) against ZB-H1's (p−1)·max(T_F, T_F + T_B − T_W), the
+//!   same at T_F = T_B = T_W (at twice the memory), smaller where T_B > T_W.
 //!
 //! Non-zero-bubble schedules run the backward as one pass (`Pass::Backward`: input and
 //! weight gradients back to back).
+//!
+//! A schedule is its table function and a [`Spec`] beside it (whether it is chunked, its
+//! in-flight count and bubble as closed forms, its label); everything else — memory
+//! accounting, lowering, the search space and its estimate — asks the [`Schedule`]
+//! methods defined here. The tests (`schedule/tests.rs`) check every closed form against
+//! the tables.
 
 use serde::{Deserialize, Serialize};
 
@@ -60,11 +75,188 @@ pub struct Slot {
 /// multiple of pp).
 pub fn table(schedule: Schedule, pp: u32, vpp: u32, m: u32, stage: u32) -> Vec<Slot> {
     assert!(stage < pp && m > 0 && vpp > 0, "schedule table of stage {stage} of {pp}, m = {m}, v = {vpp}");
-    match schedule {
-        Schedule::Gpipe => gpipe(m),
-        Schedule::OneFOneB => one_f_one_b(pp, m, stage),
-        Schedule::Interleaved => interleaved(pp, vpp, m, stage),
-        Schedule::ZbH1 => zb_h1(pp, m, stage),
+    (schedule.spec().table)(pp, vpp, m, stage)
+}
+
+/// Everything a consumer needs about a schedule besides its table, defined beside the
+/// table so that memory accounting, the search estimate and lowering never match on
+/// schedule names. Closed forms here are checked against the tables in `schedule/tests.rs`.
+pub struct Spec {
+    /// The table of one stage: (pp, vpp, m, stage) → slots.
+    table: fn(u32, u32, u32, u32) -> Vec<Slot>,
+    /// Whether the table runs several model chunks per stage. Such a schedule needs
+    /// vpp ≥ 2, a pipeline (pp ≥ 2) and m a multiple of pp (its groups of p microbatches);
+    /// every other schedule needs vpp = 1.
+    pub chunked: bool,
+    /// Microbatch-chunks whose activations one stage holds at its peak, from a forward to
+    /// the pass that frees them (the backward, or the weight pass when split): a closed form
+    /// of the table's peak, (pp, vpp, m, stage) → count.
+    in_flight: fn(u32, u32, u32, u32) -> u64,
+    /// Microbatches whose embedding buffers (first stage) or output-layer buffers (last
+    /// stage) are alive at once: (pp, vpp, m, stage) → count. With one chunk this is the
+    /// table's peak; interleaved keeps 1F1B's count (min(p − i, m)), as memory accounting
+    /// always has, though its table holds more first-chunk microbatches during warm-up.
+    edge_in_flight: fn(u32, u32, u32, u32) -> u64,
+    /// The bubble the search estimate adds to m · max_i X_i.
+    bubble: Bubble,
+    /// Short name in search labels; chunked schedules append vpp (`int2`).
+    pub label: &'static str,
+    /// What running this split under Megatron-LM takes beyond the stock arguments.
+    pub megatron_note: Option<&'static str>,
+}
+
+/// Closed forms of a schedule's bubble under a flush, in per-stage pass times.
+#[derive(Clone, Copy, Debug)]
+enum Bubble {
+    /// (p−1)/v · mean_i (F_i + B_i + W_i): every stage idles while the first microbatch
+    /// fills the pipeline and the last drains it (Narayanan et al. SC'21).
+    Fill,
+    /// (p−1) · max(0, mean_i (F_i + B_i − W_i)): deferred weight passes fill the drain
+    /// (ZB-H1, Qi et al.). Exact for T_W ≤ T_B; the table takes (p−1)·T_F where T_W > T_B
+    /// (the last stage's late start), which this form, kept so estimates do not move,
+    /// leaves out.
+    DeferredW,
+    /// (p−1) · max(mean_i F_i, mean_i (F_i + B_i − 2·W_i)): twice the weight passes fill
+    /// the drain, but under a flush the last stage still waits (p−1)·T_F for its first
+    /// forward (ZB-H2).
+    DeferredTwoW,
+}
+
+/// Per-microbatch times of one stage's passes (any unit): forward, input gradient, weight
+/// gradient, over all the stage's chunks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassTimes {
+    pub f: f64,
+    pub b: f64,
+    pub w: f64,
+}
+
+static GPIPE: Spec = Spec {
+    table: |_, _, m, _| gpipe(m),
+    chunked: false,
+    in_flight: |_, _, m, _| m as u64,
+    edge_in_flight: |_, _, m, _| m as u64,
+    bubble: Bubble::Fill,
+    label: "gpipe",
+    megatron_note: None,
+};
+
+static ONE_F_ONE_B: Spec = Spec {
+    table: |pp, _, m, stage| one_f_one_b(pp, m, stage),
+    chunked: false,
+    in_flight: one_f_one_b_in_flight,
+    edge_in_flight: one_f_one_b_in_flight,
+    bubble: Bubble::Fill,
+    label: "1f1b",
+    megatron_note: None,
+};
+
+static INTERLEAVED: Spec = Spec {
+    table: interleaved,
+    chunked: true,
+    in_flight: |pp, v, m, stage| {
+        let (pp, v, m, i) = (pp as u64, v as u64, m as u64, stage as u64);
+        // With m = p Megatron-LM runs every forward before any backward.
+        if m == pp { m * v } else { ((pp - i - 1) * 2 + (v - 1) * pp + 1).min(m * v) }
+    },
+    // The embedding and output-layer buffers are counted as 1F1B counts them.
+    edge_in_flight: one_f_one_b_in_flight,
+    bubble: Bubble::Fill,
+    label: "int",
+    megatron_note: None,
+};
+
+static ZB_H1: Spec = Spec {
+    table: |pp, _, m, stage| zb_h1(pp, m, stage),
+    chunked: false,
+    // Deferred weight passes keep up to p microbatches on every stage (1F1B's peak).
+    in_flight: |pp, _, m, _| pp.min(m) as u64,
+    edge_in_flight: |pp, _, m, _| pp.min(m) as u64,
+    bubble: Bubble::DeferredW,
+    label: "zb-h1",
+    megatron_note: Some(
+        "ZB-H1 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --zero-bubble-v-schedule is not ZB-H1; use its --enable-zero-bubble.",
+    ),
+};
+
+static ZB_H2: Spec = Spec {
+    table: |pp, _, m, stage| zb_h2(pp, m, stage),
+    chunked: false,
+    // 2(p − i) − 1 warm-up forwards, then weight passes deferred while 2i are pending: every
+    // stage reaches 2p − 1 (Qi et al.'s (2p − 1)·M_B).
+    in_flight: |pp, _, m, _| (2 * pp - 1).min(m) as u64,
+    edge_in_flight: |pp, _, m, _| (2 * pp - 1).min(m) as u64,
+    bubble: Bubble::DeferredTwoW,
+    label: "zb-h2",
+    megatron_note: Some(
+        "ZB-H2 needs the zero-bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism): --enable-zero-bubble with --zero-bubble-max-pending-backward set to 2·pp (its ZB-2P).",
+    ),
+};
+
+fn one_f_one_b_in_flight(pp: u32, _: u32, m: u32, stage: u32) -> u64 {
+    (pp - stage).min(m) as u64
+}
+
+impl Schedule {
+    /// What consumers need about this schedule besides its table.
+    pub fn spec(self) -> &'static Spec {
+        match self {
+            Schedule::Gpipe => &GPIPE,
+            Schedule::OneFOneB => &ONE_F_ONE_B,
+            Schedule::Interleaved => &INTERLEAVED,
+            Schedule::ZbH1 => &ZB_H1,
+            Schedule::ZbH2 => &ZB_H2,
+        }
+    }
+
+    /// Whether the schedule runs several model chunks per stage (vpp > 1).
+    pub fn chunked(self) -> bool {
+        self.spec().chunked
+    }
+
+    /// The schedule a scenario that sets vpp > 1 but no schedule gets: the first chunked
+    /// one in [`Schedule::ALL`].
+    pub fn chunked_default() -> Schedule {
+        *Schedule::ALL.iter().find(|s| s.chunked()).expect("a chunked schedule")
+    }
+
+    /// Whether the backward is split into input-gradient (B) and weight-gradient (W)
+    /// passes: read off a small table (any `BackwardWeight` slot), so it cannot disagree
+    /// with the tables lowering walks.
+    pub fn splits_backward(self) -> bool {
+        let vpp = if self.chunked() { 2 } else { 1 };
+        table(self, 2, vpp, 4, 0).iter().any(|s| s.pass == Pass::BackwardWeight)
+    }
+
+    /// Microbatch-chunks whose activations stage `stage` holds at its peak (of l/(p·v)
+    /// layers each): the peak over the table of forwards minus the passes that free their
+    /// activations (backward, or weight pass when split).
+    pub fn in_flight(self, pp: u32, vpp: u32, m: u32, stage: u32) -> u64 {
+        (self.spec().in_flight)(pp, vpp, m, stage)
+    }
+
+    /// Microbatches whose embedding buffers (first stage) or output-layer buffers (last
+    /// stage) stage `stage` holds at once.
+    pub fn edge_in_flight(self, pp: u32, vpp: u32, m: u32, stage: u32) -> u64 {
+        (self.spec().edge_in_flight)(pp, vpp, m, stage)
+    }
+
+    /// The pipeline bubble of one step under a flush, in the unit of `stages` (one entry
+    /// per stage, per microbatch): what the step takes beyond m · max_i (F_i + B_i + W_i)
+    /// when every stage does the same work.
+    pub fn bubble(self, pp: u32, vpp: u32, stages: &[PassTimes]) -> f64 {
+        let mean = |x: &dyn Fn(&PassTimes) -> f64| stages.iter().map(x).sum::<f64>() / stages.len() as f64;
+        match self.spec().bubble {
+            Bubble::Fill => (pp as f64 - 1.0) / vpp as f64 * mean(&|t| t.f + t.b + t.w),
+            Bubble::DeferredW => (pp as f64 - 1.0) * mean(&|t| t.f + t.b - t.w).max(0.0),
+            Bubble::DeferredTwoW => (pp as f64 - 1.0) * mean(&|t| t.f).max(mean(&|t| t.f + t.b - 2.0 * t.w)),
+        }
+    }
+
+    /// The label of a split's schedule in search output: `1f1b`, `int2`.
+    pub fn label(self, vpp: u32) -> String {
+        let l = self.spec().label;
+        if self.chunked() { format!("{l}{vpp}") } else { l.to_string() }
     }
 }
 
@@ -127,131 +319,25 @@ fn zb_h1(pp: u32, m: u32, stage: u32) -> Vec<Slot> {
     t
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// Executes the tables of all stages with fixed pass times (in units where a full
-    /// forward of one microbatch through one stage takes `v` chunk forwards of 1/v) and
-    /// returns the makespan, as exact rationals scaled by `v`·3 to stay integral.
-    /// Dependencies: a forward needs the same microbatch's forward on the previous virtual
-    /// stage; an input-gradient pass the next virtual stage's; a weight pass its own input
-    /// pass.
-    pub(crate) fn unit_makespan(schedule: Schedule, pp: u32, v: u32, m: u32, tf: u64, tb: u64, tw: u64) -> u64 {
-        use std::collections::BTreeMap;
-        let tables: Vec<Vec<Slot>> = (0..pp).map(|i| table(schedule, pp, v, m, i)).collect();
-        let mut done: BTreeMap<(u8, u32, u32), u64> = BTreeMap::new(); // (pass, mb, vstage) -> finish
-        let mut clock = vec![0u64; pp as usize];
-        let mut next = vec![0usize; pp as usize];
-        let key = |pass: Pass| match pass {
-            Pass::Forward => 0u8,
-            Pass::Backward | Pass::BackwardInput => 1,
-            Pass::BackwardWeight => 2,
-        };
-        let pipe = crate::plan::grid::Pipeline::new(pp, v);
-        let last = pipe.last_vstage();
-        loop {
-            let mut progressed = false;
-            for i in 0..pp as usize {
-                let Some(s) = tables[i].get(next[i]) else { continue };
-                let vs = pipe.vstage(s.chunk, i as u32);
-                let dep = match s.pass {
-                    Pass::Forward => (vs > 0).then(|| (0u8, s.mb, vs - 1)),
-                    Pass::Backward | Pass::BackwardInput => {
-                        Some(if vs < last { (1, s.mb, vs + 1) } else { (0, s.mb, vs) })
-                    }
-                    Pass::BackwardWeight => Some((1, s.mb, vs)),
-                };
-                let ready = match dep {
-                    None => Some(0),
-                    Some(d) => done.get(&d).copied(),
-                };
-                let own_fwd = if s.pass == Pass::Forward { Some(0) } else { done.get(&(0, s.mb, vs)).copied() };
-                if let (Some(r), Some(f)) = (ready, own_fwd) {
-                    let dur = match s.pass {
-                        Pass::Forward => tf,
-                        Pass::Backward => tb + tw,
-                        Pass::BackwardInput => tb,
-                        Pass::BackwardWeight => tw,
-                    };
-                    let start = clock[i].max(r).max(f);
-                    clock[i] = start + dur;
-                    done.insert((key(s.pass), s.mb, vs), clock[i]);
-                    next[i] += 1;
-                    progressed = true;
-                }
-            }
-            if !progressed {
-                assert!(next.iter().zip(&tables).all(|(n, t)| *n == t.len()), "schedule {schedule:?} deadlocks");
-                return *clock.iter().max().expect("pp > 0");
-            }
+fn zb_h2(pp: u32, m: u32, stage: u32) -> Vec<Slot> {
+    let warm = (2 * (pp - stage) - 1).min(m);
+    let mut t: Vec<Slot> = (0..warm).map(|j| slot(j, 0, Pass::Forward, Stage::WarmUp)).collect();
+    let mut pending = std::collections::VecDeque::new();
+    for k in 0..m {
+        let phase = if warm + k < m { Stage::Steady } else { Stage::CoolDown };
+        t.push(slot(k, 0, Pass::BackwardInput, phase));
+        pending.push_back(k);
+        while pending.len() > 2 * stage as usize {
+            let j = pending.pop_front().expect("non-empty");
+            t.push(slot(j, 0, Pass::BackwardWeight, phase));
+        }
+        if warm + k < m {
+            t.push(slot(warm + k, 0, Pass::Forward, Stage::Steady));
         }
     }
-
-    #[test]
-    fn every_pass_appears_once_per_microbatch_and_chunk() {
-        for (sched, pp, v, m) in [
-            (Schedule::Gpipe, 4, 1, 6),
-            (Schedule::OneFOneB, 4, 1, 3),
-            (Schedule::OneFOneB, 4, 1, 9),
-            (Schedule::Interleaved, 4, 2, 8),
-            (Schedule::Interleaved, 2, 3, 2),
-            (Schedule::ZbH1, 4, 1, 8),
-        ] {
-            for i in 0..pp {
-                let t = table(sched, pp, v, m, i);
-                let passes = if sched == Schedule::ZbH1 { 3 } else { 2 };
-                assert_eq!(t.len() as u32, m * v * passes, "{sched:?} stage {i}");
-                for j in 0..m {
-                    for c in 0..v {
-                        let fwd = t.iter().position(|s| s.mb == j && s.chunk == c && s.pass == Pass::Forward).unwrap();
-                        let bwd = t.iter().position(|s| s.mb == j && s.chunk == c && s.pass != Pass::Forward).unwrap();
-                        assert!(fwd < bwd, "{sched:?}: backward of mb {j} chunk {c} before its forward");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn bubbles_match_the_closed_forms() {
-        // Times in units of 1/(3v) of a microbatch's stage forward+backward: tf = 1·k, tb = 2·k
-        // (or tb = tw = 1·k split), k = 6 / v keeps everything integral.
-        for (pp, m) in [(2, 4), (4, 4), (4, 8), (4, 12), (8, 16), (8, 8)] {
-            for sched in [Schedule::Gpipe, Schedule::OneFOneB] {
-                let span = unit_makespan(sched, pp, 1, m, 6, 6, 6);
-                let ideal = 18 * m as u64;
-                assert_eq!((span - ideal) * m as u64, ideal * (pp as u64 - 1), "{sched:?} p={pp} m={m}");
-            }
-            let zb = unit_makespan(Schedule::ZbH1, pp, 1, m, 6, 6, 6);
-            let ideal = 18 * m as u64;
-            // (p−1)/(3m)
-            assert_eq!((zb - ideal) * 3 * m as u64, ideal * (pp as u64 - 1), "zb-h1 p={pp} m={m}");
-        }
-        for (pp, v, m) in [(2, 2, 4), (4, 2, 8), (4, 3, 8), (4, 2, 4), (8, 2, 16), (4, 4, 12), (2, 3, 2)] {
-            let k = 12 / v as u64;
-            let span = unit_makespan(Schedule::Interleaved, pp, v, m, k, k, k);
-            let ideal = 36 * m as u64;
-            assert_eq!((span - ideal) * (v * m) as u64, ideal * (pp as u64 - 1), "interleaved p={pp} v={v} m={m}");
-        }
-    }
-
-    #[test]
-    fn zb_h1_holds_at_most_p_microbatches() {
-        for (pp, m) in [(4, 8), (8, 16), (4, 3)] {
-            for i in 0..pp {
-                let mut live = 0i32;
-                let mut peak = 0;
-                for s in table(Schedule::ZbH1, pp, 1, m, i) {
-                    match s.pass {
-                        Pass::Forward => live += 1,
-                        Pass::BackwardWeight => live -= 1,
-                        _ => {}
-                    }
-                    peak = peak.max(live);
-                }
-                assert!(peak <= pp as i32 && peak <= m as i32, "stage {i}: {peak}");
-            }
-        }
-    }
+    t.extend(pending.into_iter().map(|j| slot(j, 0, Pass::BackwardWeight, Stage::CoolDown)));
+    t
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -8,10 +8,11 @@
 //!   plus the embedding on the first stage and the head on the last), tensor-parallel
 //!   collectives included (in backward only the part not hidden under weight gradients),
 //!   recomputation in B;
-//! - pipeline: T_pipe = m · max_i X_i + bubble, X_i = F_i + B_i + W_i; the bubble is
-//!   (p−1)/v · mean_i X_i for GPipe, 1F1B and interleaved (Narayanan et al.), and
-//!   (p−1) · mean_i (F_i + B_i − W_i) for ZB-H1 (Qi et al.); pipeline messages add
-//!   2·(p·v − 1) transfers on the critical path;
+//! - pipeline: T_pipe = m · max_i X_i + bubble, X_i = F_i + B_i + W_i; the bubble is the
+//!   schedule's closed form in (F_i, B_i, W_i)
+//!   ([`strata_models::parallel::Schedule::bubble`]: (p−1)/v · mean_i X_i for GPipe, 1F1B
+//!   and interleaved, Narayanan et al.; (p−1) · mean_i (F_i + B_i − W_i) for ZB-H1, Qi et
+//!   al.); pipeline messages add 2·(p·v − 1) transfers on the critical path;
 //! - data parallelism: the gradient reduction overlaps the last microbatch's backward (or
 //!   every microbatch's under ZeRO-2/3) and only what does not fit under it is exposed, plus
 //!   the last bucket; ZeRO-1/2's parameter all-gather overlaps the first forward when asked;
@@ -30,8 +31,9 @@ use std::collections::BTreeMap;
 use strata_models::Scenario;
 use strata_models::accounting::memory::state_bytes_per_param;
 use strata_models::accounting::params::{layer_params, stage_params};
-use strata_models::parallel::{Recompute, Schedule};
+use strata_models::parallel::Recompute;
 use strata_models::plan::cost::{optimizer_cost, piece_cost};
+use strata_models::plan::schedule::PassTimes;
 use strata_models::plan::{CollKind, Phase, Piece};
 
 use crate::compute::ComputeModel;
@@ -129,7 +131,7 @@ impl Estimator {
         };
         // The backward reductions overlap the weight passes when those run inline.
         let tp_bwd = 2.0 * gather
-            + if p.schedule == Schedule::ZbH1 {
+            + if p.schedule.splits_backward() {
                 2.0 * reduce
             } else {
                 (reduce - w_mlp).max(0.0) + (reduce - w_attn).max(0.0)
@@ -154,7 +156,7 @@ impl Estimator {
         // Per stage, per microbatch (all chunks of the stage).
         let stages = p.pp as usize;
         let mut x = Vec::with_capacity(stages);
-        let mut fb_minus_w = Vec::with_capacity(stages);
+        let mut times = Vec::with_capacity(stages);
         let mut first_f = 0.0f64;
         let mut last_b = 0.0f64;
         for i in 0..p.pp {
@@ -176,15 +178,11 @@ impl Estimator {
             }
             last_b = last_b.max(b + w);
             x.push(f + b + w);
-            fb_minus_w.push(f + b - w);
+            times.push(PassTimes { f, b, w });
         }
         let mb = p.microbatches() as f64;
         let max_x = x.iter().copied().fold(0.0, f64::max);
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        let bubble = match p.schedule {
-            Schedule::ZbH1 => (p.pp as f64 - 1.0) * mean(&fb_minus_w).max(0.0),
-            _ => (p.pp as f64 - 1.0) / p.vpp as f64 * mean(&x),
-        };
+        let bubble = p.schedule.bubble(p.pp, p.vpp, &times);
         let p2p = self.comm_s(
             CommKind::SendRecv,
             2,

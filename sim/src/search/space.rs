@@ -2,8 +2,8 @@
 //! batch, each either valid or rejected with the rule it breaks.
 //!
 //! Dimensions: tp (divisors of the GPUs per node), pp (divisors of GPUs / tp), dp (the rest),
-//! the schedule (GPipe, 1F1B, ZB-H1, and interleaved with every vpp that splits the layers
-//! evenly, up to 8), micro_batch (powers of two up to 16 that divide the replica's batch),
+//! the schedule (every one in `Schedule::ALL`; a chunked one, interleaved, with every vpp
+//! that splits the layers evenly, up to 8), micro_batch (powers of two up to 16 that divide the replica's batch),
 //! ZeRO 0–3, recomputation none / selective / full, sequence parallelism (when tp > 1), the
 //! gradient bucket size, and whether gradient reduction and parameter all-gathers overlap
 //! compute (only where they can matter: dp > 1, ZeRO ≥ 1). Everything else — the model, the
@@ -24,7 +24,7 @@ pub struct SearchSpace {
     pub tp: Vec<u32>,
     pub pp: Vec<u32>,
     pub micro_batch: Vec<u32>,
-    /// Schedules without chunks, plus interleaved (whose vpp values are in `vpp`).
+    /// Schedules without chunks, plus chunked ones (whose vpp values are in `vpp`).
     pub schedules: Vec<Schedule>,
     pub vpp: Vec<u32>,
     pub zero: Vec<u8>,
@@ -106,7 +106,7 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
             // (schedule, vpp) pairs.
             let mut scheds: Vec<(Schedule, u32)> = Vec::new();
             for &s in &space.schedules {
-                if s == Schedule::Interleaved {
+                if s.chunked() {
                     scheds.extend(
                         space.vpp.iter().filter(|v| base.model.layers.is_multiple_of(pp * **v)).map(|v| (s, *v)),
                     );
@@ -175,8 +175,7 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
 
 /// A short label of a candidate's split: `tp8 pp8 dp16 1f1b mb1 z1 sel sp`.
 pub fn label(p: &ParallelConfig) -> String {
-    let sched =
-        if p.schedule == Schedule::Interleaved { format!("int{}", p.vpp) } else { p.schedule.key().to_string() };
+    let sched = p.schedule.label(p.vpp);
     let rc = match p.recompute {
         Recompute::None => "none",
         Recompute::Selective => "sel",

@@ -5,7 +5,7 @@
 //! gradient marked done once its last gradient op is emitted.
 
 use crate::accounting::memory::{layer_activation_bytes, layer_activation_parts};
-use crate::parallel::{Recompute, Schedule};
+use crate::parallel::Recompute;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
 use crate::plan::lowered::Unit;
@@ -98,7 +98,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             self.unit_done(chunk, if tied { Unit::WordEmbedding } else { Unit::OutputLayer }, mb, op);
         }
         // Under ZB the weight half runs last; otherwise FinalNorm's backward frees the buffer.
-        if self.s().parallel.schedule == Schedule::ZbH1 {
+        if self.s().parallel.schedule.splits_backward() {
             let b = self.head_buf.remove(&mb).expect("head buffer");
             self.e.free(Stream::Compute, &[op], b);
         }

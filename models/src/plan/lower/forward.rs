@@ -5,7 +5,6 @@
 //! each (layer, microbatch), sized by [`crate::accounting::memory::layer_activation_bytes`].
 
 use crate::accounting::memory::{has_dropout, head_buffer_bytes, layer_activation_bytes};
-use crate::parallel::Schedule;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
 use crate::plan::lowered::Unit;
@@ -38,7 +37,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 0
             };
             // Under ZB the embedding's weight pass runs later from the saved output gradient.
-            let saved_grad = if p.schedule == Schedule::ZbH1 { self.residual_bytes() } else { 0 };
+            let saved_grad = if p.schedule.splits_backward() { self.residual_bytes() } else { 0 };
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, mask + saved_grad, format!("embed mb{mb}"));
             self.embed_buf.insert(mb, buf);
