@@ -623,6 +623,17 @@ sequence_parallel = true
     }
 
     #[test]
+    fn fabric_names_parse_and_unknown_ones_list_the_known() {
+        let s = Scenario::from_toml(GPT3, "t", "t", &["cluster.fabric=leaf-spine".into()]).unwrap();
+        assert_eq!(s.cluster.fabric, Fabric::LeafSpine);
+        let text = GPT3.replace("nodes = 128", "nodes = 128\nfabric = \"dragonfly\"");
+        let e = Scenario::from_toml(&text, "t.toml", "t", &[]).unwrap_err().to_string();
+        assert!(e.contains("dragonfly") && e.contains("rail-optimized") && e.contains("leaf-spine"), "{e}");
+        let e = Scenario::from_toml(GPT3, "t", "t", &["cluster.fabric=torus".into()]).unwrap_err().to_string();
+        assert!(e.contains("torus") && e.contains("leaf-spine"), "{e}");
+    }
+
+    #[test]
     fn missing_keys_say_what_to_set() {
         let e = Scenario::from_toml("[model]\nlayers = 2\n", "t", "t", &[]).unwrap_err().to_string();
         assert!(e.contains("model.family") && e.contains("preset"), "{e}");

@@ -25,7 +25,8 @@
 //! on the CPU executor's communicator),
 //! [`topology`] (the cluster as a graph, and [`FabricTopology`](topology::FabricTopology),
 //! the trait a switch fabric implements), the fabrics themselves ([`fat_tree`]: one
-//! switch, k-ary fat-tree, rail-optimised SuperPOD), [`routing`] (paths through a fabric,
+//! switch, k-ary fat-tree, rail-optimised SuperPOD; [`leaf_spine`]: two tiers without
+//! rails), [`routing`] (paths through a fabric,
 //! the seeded ECMP hash),
 //! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
 //! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
@@ -43,6 +44,7 @@ pub mod collbench;
 pub mod fabric;
 pub mod fat_tree;
 pub mod layout;
+pub mod leaf_spine;
 pub mod maxmin;
 pub mod nccl;
 pub mod nccl_graph;
@@ -204,6 +206,7 @@ fn wire_fabric(
         Fabric::SingleSwitch | Fabric::FatTree | Fabric::RailOptimized => {
             Box::new(fat_tree::FatTree::wire(cluster, seed, w)?)
         }
+        Fabric::LeafSpine => Box::new(leaf_spine::LeafSpine::wire(cluster, seed, w)?),
     })
 }
 
