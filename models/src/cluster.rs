@@ -4,7 +4,8 @@
 //! InfiniBand NICs, one per rail (local GPU index i uses NIC i mod nics). Nodes hang off a
 //! fabric: a single switch, a k-ary fat-tree (Al-Fares et al. 2008), or a rail-optimised
 //! SuperPOD-style fabric (NVIDIA DGX SuperPOD reference architecture: scalable units of 32
-//! nodes, one leaf per rail per unit, spine and core tiers). `oversubscription` is the ratio
+//! nodes, one leaf per rail per unit, spine and core tiers), or a two-tier leaf–spine
+//! fabric without rails (every NIC of a node on one leaf). `oversubscription` is the ratio
 //! of downlink to uplink capacity at each switch tier above the leaf (1.0 = full bisection).
 //!
 //! Units: NIC speed in Gb/s as vendors quote it (HDR 200, NDR 400); latency in ns.
@@ -23,6 +24,8 @@ pub enum Fabric {
     FatTree,
     /// Rail-optimised leaf/spine/core fabric in scalable units.
     RailOptimized,
+    /// Two-tier leaf–spine without rails: all NICs of a node on one leaf.
+    LeafSpine,
 }
 
 /// How a switch picks among equal-cost uplinks.

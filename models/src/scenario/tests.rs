@@ -98,4 +98,14 @@ fn dropout_follows_the_family_except_on_cpu_ranks() {
     assert_eq!(asked.model.dropout, 0.2);
     let e = Scenario::from_toml(cpu, "t", "t", &["model.dropout=1.5".into()]).unwrap_err().to_string();
     assert!(e.contains("model.dropout = 1.5"), "{e}");
+
+#[test]
+fn fabric_names_parse_and_unknown_ones_list_the_known() {
+    let s = Scenario::from_toml(GPT3, "t", "t", &["cluster.fabric=leaf-spine".into()]).unwrap();
+    assert_eq!(s.cluster.fabric, Fabric::LeafSpine);
+    let text = GPT3.replace("nodes = 128", "nodes = 128\nfabric = \"dragonfly\"");
+    let e = Scenario::from_toml(&text, "t.toml", "t", &[]).unwrap_err().to_string();
+    assert!(e.contains("dragonfly") && e.contains("rail-optimized") && e.contains("leaf-spine"), "{e}");
+    let e = Scenario::from_toml(GPT3, "t", "t", &["cluster.fabric=torus".into()]).unwrap_err().to_string();
+    assert!(e.contains("torus") && e.contains("leaf-spine"), "{e}");
 }

@@ -32,7 +32,7 @@
 //!
 //! Units: ns (u64) at the interface, bytes and bytes/s inside.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use strata_models::ClusterSpec;
@@ -82,8 +82,8 @@ pub struct FabricNetwork {
     env: NcclEnv,
     /// Solver constraint of each resource, created on first use (`u32::MAX`: none yet).
     res_cnst: Vec<CnstId>,
-    tuners: HashMap<CommShape, Arc<Tuner>>,
-    layouts: HashMap<LayoutKey, Arc<[(ResId, f64)]>>,
+    tuners: BTreeMap<CommShape, Arc<Tuner>>,
+    layouts: BTreeMap<LayoutKey, Arc<[(ResId, f64)]>>,
     /// Requests not yet completed.
     comms: BTreeMap<CommId, Comm>,
     /// Request carried by each solver slot.
@@ -96,8 +96,8 @@ pub struct FabricNetwork {
 impl FabricNetwork {
     /// The fabric of `cluster`; `seed` salts static routing.
     pub fn new(cluster: &ClusterSpec, seed: u64, env: NcclEnv) -> Result<FabricNetwork, NetError> {
-        let topo = Topology::new(cluster)?;
-        let router = Router::new(&topo, cluster.routing, seed);
+        let topo = Topology::new(cluster, seed)?;
+        let router = Router::new(&topo);
         let n_res = topo.resources.len();
         Ok(FabricNetwork {
             topo,
@@ -105,8 +105,8 @@ impl FabricNetwork {
             solver: MaxMin::new(),
             env,
             res_cnst: vec![u32::MAX; n_res],
-            tuners: HashMap::new(),
-            layouts: HashMap::new(),
+            tuners: BTreeMap::new(),
+            layouts: BTreeMap::new(),
             comms: BTreeMap::new(),
             var_comm: Vec::new(),
             pending: BTreeSet::new(),

@@ -23,13 +23,17 @@
 //! tuning model, pinned to v2.30.7), [`closed_form`] (the contention-free model),
 //! [`calibrated`] (latency and bandwidth per collective as `strata calibrate` measured them
 //! on the CPU executor's communicator),
-//! [`topology`] and [`routing`] (the switch fabric as a graph, paths through it),
+//! [`topology`] (the cluster as a graph, and [`FabricTopology`](topology::FabricTopology),
+//! the trait a switch fabric implements), the fabrics themselves ([`fat_tree`]: one
+//! switch, k-ary fat-tree, rail-optimised SuperPOD; [`leaf_spine`]: two tiers without
+//! rails), [`routing`] (paths through a fabric,
+//! the seeded ECMP hash),
 //! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
 //! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
 //! [`bench`](mod@bench) (solver throughput).
 
-use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
+use strata_models::{ClusterSpec, Fabric};
 
 use crate::profile::HardwareProfile;
 
@@ -38,7 +42,9 @@ pub mod calibrated;
 pub mod closed_form;
 pub mod collbench;
 pub mod fabric;
+pub mod fat_tree;
 pub mod layout;
+pub mod leaf_spine;
 pub mod maxmin;
 pub mod nccl;
 pub mod nccl_graph;
@@ -92,7 +98,7 @@ impl FixedTimes {
 }
 
 /// What a request moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CommKind {
     Collective(CollKind),
     /// One point-to-point message from `ranks[0]` to `ranks[1]`.
@@ -187,12 +193,29 @@ pub enum NetError {
     TooLarge { endpoints: u64, radix: u32, max: u64 },
 }
 
+/// Wires the switch fabric that `cluster.fabric` names onto `w`: the one place where a
+/// fabric's name (the [`Fabric`] enum, which a scenario's `cluster.fabric` parses into)
+/// meets its implementation. Adding a fabric is one file implementing
+/// [`FabricTopology`](topology::FabricTopology), its `mod` line above, and its arm here.
+fn wire_fabric(
+    cluster: &ClusterSpec,
+    seed: u64,
+    w: &mut topology::Wiring,
+) -> Result<Box<dyn topology::FabricTopology>, NetError> {
+    Ok(match cluster.fabric {
+        Fabric::SingleSwitch | Fabric::FatTree | Fabric::RailOptimized => {
+            Box::new(fat_tree::FatTree::wire(cluster, seed, w)?)
+        }
+        Fabric::LeafSpine => Box::new(leaf_spine::LeafSpine::wire(cluster, seed, w)?),
+    })
+}
+
 /// Builds the network model of `kind` for `cluster`, with NCCL's default environment.
 /// `seed` drives everything random in the model (static ECMP hashing); the same seed gives
 /// identical completion times.
 ///
 /// ```
-/// use strata_models::ClusterSpec;
+/// use strata_models::{ClusterSpec, Fabric};
 /// use strata_sim::net::{self, NetworkKind};
 /// let mut cluster = ClusterSpec::preset("dgx-h100").unwrap();
 /// cluster.nodes = 4;

@@ -146,7 +146,7 @@ impl NodeNet {
 }
 
 /// The figures of a communicator that NCCL's tuning looks at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CommShape {
     pub n_ranks: u32,
     pub n_nodes: u32,

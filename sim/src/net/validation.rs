@@ -308,8 +308,8 @@ fn static_collision_costs_exactly_the_collision_factor() {
         .find(|&seed| {
             let mut c = c.clone();
             c.routing = Routing::Static;
-            let t = super::topology::Topology::new(&c).unwrap();
-            let mut r = super::routing::Router::new(&t, Routing::Static, seed);
+            let t = super::topology::Topology::new(&c, seed).unwrap();
+            let mut r = super::routing::Router::new(&t);
             let paths: Vec<_> = [(0, 2, 0), (0, 2, 1), (1, 3, 0), (1, 3, 1)]
                 .iter()
                 .map(|&(a, b, lane)| {
@@ -432,8 +432,8 @@ fn nvls_is_a_per_gpu_nvswitch_constraint() {
 fn layout_of(c: &ClusterSpec, req: &CommRequest, algo: Algo) -> Vec<(super::topology::ResKind, f64, u32)> {
     use super::layout::{Plan, coefficients};
     use super::topology::{ResKind, Topology};
-    let t = Topology::new(c).unwrap();
-    let mut r = super::routing::Router::new(&t, c.routing, 0);
+    let t = Topology::new(c, 0).unwrap();
+    let mut r = super::routing::Router::new(&t);
     let node = NodeNet::from_cluster(c).unwrap();
     let g = nccl_graph::search(&node, &node.shape(&req.ranks));
     let gch = if algo == Algo::Ring { g.ring.n_channels } else { g.tree.n_channels };
