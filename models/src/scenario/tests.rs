@@ -98,6 +98,7 @@ fn dropout_follows_the_family_except_on_cpu_ranks() {
     assert_eq!(asked.model.dropout, 0.2);
     let e = Scenario::from_toml(cpu, "t", "t", &["model.dropout=1.5".into()]).unwrap_err().to_string();
     assert!(e.contains("model.dropout = 1.5"), "{e}");
+}
 
 #[test]
 fn fabric_names_parse_and_unknown_ones_list_the_known() {
