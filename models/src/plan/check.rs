@@ -34,8 +34,8 @@
 
 use std::ops::Deref;
 
-use crate::plan::ir::{BufId, Op, OpKind, Program};
 use crate::plan::Plan;
+use crate::plan::ir::{BufId, Op, OpKind, Program};
 use crate::plan::verify::VerifyError;
 
 /// Most ranks a plan may have: 2^20.

@@ -23,11 +23,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::plan::Plan;
 use crate::plan::exec::{
     ActorMap, Arrival, Cursor, MessageError, Next, OpState, ProgramGraph, Rendezvous, Wake, pair_messages,
 };
 use crate::plan::ir::*;
-use crate::plan::Plan;
 
 /// What a verified plan looks like.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
