@@ -166,7 +166,7 @@ impl LeafSpine {
                 k * q
             ));
         }
-        let p = (1..=h).rev().find(|&p| h % p == 0 && leaves * p <= k).expect("p = 1 fits: leaves ≤ k");
+        let p = (1..=h).rev().find(|&p| h.is_multiple_of(p) && leaves * p <= k).expect("p = 1 fits: leaves ≤ k");
         Ok((q, leaves, p))
     }
 
