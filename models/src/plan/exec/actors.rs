@@ -63,7 +63,7 @@ impl ActorMap {
 
     /// Ranks an actor stands for.
     pub fn weight(&self) -> u32 {
-        if self.per_stage { self.grid.tp * self.grid.dp } else { 1 }
+        if self.per_stage { self.grid.stage_ranks() } else { 1 }
     }
 
     /// The actor of `a`'s pipeline peer.
@@ -91,15 +91,11 @@ impl ActorMap {
 
     /// Actors taking part in one group of a kind (every group of a kind is alike).
     pub fn group_actors(&self, kind: GroupKind) -> u32 {
-        let g = self.grid;
-        let embedding = u32::from(g.pp > 1) + 1;
         match (self.per_stage, kind) {
             (true, GroupKind::Tp | GroupKind::Dp) => 1,
-            (true, GroupKind::Embedding) | (false, GroupKind::Embedding) => embedding,
-            (true, GroupKind::World) => g.pp,
-            (false, GroupKind::Tp) => g.tp,
-            (false, GroupKind::Dp) => g.dp,
-            (false, GroupKind::World) => g.ranks(),
+            (true, GroupKind::World) => self.grid.pp,
+            // A stage actor is one member of the embedding group, as a rank is.
+            _ => self.grid.group_size(kind),
         }
     }
 
@@ -111,7 +107,7 @@ impl ActorMap {
             (false, _) | (true, GroupKind::World) => 1,
             (true, GroupKind::Tp) => g.dp,
             (true, GroupKind::Dp) => g.tp,
-            (true, GroupKind::Embedding) => g.tp * g.dp,
+            (true, GroupKind::Embedding) => g.stage_ranks(),
         }
     }
 
