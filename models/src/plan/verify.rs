@@ -70,13 +70,11 @@ fn describe(plan: &Plan, op: &Op) -> String {
 
 /// Verifies a plan.
 pub fn verify(plan: &Plan) -> Result<VerifyReport, VerifyError> {
-    // Every index below is in range only on a checked plan.
+    // Structure first: deps point backwards, every cost and buffer id exists, each buffer
+    // is allocated once and freed at most once (`check`, which every index below relies
+    // on); then communication and deadlock (the most telling failure when a message or
+    // collective is missing); then lifetimes.
     crate::plan::check::check(plan)?;
-    // Structure first (the execution relies on it), then communication and deadlock (the
-    // most telling failure when a message or collective is missing), then lifetimes.
-    for (pi, program) in plan.programs.iter().enumerate() {
-        check_structure(plan, pi, program)?;
-    }
     let (actors, collectives, messages) = execute(plan)?;
     let mut buffers = 0u64;
     for (pi, program) in plan.programs.iter().enumerate() {
@@ -102,29 +100,6 @@ fn program_location(plan: &Plan, pi: usize, op: usize) -> String {
     };
     let what = plan.programs[pi].ops.get(op).map(|o| describe(plan, o)).unwrap_or_default();
     format!("{who} op #{op} ({what})")
-}
-
-/// Dependencies point backwards and cost ids exist.
-fn check_structure(plan: &Plan, pi: usize, program: &Program) -> Result<(), VerifyError> {
-    for (i, op) in program.ops.iter().enumerate() {
-        if let Some(d) = op.deps.iter().find(|d| **d as usize >= i) {
-            return Err(err(
-                "structure",
-                program_location(plan, pi, i),
-                format!("depends on op #{d}, which is not earlier in the program"),
-            ));
-        }
-        if let OpKind::Compute(c) = &op.kind
-            && c.cost as usize >= plan.costs.len()
-        {
-            return Err(err(
-                "structure",
-                program_location(plan, pi, i),
-                format!("cost id {} is out of range ({} costs)", c.cost, plan.costs.len()),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Buffer lifetimes of one program. Returns the number of buffers.
@@ -153,13 +128,6 @@ fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, Verif
         let mut c = stream_clock[st];
         for &d in &op.deps {
             let d = d as usize;
-            if d >= i {
-                return Err(err(
-                    "structure",
-                    loc(i),
-                    format!("depends on op #{d}, which is not earlier in the program"),
-                ));
-            }
             join(&mut c, &clock[d]);
             let ds = ops[d].stream.index();
             c[ds] = c[ds].max(pos[d] + 1);
@@ -173,28 +141,13 @@ fn check_program(plan: &Plan, pi: usize, program: &Program) -> Result<u64, Verif
                 stream_clock[st][st] = pos[i] + 1;
             }
         }
+        // `check` proved each buffer allocated once before use and freed at most once.
         match &op.kind {
-            OpKind::Alloc(a) if alloc_at.insert(a.buf, i).is_some() => {
-                return Err(err("structure", loc(i), format!("buffer b{} is allocated twice", a.buf)));
+            OpKind::Alloc(a) => {
+                alloc_at.insert(a.buf, i);
             }
             OpKind::Free { buf } => {
-                if !alloc_at.contains_key(buf) {
-                    return Err(err(
-                        "lifetime",
-                        loc(i),
-                        format!("frees buffer b{buf}, which was never allocated before it"),
-                    ));
-                }
-                if free_at.insert(*buf, i).is_some() {
-                    return Err(err("lifetime", loc(i), format!("frees buffer b{buf} a second time")));
-                }
-            }
-            OpKind::Compute(c) if c.cost as usize >= plan.costs.len() => {
-                return Err(err(
-                    "structure",
-                    loc(i),
-                    format!("cost id {} is out of range ({} costs)", c.cost, plan.costs.len()),
-                ));
+                free_at.insert(*buf, i);
             }
             _ => {}
         }
