@@ -2,11 +2,13 @@
 //!
 //! Plain data and pure functions, no notion of time: transformer specs ([`model`]), the
 //! accelerator catalog ([`hardware`]), clusters ([`cluster`]), the parallel split and its
-//! rules ([`parallel`]), scenario files ([`scenario`]), parameter / FLOP / memory
-//! accounting ([`accounting`]), and the plan IR that both backends consume ([`plan`]).
+//! rules ([`parallel`]), the frameworks that run splits and their rules ([`framework`]),
+//! scenario files ([`scenario`]), parameter / FLOP / memory accounting ([`accounting`]), and
+//! the plan IR that both backends consume ([`plan`]).
 
 pub mod accounting;
 pub mod cluster;
+pub mod framework;
 pub mod hardware;
 pub mod model;
 pub mod parallel;
@@ -15,6 +17,7 @@ pub mod scenario;
 pub mod trace;
 
 pub use cluster::{ClusterSpec, Fabric, Routing};
+pub use framework::Framework;
 pub use hardware::{GpuKind, GpuSpec};
 pub use model::{Activation, Family, ModelSpec};
 pub use parallel::{ConfigError, ParallelConfig, Recompute, Schedule, Violation};

@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{CLUSTER_PRESETS, ClusterSpec, Fabric, Routing};
+use crate::framework::Framework;
 use crate::hardware::GpuKind;
 use crate::model::{Activation, Family, MODEL_PRESETS, ModelSpec};
 use crate::parallel::{ConfigError, ParallelConfig, Recompute, Schedule};
@@ -62,6 +63,12 @@ pub struct TrainingConfig {
     /// Fused attention (FlashAttention, Dao et al. 2022): the s×s scores are never stored
     /// and are recomputed inside the backward kernel.
     pub flash_attention: bool,
+    /// The framework the plan is meant for: its memory, gradient dtype, exports and the
+    /// splits it runs ([`Framework`]). Megatron-LM on GPU clusters, Strata's executor on CPU.
+    pub framework: Framework,
+    /// Reduce data-parallel gradients in bf16 instead of the fp32 main gradients
+    /// (Megatron-LM's `--grad-reduce-in-bf16`).
+    pub grad_reduce_in_bf16: bool,
 }
 
 impl Default for TrainingConfig {
@@ -75,6 +82,8 @@ impl Default for TrainingConfig {
             weight_decay: 0.1,
             grad_clip: 1.0,
             flash_attention: false,
+            framework: Framework::Megatron,
+            grad_reduce_in_bf16: false,
         }
     }
 }
@@ -186,6 +195,8 @@ raw_table!(RawTraining {
     weight_decay: f64,
     grad_clip: f64,
     flash_attention: bool,
+    framework: Framework,
+    grad_reduce_in_bf16: bool,
 });
 
 impl Scenario {
@@ -284,6 +295,8 @@ impl Scenario {
                 weight_decay: Some(t.weight_decay),
                 grad_clip: Some(t.grad_clip),
                 flash_attention: Some(t.flash_attention),
+                framework: Some(t.framework),
+                grad_reduce_in_bf16: Some(t.grad_reduce_in_bf16),
             },
         };
         toml::to_string(&raw).expect("a resolved scenario always serialises")
@@ -457,6 +470,8 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         weight_decay: rt.weight_decay.unwrap_or(td.weight_decay),
         grad_clip: rt.grad_clip.unwrap_or(td.grad_clip),
         flash_attention: rt.flash_attention.unwrap_or(td.flash_attention),
+        framework: rt.framework.unwrap_or(if single { Framework::Strata } else { td.framework }),
+        grad_reduce_in_bf16: rt.grad_reduce_in_bf16.unwrap_or(td.grad_reduce_in_bf16),
     };
     let scenario =
         Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
@@ -536,7 +551,11 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
         ));
     }
     // The split rules only make sense on a well-formed model and cluster.
-    let config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
+    let mut config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
+    // The framework's rules only make sense on a split that is valid in itself.
+    if lines.is_empty() && config.is_none() {
+        config = s.training.framework.check(s).err();
+    }
     if let Some(c) = &config {
         lines.push(c.to_string());
     }

@@ -306,7 +306,7 @@ fn alloc_free_peak_agrees_with_the_analytic_model() {
         ("llama3-70b", 4, 8, 8, Schedule::ZbH1, 1, 1, Recompute::None, true),
     ] {
         let text = format!(
-            "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = {}\n[parallel]\ntp = {tp}\npp = {pp}\ndp = {dp}\nvpp = {vpp}\nschedule = \"{}\"\nglobal_batch = {}\nzero = {zero}\nrecompute = \"{}\"\nsequence_parallel = {sp}\n",
+            "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = {}\n[parallel]\ntp = {tp}\npp = {pp}\ndp = {dp}\nvpp = {vpp}\nschedule = \"{}\"\nglobal_batch = {}\nzero = {zero}\nrecompute = \"{}\"\nsequence_parallel = {sp}\n[training]\nframework = \"strata\"\n",
             tp * pp * dp / 8,
             sched.key(),
             16 * dp,

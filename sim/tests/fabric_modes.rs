@@ -27,7 +27,10 @@ fn symmetric_equals_full_within_one_percent() {
             ),
         ),
         ("llama3-8b 256 dp64 zero1", scenario(llama8, &[])),
-        ("llama3-8b 256 dp64 zero3 static", scenario(llama8, &["parallel.zero=3", "cluster.routing=static"])),
+        (
+            "llama3-8b 256 dp64 zero3 static",
+            scenario(llama8, &["parallel.zero=3", "cluster.routing=static", "training.framework=strata"]),
+        ),
         ("llama3-8b 256 fat-tree", scenario(llama8, &["cluster.fabric=fat-tree", "cluster.switch_radix=16"])),
     ];
     for (name, s) in cases {

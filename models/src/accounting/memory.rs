@@ -381,7 +381,8 @@ mod tests {
             format!(
                 "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n\
                  [parallel]\ntp = 8\npp = 8\ndp = 16\nschedule = \"{schedule}\"\nmicro_batch = 1\n\
-                 global_batch = 1536\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n"
+                 global_batch = 1536\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n\
+                 [training]\nframework = \"strata\"\n"
             )
         };
         let s1 = Scenario::from_toml(&text("zb-h1"), "t", "t", &[]).unwrap();

@@ -41,7 +41,13 @@ fn overrides_parse_values_and_bare_words() {
         GPT3,
         "t",
         "t",
-        &["parallel.tp=4".into(), "parallel.schedule=gpipe".into(), "parallel.dp=32".into()],
+        &[
+            "parallel.tp=4".into(),
+            "parallel.schedule=gpipe".into(),
+            "parallel.dp=32".into(),
+            "training.framework=torchtitan".into(),
+            "parallel.sequence_parallel=true".into(),
+        ],
     )
     .unwrap();
     assert_eq!((s.parallel.tp, s.parallel.dp, s.parallel.schedule), (4, 32, Schedule::Gpipe));

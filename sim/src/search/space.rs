@@ -154,11 +154,15 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 overlap_grad_reduce: ogr,
                                                 overlap_param_gather: opg,
                                             };
-                                            match parallel.validate(&base.model, &base.cluster) {
-                                                Ok(()) => out.valid.push(Scenario { parallel, ..base.clone() }),
-                                                Err(e) => {
-                                                    *out.invalid.entry(e.violations[0].rule).or_default() += 1;
-                                                }
+                                            if let Err(e) = parallel.validate(&base.model, &base.cluster) {
+                                                *out.invalid.entry(e.violations[0].rule).or_default() += 1;
+                                                continue;
+                                            }
+                                            // A split the scenario's framework cannot run is no candidate.
+                                            let s = Scenario { parallel, ..base.clone() };
+                                            match s.training.framework.violations(&s).first() {
+                                                None => out.valid.push(s),
+                                                Some(v) => *out.invalid.entry(v.rule).or_default() += 1,
                                             }
                                         }
                                     }

@@ -9,9 +9,10 @@ use strata_sim::net::CommChoice;
 use strata_sim::net::{CommId, CommKind, CommRequest, Network};
 use strata_sim::program::ComputeTimer;
 
-/// Parses scenario text (panics with the error, which names the bad key).
+/// Parses scenario text for Strata's own executor, which runs every split the simulator's
+/// tests exercise (panics with the error, which names the bad key).
 pub fn scenario(text: &str) -> Scenario {
-    Scenario::from_toml(text, "test", "test", &[]).unwrap_or_else(|e| panic!("{e}"))
+    Scenario::from_toml(text, "test", "test", &["training.framework=strata".into()]).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn plan(text: &str) -> Plan {

@@ -1,0 +1,89 @@
+//! Tests of the framework rules: each rule fires on the split it names and only there, the
+//! defaults per cluster, and scenario loading rejects an unrunnable split naming the rule.
+
+use super::*;
+use crate::scenario::ScenarioError;
+
+fn scenario(framework: &str, parallel: &str) -> Result<Scenario, ScenarioError> {
+    let batch = if parallel.contains("global_batch") { "" } else { "global_batch = 1536\n" };
+    let text = format!(
+        "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n\
+         [parallel]\n{batch}{parallel}\n[training]\nframework = \"{framework}\"\n"
+    );
+    Scenario::from_toml(&text, "t.toml", "t", &[])
+}
+
+/// The split under Strata's executor (which runs everything), checked against `fw`.
+fn rules_of(fw: Framework, parallel: &str) -> Vec<&'static str> {
+    let s = scenario("strata", parallel).expect("a valid split");
+    fw.violations(&s).into_iter().map(|v| v.rule).collect()
+}
+
+#[test]
+fn every_rule_fires_on_its_split() {
+    let cases: [(Framework, &str, &str); 9] = [
+        (Framework::Megatron, "tp = 8\npp = 1\nzero = 2", "megatron-zero"),
+        (Framework::Megatron, "tp = 8\npp = 8\nschedule = \"gpipe\"", "megatron-schedule"),
+        (Framework::Megatron, "tp = 8\npp = 8\nschedule = \"zb-h1\"", "megatron-schedule"),
+        (Framework::DeepSpeed, "tp = 8\npp = 2\nzero = 2", "deepspeed-zero-pp"),
+        (Framework::DeepSpeed, "tp = 8\npp = 8\nvpp = 2\nschedule = \"interleaved\"", "deepspeed-schedule"),
+        (Framework::DeepSpeed, "tp = 8\npp = 8\nsequence_parallel = true", "deepspeed-sp"),
+        (Framework::DeepSpeed, "tp = 8\npp = 1\nzero = 3", "deepspeed-autotp-zero3"),
+        (Framework::Torchtitan, "tp = 8\npp = 8\nzero = 1\nsequence_parallel = true", "torchtitan-zero"),
+        (
+            Framework::Torchtitan,
+            "tp = 8\npp = 8\nschedule = \"zb-h2\"\nsequence_parallel = true",
+            "torchtitan-schedule",
+        ),
+    ];
+    for (fw, split, rule) in cases {
+        let got = rules_of(fw, split);
+        assert_eq!(got, vec![rule], "{fw:?} on {split:?}");
+    }
+    assert_eq!(rules_of(Framework::Torchtitan, "tp = 8\npp = 8"), vec!["torchtitan-tp-sp"]);
+}
+
+#[test]
+fn the_common_splits_run_where_they_should() {
+    // Megatron's own GPT-3 split runs under Megatron-LM; with SP on, torchtitan too.
+    let sp = "tp = 8\npp = 8\nvpp = 3\nschedule = \"interleaved\"\nzero = 1\nsequence_parallel = true";
+    assert_eq!(Framework::runners(&scenario("strata", sp).unwrap()), vec![Framework::Megatron]);
+    // Pure ZeRO-3 data parallelism: DeepSpeed and torchtitan, not Megatron-LM.
+    let z3 = "tp = 1\npp = 1\nzero = 3\nglobal_batch = 2048";
+    assert_eq!(Framework::runners(&scenario("strata", z3).unwrap()), vec![Framework::DeepSpeed, Framework::Torchtitan]);
+    // A pipeline schedule only Strata runs.
+    let zb = "tp = 8\npp = 8\nschedule = \"zb-h1\"\nzero = 1";
+    assert!(Framework::runners(&scenario("strata", zb).unwrap()).is_empty());
+    assert!(Framework::Strata.violations(&scenario("strata", zb).unwrap()).is_empty());
+}
+
+#[test]
+fn loading_an_unrunnable_split_names_the_rule_and_the_way_out() {
+    let e = scenario("deepspeed", "tp = 8\npp = 2\nzero = 2").unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("deepspeed-zero-pp") || text.contains("PipelineEngine"), "{text}");
+    assert!(text.contains("zero = 1"), "{text}");
+    match e {
+        ScenarioError::Invalid { config: Some(c), .. } => assert!(c.has("deepspeed-zero-pp")),
+        other => panic!("expected an invalid split, got {other:?}"),
+    }
+}
+
+#[test]
+fn defaults_are_megatron_on_gpus_and_strata_on_cpus() {
+    let s = scenario("megatron", "tp = 8\npp = 8").unwrap();
+    assert_eq!(s.training.framework, Framework::Megatron);
+    let text = "[model]\npreset = \"gpt3-175b\"\n[cluster]\npreset = \"dgx-a100\"\nnodes = 128\n[parallel]\ntp = 8\npp = 8\nglobal_batch = 1536\n";
+    assert_eq!(Scenario::from_toml(text, "t", "t", &[]).unwrap().training.framework, Framework::Megatron);
+    let cpu = "[model]\npreset = \"tiny-gpt\"\n[cluster]\npreset = \"cpu-local\"\n[parallel]\ntp = 2\npp = 2\nglobal_batch = 8\n";
+    assert_eq!(Scenario::from_toml(cpu, "t", "t", &[]).unwrap().training.framework, Framework::Strata);
+    for f in Framework::ALL {
+        assert_eq!(Framework::from_key(f.key()), Some(f));
+    }
+}
+
+#[test]
+fn an_unknown_framework_is_a_parse_error_naming_the_key() {
+    let e = scenario("colossalai", "tp = 8\npp = 8").unwrap_err().to_string();
+    assert!(e.contains("colossalai"), "{e}");
+}
