@@ -50,7 +50,7 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { mode: Mode::Symmetric, seed: 0, profile: None, trace: false, jitter: 0.0 }
+        SimOptions { mode: Mode::Auto, seed: 0, profile: None, trace: false, jitter: 0.0 }
     }
 }
 
@@ -59,6 +59,9 @@ impl Default for SimOptions {
 pub struct SimReport {
     pub scenario: String,
     pub mode: Mode,
+    /// Why `mode` is not the one asked for, or is approximate ([`crate::mode::resolve`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_note: Option<String>,
     pub network: String,
     pub profile: String,
     pub seed: u64,
@@ -173,7 +176,15 @@ pub fn simulate_timed(
     profile: &HardwareProfile,
 ) -> Result<SimReport, SimError> {
     let g = plan.grid;
-    let symmetric = options.mode == Mode::Symmetric && plan.rank_programs.is_empty();
+    let (mode, mode_note) = crate::mode::resolve(
+        options.mode,
+        &plan.scenario.cluster,
+        g.ranks(),
+        FULL_MODE_RANKS_MAX,
+        net.name() == "fabric",
+    );
+    let options = &SimOptions { mode, ..options.clone() };
+    let symmetric = mode == Mode::Symmetric && plan.rank_programs.is_empty();
     if !symmetric && g.ranks() > FULL_MODE_RANKS_MAX {
         return Err(SimError::TooLarge { ranks: g.ranks(), limit: FULL_MODE_RANKS_MAX });
     }
@@ -198,7 +209,7 @@ pub fn simulate_timed(
         shared_cores: profile.execution.shared_cores,
     };
     let outcome = engine::run(plan, tables, used, cfg, net)?;
-    Ok(report(plan, options, profile, net.name(), outcome))
+    Ok(SimReport { mode_note, ..report(plan, options, profile, net.name(), outcome) })
 }
 
 fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {
@@ -243,6 +254,7 @@ fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network:
     SimReport {
         scenario: s.name.clone(),
         mode: out.mode,
+        mode_note: None,
         network: network.to_string(),
         profile: profile.name.clone(),
         seed: options.seed,

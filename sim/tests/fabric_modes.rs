@@ -64,3 +64,19 @@ fn the_fabric_is_deterministic() {
     assert_eq!(a, b);
     assert!(a.0.contains("\"network\":\"fabric\""), "{}", &a.0[..200]);
 }
+
+/// The default mode is exact: on a fabric where symmetric mode is not (static routing on a
+/// fat-tree), it runs every rank and says why.
+#[test]
+fn auto_mode_runs_full_where_symmetric_is_not_exact() {
+    let llama8 = "[model]\npreset = \"llama3-8b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 32\nfabric = \"fat-tree\"\nrouting = \"static\"\n[parallel]\ntp = 2\npp = 2\nglobal_batch = 256\nzero = 1\nsequence_parallel = true\n[training]\nflash_attention = true\n";
+    let plan = lower(&scenario(llama8, &[])).unwrap();
+    let auto = simulate(&plan, &SimOptions::default()).unwrap();
+    let full = simulate(&plan, &SimOptions { mode: Mode::Full, ..SimOptions::default() }).unwrap();
+    assert_eq!(auto.mode, Mode::Full);
+    assert!(auto.mode_note.as_deref().is_some_and(|n| n.contains("static routing")), "{:?}", auto.mode_note);
+    assert_eq!(auto.step_time_s, full.step_time_s);
+    let adaptive = lower(&scenario(&llama8.replace("\"static\"", "\"adaptive\""), &[])).unwrap();
+    let r = simulate(&adaptive, &SimOptions::default()).unwrap();
+    assert_eq!((r.mode, r.mode_note), (Mode::Symmetric, None));
+}

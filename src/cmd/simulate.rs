@@ -51,9 +51,15 @@ pub struct Args {
     pub scenario: ScenarioArgs,
     #[command(flatten)]
     pub sim: SimArgs,
-    /// Simulate every rank instead of one rank per pipeline stage (slower; for checking
-    /// that the stages' ranks really are alike).
-    #[arg(long)]
+    /// How many ranks to simulate: `symmetric` runs one rank per pipeline stage and counts
+    /// the identical groups beside it; `full` runs every rank (slower, at most 4,096);
+    /// `auto` (the default) runs symmetric where that is exact on the cluster's fabric and
+    /// full where it is not (static routing, oversubscribed fat-tree / leaf-spine tiers),
+    /// and the report says which it chose and why.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub mode: ModeArg,
+    /// Shorthand for `--mode full`.
+    #[arg(long, conflicts_with = "mode")]
     pub full: bool,
     /// Write the step's timeline as Chrome/Perfetto JSON (open it in ui.perfetto.dev).
     #[arg(long, value_name = "FILE")]
@@ -68,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = plan::lower(&s)?;
     let seed = args.sim.seed.unwrap_or(s.training.seed);
     let options = SimOptions {
-        mode: if args.full { Mode::Full } else { Mode::Symmetric },
+        mode: if args.full { Mode::Full } else { args.mode.into() },
         seed,
         profile: args.sim.profile()?,
         trace: args.trace.is_some(),
@@ -92,6 +98,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The report as text.
+/// The engine modes on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    Auto,
+    Symmetric,
+    Full,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Auto => Mode::Auto,
+            ModeArg::Symmetric => Mode::Symmetric,
+            ModeArg::Full => Mode::Full,
+        }
+    }
+}
+
 pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     use std::fmt::Write;
     let p = &s.parallel;
@@ -118,6 +142,9 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         "simulated ({} network, {} profile, {:?} mode, seed {}, {} events)\n",
         r.network, r.profile, r.mode, r.seed, r.events
     );
+    if let Some(note) = &r.mode_note {
+        let _ = writeln!(o, "  ({note})");
+    }
     let _ = writeln!(o, "step time        {:>10.4} s", r.step_time_s);
     let _ = writeln!(o, "throughput       {:>10} tokens/s", common::count(r.tokens_per_s));
     // CPU ranks run at GFLOP/s; say so rather than print 0.0 TFLOP/s.

@@ -65,8 +65,13 @@ use thread::Task;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
+    /// One actor per pipeline stage, the identical groups beside it counted as copies.
     Symmetric,
+    /// One actor per rank.
     Full,
+    /// Symmetric where it is exact on the plan's fabric, else full ([`crate::mode`]);
+    /// resolved before the engine runs, which only sees the other two.
+    Auto,
 }
 
 /// Knobs of one engine run.

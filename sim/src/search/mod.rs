@@ -202,7 +202,8 @@ pub fn search(
         let plan = lower(s).map_err(|e| SimError::InvalidPlan { program: 0, op: 0, reason: e.to_string() })?;
         let mut network = net::build_for(&s.cluster, opts.seed, opts.network, &profile)?;
         let o = SimOptions {
-            mode: Mode::Symmetric,
+            // Symmetric where it is exact on the fabric, else every rank (crate::mode).
+            mode: Mode::Auto,
             seed: opts.seed,
             profile: Some(profile.clone()),
             trace: false,
