@@ -19,7 +19,14 @@ fn dir(name: &str) -> PathBuf {
 
 fn with_ckpt(steps: u32, dir: &Path, every: u32, resume: bool) -> TrainOptions {
     let mut o = common::options(steps);
-    o.checkpoint = Some(CheckpointOptions { dir: dir.to_path_buf(), every, resume, keep: 3 });
+    o.checkpoint = Some(CheckpointOptions {
+        dir: dir.to_path_buf(),
+        every,
+        resume,
+        keep: 3,
+        overwrite: false,
+        allow_changed: Vec::new(),
+    });
     o
 }
 
