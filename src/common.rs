@@ -39,7 +39,7 @@ pub struct RunFailure(pub String);
 /// A write that failed (disk full, permission denied, a path that is a directory): the
 /// run failed, not its input, so exit code 1. The message names the path.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {}: {source}", path.display())]
+#[error("cannot write {}", path.display())]
 pub struct WriteFailure {
     pub path: PathBuf,
     #[source]

@@ -522,19 +522,24 @@ pub fn synthetic_corpus(vocab: u32, seed: u64) -> Result<(Corpus, String, f64), 
 /// rank, measured and predicted, per class) and `plan.json` (the plan whose op ids the trace
 /// uses).
 pub fn write_outputs(dir: &std::path::Path, plan: &Plan, r: &TrainResult) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    // Every failure names the file it was writing.
+    let at = |path: &std::path::Path| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{path}: {e}"))
+    };
+    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(at(&dir.join(name)));
+    std::fs::create_dir_all(dir).map_err(at(dir))?;
     let mut csv = String::from("step,loss,tokens_per_s\n");
     for s in &r.steps {
         csv.push_str(&format!("{},{},{}\n", s.step, s.loss, s.tokens_per_s));
     }
-    std::fs::write(dir.join("loss.csv"), csv)?;
+    write("loss.csv", csv)?;
     fn json<T: Serialize>(v: &T) -> String {
         serde_json::to_string(v).expect("plain data serialises")
     }
     if let Some(t) = &r.trace {
-        std::fs::write(dir.join("measured-trace.json"), json(t))?;
+        write("measured-trace.json", json(t))?;
     }
-    std::fs::write(dir.join("memory.json"), json(&r.memory))?;
-    std::fs::write(dir.join("plan.json"), json(plan))?;
-    Ok(())
+    write("memory.json", json(&r.memory))?;
+    write("plan.json", json(plan))
 }

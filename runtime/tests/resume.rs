@@ -118,7 +118,9 @@ fn a_resume_refuses_a_changed_setting_unless_allowed() {
     let mut changed = SPLIT.to_vec();
     changed.extend(["training.lr=2e-3", "training.weight_decay=0.5"]);
     let e = common::train(&changed, &with_ckpt(3, &d, 0, true)).unwrap_err().to_string();
-    for w in ["training.lr = 0.001 in the checkpoint, 0.002 now", "training.weight_decay", "--allow-changed training.lr"] {
+    for w in
+        ["training.lr = 0.001 in the checkpoint, 0.002 now", "training.weight_decay", "--allow-changed training.lr"]
+    {
         assert!(e.contains(w), "lacks {w:?}: {e}");
     }
     let mut opts = with_ckpt(3, &d, 0, true);
