@@ -4,7 +4,20 @@
 
 use super::RankExec;
 
+/// The first non-finite value of `v`, if any. The common case (all finite) is one
+/// vectorised pass: `x - x` is 0 for a finite `x` and NaN otherwise, summed in 8 lanes.
 fn first_bad(v: &[f32]) -> Option<f64> {
+    let mut acc = [0f32; 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x - x;
+        }
+    }
+    if acc.iter().chain(rest).all(|x| x.is_finite()) {
+        return None;
+    }
     v.iter().find(|x| !x.is_finite()).map(|&x| f64::from(x))
 }
 
@@ -42,5 +55,23 @@ impl RankExec {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_bad;
+
+    #[test]
+    fn finds_nan_and_infinities_anywhere() {
+        let mut v = vec![1.0f32; 37];
+        assert_eq!(first_bad(&v), None);
+        for (i, bad) in [(3, f32::NAN), (20, f32::INFINITY), (36, f32::NEG_INFINITY)] {
+            let keep = v[i];
+            v[i] = bad;
+            assert!(first_bad(&v).is_some_and(|x| !x.is_finite()), "at {i}");
+            v[i] = keep;
+        }
+        assert_eq!(first_bad(&[f32::MAX, -f32::MAX]), None, "large finite values are finite");
     }
 }
