@@ -5,14 +5,14 @@
 use super::RankExec;
 
 /// The first non-finite value of `v`, if any. The common case (all finite) is one
-/// vectorised pass: `x - x` is 0 for a finite `x` and NaN otherwise, summed in 8 lanes.
+/// vectorised pass: `x · 0` is 0 for a finite `x` and NaN otherwise, summed in 8 lanes.
 fn first_bad(v: &[f32]) -> Option<f64> {
     let mut acc = [0f32; 8];
     let chunks = v.chunks_exact(8);
     let rest = chunks.remainder();
     for c in chunks {
         for (a, x) in acc.iter_mut().zip(c) {
-            *a += x - x;
+            *a += x * 0.0;
         }
     }
     if acc.iter().chain(rest).all(|x| x.is_finite()) {
