@@ -139,7 +139,7 @@ pub enum TrainError {
     RankExited { rank: u32 },
     /// A loss, gradient or parameter became NaN or infinite; the step was not checkpointed.
     #[error(
-        "training diverged at step {step}: rank {rank} ({label}) found {value} in {tensor}; the run stopped before checkpointing that step (the last good checkpoint stays); lower training.lr or set training.grad_clip"
+        "training diverged at step {step}: rank {rank} ({label}) found {value} in {tensor}; the run stopped without checkpointing that step; lower training.lr (or training.grad_clip)"
     )]
     Diverged { step: u32, rank: u32, label: String, tensor: String, value: f64 },
 }

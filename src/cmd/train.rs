@@ -174,8 +174,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let result = result.map_err(|e| match e {
         TrainError::RankFailed { .. } | TrainError::RankExited { .. } => anyhow::Error::new(RunFailure(e.to_string())),
         TrainError::Diverged { .. } => {
-            let last = args.checkpoint_dir.as_deref().and_then(|d| checkpoint::latest(d).ok());
-            let last = last.map_or(String::new(), |(p, _)| format!("; the last good checkpoint is {}", p.display()));
+            let last = match args.checkpoint_dir.as_deref().map(checkpoint::latest) {
+                Some(Ok((p, _))) => format!("; the last good checkpoint is {}", p.display()),
+                Some(Err(_)) => "; no checkpoint was written before it".to_string(),
+                None => String::new(),
+            };
             anyhow::Error::new(RunFailure(format!("{e}{last}")))
         }
         TrainError::Checkpoint(c) if c.is_io() => anyhow::Error::new(RunFailure(c.to_string())),
