@@ -1,6 +1,6 @@
 //! What every subcommand shares: scenario arguments, exit codes, number formatting, JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use strata_models::Scenario;
@@ -36,9 +36,45 @@ impl ScenarioArgs {
 #[error("{0}")]
 pub struct RunFailure(pub String);
 
-/// Exit code for an error: 1 for a failed run, 2 for bad input.
+/// A write that failed (disk full, permission denied, a path that is a directory): the
+/// run failed, not its input, so exit code 1. The message names the path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {}", path.display())]
+pub struct WriteFailure {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Writes a file, creating its folder; a failure is a [`WriteFailure`] naming the path.
+pub fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_dir(dir)?;
+    }
+    std::fs::write(path, bytes).map_err(|source| WriteFailure { path: path.to_path_buf(), source })?;
+    Ok(())
+}
+
+/// Creates a folder and its parents; a failure is a [`WriteFailure`] naming the path.
+pub fn create_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| WriteFailure { path: dir.to_path_buf(), source })?;
+    Ok(())
+}
+
+/// Exit code for an error: 1 for a failed run (a rank died, the job diverged, a write
+/// failed — [`RunFailure`], [`WriteFailure`], a report or checkpoint that could not be
+/// written), 2 for bad input (everything else: the message says what to change).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<RunFailure>().is_some() { 1 } else { 2 }
+    let failed = e.chain().any(|c| {
+        c.is::<RunFailure>()
+            || c.is::<WriteFailure>()
+            || matches!(
+                c.downcast_ref::<strata_reports::ReportError>(),
+                Some(strata_reports::ReportError::Write { .. })
+            )
+            || c.downcast_ref::<strata_runtime::checkpoint::CheckpointError>().is_some_and(|c| c.is_io())
+    });
+    if failed { 1 } else { 2 }
 }
 
 /// Prints a value as pretty JSON on stdout.

@@ -3,7 +3,7 @@
 //! The CLI is thin: one module per subcommand under `cmd/`, each turning arguments into
 //! calls on the library crates and their results into text or `--json`. Errors are values;
 //! a user never sees a panic: bad input exits with code 2 and one message that says what
-//! to do, a failed run (a rank died, a job diverged) with code 1.
+//! to do, a failed run (a rank died, a job diverged, a write failed) with code 1.
 
 mod cmd;
 mod common;
@@ -58,6 +58,8 @@ enum Command {
     Calibrate(cmd::calibrate::Args),
     /// Run plans both ways (simulated with a calibrated profile, and trained for real) and write the report's inputs and the report.
     Compare(cmd::compare::Args),
+    /// Work with Chrome/Perfetto trace files: `strata trace merge PRED MEASURED -o OUT` puts the predicted and the measured trace of one plan in one file.
+    Trace(cmd::trace::Args),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Some(Command::Search(a)) => cmd::search::run(a),
         Some(Command::Calibrate(a)) => cmd::calibrate::run(a),
         Some(Command::Compare(a)) => cmd::compare::run(a),
+        Some(Command::Trace(a)) => cmd::trace::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

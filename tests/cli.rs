@@ -305,7 +305,8 @@ fn train_writes_its_outputs_and_refuses_bad_input() {
     let loss = std::fs::read_to_string(dir.join("loss.csv")).unwrap();
     assert!(loss.starts_with("step,loss,tokens_per_s"), "{loss}");
     assert_eq!(loss.lines().count(), 3);
-    rejects(&strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "4", "--steps", "1"]), &["--ranks 4", "8"]);
+    // --ranks sizes cpu-local (tests/checkpoints.rs trains --ranks 2); zero ranks is refused.
+    rejects(&strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "0", "--steps", "1"]), &["--ranks 0"]);
     rejects(
         &strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--ranks", "8", "--data", "no/such/corpus.txt"]),
         &["no/such/corpus.txt"],

@@ -31,7 +31,7 @@ use crate::comm::threads::{AbortFlag, POLL, ThreadComm};
 use crate::comm::{CommError, Communicator, Payload, Tag};
 use crate::data::Corpus;
 use crate::error::RuntimeError;
-use crate::exec::{ExecConfig, ExecError, MemoryPeaks, RankExec, StepCpu};
+use crate::exec::{ExecConfig, ExecError, MemoryPeaks, RankExec, StepCpu, StepReport};
 
 /// Checkpointing of a run.
 #[derive(Clone, Debug)]
@@ -41,6 +41,11 @@ pub struct CheckpointOptions {
     pub every: u32,
     /// Start from the newest checkpoint in `dir`.
     pub resume: bool,
+    /// A fresh run deletes the checkpoints already in `dir` (without it, it refuses a
+    /// directory that holds anything; see [`checkpoint::dir`]).
+    pub overwrite: bool,
+    /// Training settings (`training.lr`, …) a resume may find changed.
+    pub allow_changed: Vec<String>,
     /// Complete checkpoints kept; older ones are deleted.
     pub keep: usize,
 }
@@ -132,6 +137,40 @@ pub enum TrainError {
     /// A rank ended without a word (fault injection of a killed process).
     #[error("rank {rank} exited before the end of the run")]
     RankExited { rank: u32 },
+    /// A loss, gradient or parameter became NaN or infinite; the step was not checkpointed.
+    #[error(
+        "training diverged at step {step}: rank {rank} ({label}) found {value} in {tensor}; the run stopped without checkpointing that step; lower training.lr (or training.grad_clip)"
+    )]
+    Diverged { step: u32, rank: u32, label: String, tensor: String, value: f64 },
+}
+
+impl CheckpointOptions {
+    /// How the run starts in its directory.
+    pub fn start(&self) -> checkpoint::Start {
+        match (self.resume, self.overwrite) {
+            (true, _) => checkpoint::Start::Resume,
+            (false, true) => checkpoint::Start::Overwrite,
+            (false, false) => checkpoint::Start::Fresh,
+        }
+    }
+}
+
+/// Stops the run at the first non-finite value this rank sees after `step`: a gradient
+/// (found before the optimizer stepped on it), the loss, the gradient norm, a parameter.
+fn check_finite(exec: &RankExec, plan: &Plan, step: u32, report: &StepReport) -> Result<(), TrainError> {
+    let bad = report
+        .nonfinite_grad
+        .clone()
+        .or_else(|| report.loss_sum.filter(|l| !l.is_finite()).map(|l| ("the loss".to_string(), l)))
+        .or_else(|| report.grad_norm.filter(|g| !g.is_finite()).map(|g| ("the gradient norm".to_string(), g)))
+        .or_else(|| exec.first_nonfinite_param());
+    match bad {
+        None => Ok(()),
+        Some((tensor, value)) => {
+            let rank = exec.rank();
+            Err(TrainError::Diverged { step, rank, label: plan.grid.label(rank), tensor, value })
+        }
+    }
 }
 
 /// A callback that sees each step as rank 0 completes it.
@@ -234,7 +273,8 @@ fn run_steps(
     let mut start_step = 0;
     if let Some(ck) = opts.checkpoint.as_ref().filter(|c| c.resume) {
         let (sdir, m) = checkpoint::latest(&ck.dir)?;
-        checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name)?;
+        let allowed = checkpoint::allowed_changes(&plan.scenario, &ck.allow_changed)?;
+        checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name, &allowed)?;
         start_step = checkpoint::load_shard(exec, &sdir, &m)?;
     }
     let s = &plan.scenario;
@@ -263,6 +303,7 @@ fn run_steps(
         }
         let t0 = Instant::now();
         let report = exec.step(step).map_err(err)?;
+        check_finite(exec, plan, step, &report)?;
         spans.extend(report.spans);
         samples.extend(report.memory);
         cpu = report.cpu.or(cpu);
@@ -376,10 +417,14 @@ pub fn train_threads(
     opts: &TrainOptions,
     progress: Option<Progress>,
 ) -> Result<TrainResult, TrainError> {
-    if let Some(ck) = opts.checkpoint.as_ref().filter(|c| c.resume) {
-        let (sdir, m) = checkpoint::latest(&ck.dir)?;
-        checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name)?;
-        checkpoint::verify_all(&sdir, &m)?;
+    if let Some(ck) = &opts.checkpoint {
+        let allowed = checkpoint::allowed_changes(&plan.scenario, &ck.allow_changed)?;
+        checkpoint::prepare(&ck.dir, ck.start())?;
+        if ck.resume {
+            let (sdir, m) = checkpoint::latest(&ck.dir)?;
+            checkpoint::check_manifest(&sdir, &m, &plan.scenario, &opts.data_name, &allowed)?;
+            checkpoint::verify_all(&sdir, &m)?;
+        }
     }
     let n = plan.grid.ranks();
     let flag = AbortFlag::default();
@@ -414,9 +459,16 @@ pub fn train_threads(
         .collect();
     let mut results = watch(handles, &flag);
     if let Some((rank, reason)) = flag.get() {
-        // A bad setup (every rank fails alike) is reported as itself, not as a rank failure.
-        if let Some(i) = results.iter().position(|r| matches!(r, Err(TrainError::Setup(_)))) {
-            return results.swap_remove(i).map(|_| unreachable!("an error"));
+        // A bad setup or checkpoint (every rank fails alike) and a divergence are reported
+        // as themselves (the lowest rank's), not as a rank failure.
+        let own = |r: &Result<_, TrainError>| {
+            matches!(r, Err(TrainError::Setup(_) | TrainError::Checkpoint(_) | TrainError::Diverged { .. }))
+        };
+        if let Some(i) = results.iter().position(own) {
+            return Err(match results.swap_remove(i) {
+                Err(e) => e,
+                Ok(_) => rank_failed(&plan, rank, reason),
+            });
         }
         return Err(rank_failed(&plan, rank, reason));
     }
@@ -465,23 +517,29 @@ pub fn synthetic_corpus(vocab: u32, seed: u64) -> Result<(Corpus, String, f64), 
 }
 
 /// Writes a run's outputs to `dir`: `loss.csv` (columns `step,loss,tokens_per_s`),
-/// `trace.json` (the measured [`Trace`], if a step was traced), `memory.json` (peak bytes per
+/// `measured-trace.json` (the measured [`Trace`], if a step was traced; `strata train` adds
+/// its Chrome/Perfetto form, `trace.json`), `memory.json` (peak bytes per
 /// rank, measured and predicted, per class) and `plan.json` (the plan whose op ids the trace
 /// uses).
 pub fn write_outputs(dir: &std::path::Path, plan: &Plan, r: &TrainResult) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    // Every failure names the file it was writing.
+    let at = |path: &std::path::Path| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{path}: {e}"))
+    };
+    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(at(&dir.join(name)));
+    std::fs::create_dir_all(dir).map_err(at(dir))?;
     let mut csv = String::from("step,loss,tokens_per_s\n");
     for s in &r.steps {
         csv.push_str(&format!("{},{},{}\n", s.step, s.loss, s.tokens_per_s));
     }
-    std::fs::write(dir.join("loss.csv"), csv)?;
+    write("loss.csv", csv)?;
     fn json<T: Serialize>(v: &T) -> String {
         serde_json::to_string(v).expect("plain data serialises")
     }
     if let Some(t) = &r.trace {
-        std::fs::write(dir.join("trace.json"), json(t))?;
+        write("measured-trace.json", json(t))?;
     }
-    std::fs::write(dir.join("memory.json"), json(&r.memory))?;
-    std::fs::write(dir.join("plan.json"), json(plan))?;
-    Ok(())
+    write("memory.json", json(&r.memory))?;
+    write("plan.json", json(plan))
 }

@@ -19,7 +19,14 @@ fn dir(name: &str) -> PathBuf {
 
 fn with_ckpt(steps: u32, dir: &Path, every: u32, resume: bool) -> TrainOptions {
     let mut o = common::options(steps);
-    o.checkpoint = Some(CheckpointOptions { dir: dir.to_path_buf(), every, resume, keep: 3 });
+    o.checkpoint = Some(CheckpointOptions {
+        dir: dir.to_path_buf(),
+        every,
+        resume,
+        keep: 3,
+        overwrite: false,
+        allow_changed: Vec::new(),
+    });
     o
 }
 
@@ -86,4 +93,66 @@ fn a_corrupt_shard_or_another_jobs_checkpoint_is_refused_by_name() {
     std::fs::remove_dir_all(&d).unwrap();
     let e = common::train(SPLIT, &with_ckpt(4, &d, 0, true)).unwrap_err().to_string();
     assert!(e.contains("no checkpoint to resume from"), "{e}");
+}
+
+#[test]
+fn a_divergence_stops_the_run_naming_step_rank_and_tensor_and_keeps_the_last_good_checkpoint() {
+    let split = &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1", "training.lr=1e3"];
+    let d = dir("diverged");
+    let e = common::train(split, &with_ckpt(12, &d, 1, false)).unwrap_err();
+    let msg = e.to_string();
+    let TrainError::Diverged { step, tensor, value, .. } = e else { panic!("not a divergence: {msg}") };
+    assert!(!value.is_finite(), "{msg}");
+    assert!(msg.contains(&format!("step {step}")) && msg.contains("rank ") && msg.contains(&tensor), "{msg}");
+    // Steps 0..step completed and were checkpointed; the diverged step was not.
+    let (_, m) = checkpoint::latest(&d).unwrap();
+    assert_eq!(m.step, step, "{msg}");
+    assert!(!checkpoint::step_dir(&d, step + 1).exists(), "a step directory for the diverged step is left: {msg}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_resume_refuses_a_changed_setting_unless_allowed() {
+    let d = dir("changed");
+    common::train(SPLIT, &with_ckpt(2, &d, 0, false)).unwrap();
+    let mut changed = SPLIT.to_vec();
+    changed.extend(["training.lr=2e-3", "training.weight_decay=0.5"]);
+    let e = common::train(&changed, &with_ckpt(3, &d, 0, true)).unwrap_err().to_string();
+    for w in
+        ["training.lr = 0.001 in the checkpoint, 0.002 now", "training.weight_decay", "--allow-changed training.lr"]
+    {
+        assert!(e.contains(w), "lacks {w:?}: {e}");
+    }
+    let mut opts = with_ckpt(3, &d, 0, true);
+    if let Some(ck) = opts.checkpoint.as_mut() {
+        ck.allow_changed = vec!["training.lr".into(), "weight_decay".into()];
+    }
+    assert_eq!(common::train(&changed, &opts).unwrap().start_step, 2);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_fresh_run_refuses_a_used_directory_and_overwrite_clears_only_checkpoints() {
+    let d = dir("fresh");
+    common::train(SPLIT, &with_ckpt(2, &d, 1, false)).unwrap();
+    std::fs::create_dir_all(d.join("step-000007")).unwrap();
+    std::fs::write(d.join("step-000007/rank-00000.tmp"), b"torn").unwrap();
+    let e = common::train(SPLIT, &with_ckpt(2, &d, 0, false)).unwrap_err().to_string();
+    assert!(e.contains("not empty") && e.contains("--resume") && e.contains("--overwrite"), "{e}");
+    // A resume removes the partial step directory.
+    assert_eq!(common::train(SPLIT, &with_ckpt(3, &d, 0, true)).unwrap().start_step, 2);
+    assert!(!d.join("step-000007").exists());
+    let mut opts = with_ckpt(1, &d, 0, false);
+    if let Some(ck) = opts.checkpoint.as_mut() {
+        ck.overwrite = true;
+    }
+    std::fs::write(d.join("notes.txt"), b"mine").unwrap();
+    let e = common::train(SPLIT, &opts).unwrap_err().to_string();
+    assert!(e.contains("notes.txt") && e.contains("nothing was deleted"), "{e}");
+    assert!(d.join("step-000003/manifest.json").is_file());
+    std::fs::remove_file(d.join("notes.txt")).unwrap();
+    common::train(SPLIT, &opts).unwrap();
+    let left: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["step-000001"], "--overwrite leaves only the new run's checkpoint");
+    std::fs::remove_dir_all(&d).unwrap();
 }

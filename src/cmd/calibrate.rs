@@ -119,10 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = profile_text(&profile, &s, ranks);
     match &args.out {
         Some(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            }
-            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+            common::write_file(path, &text)?;
         }
         None if !args.json => print!("{text}"),
         None => {}

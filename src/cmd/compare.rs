@@ -109,15 +109,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("{line}");
         }
     };
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    common::create_dir(&args.out)?;
     let profile = match args.sim.profile()? {
         Some(p) => p,
         None => {
             let ranks = base.parallel.ranks() as u32;
             let (p, _) = calibrate::calibrate(&base, ranks, Effort::new(true), &mut log)?;
             let path = args.out.join("profile.toml");
-            std::fs::write(&path, calibrate::profile_text(&p, &base, ranks))
-                .with_context(|| format!("writing {}", path.display()))?;
+            common::write_file(&path, calibrate::profile_text(&p, &base, ranks))?;
             log(format!("compare: calibrated this machine; profile in {}", path.display()));
             p
         }

@@ -10,5 +10,6 @@ pub mod presets;
 pub mod report;
 pub mod search;
 pub mod simulate;
+pub mod trace;
 pub mod train;
 pub mod verify;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use strata_models::plan;
 
-use crate::common::ScenarioArgs;
+use crate::common::{self, ScenarioArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.out {
         let text = serde_json::to_string(&plan).context("serialising the plan")?;
-        std::fs::write(path, text).with_context(|| format!("writing the plan to {}", path.display()))?;
+        common::write_file(path, text)?;
         eprintln!("wrote {} ({} programs, {} ops)", path.display(), plan.programs.len(), plan.op_count());
     }
     if args.json {

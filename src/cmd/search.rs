@@ -233,11 +233,8 @@ fn differences(a: &Scenario, b: &Scenario) -> String {
 }
 
 fn write_out(dir: &Path, base: &Scenario, r: &SearchResult) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
-    };
+    common::create_dir(dir)?;
+    let write = |name: &str, text: String| common::write_file(&dir.join(name), text);
     let mut csv = String::from(
         "label,tp,pp,dp,vpp,schedule,micro_batch,zero,recompute,sequence_parallel,grad_bucket_mb,overlap_grad_reduce,overlap_param_gather,status,memory_estimate_bytes,estimate_step_s,simulated_step_s,tokens_per_s,mfu,fits\n",
     );

@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use strata_models::plan;
 use strata_sim::net::{self, NetworkKind};
 use strata_sim::{HardwareProfile, Mode, SimOptions, SimReport};
@@ -85,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let report = strata_sim::simulate_with(&plan, &options, network.as_mut())?;
     if let (Some(path), Some(trace)) = (&args.trace, &report.trace) {
         let json = strata_reports::chrome_trace_json(&plan, trace);
-        std::fs::write(path, json).with_context(|| format!("writing the trace to {}", path.display()))?;
+        common::write_file(path, json)?;
         if !args.json {
             eprintln!("trace: {} (open it in ui.perfetto.dev)", path.display());
         }

@@ -5,6 +5,11 @@
 //! The scenario's split is lowered to a plan, verified, and every rank runs its program
 //! (`strata_runtime::train`). Data: a seeded Markov corpus whose entropy rate (the best
 //! loss any model can reach) is printed, or the bytes of `--data FILE`.
+//!
+//! On a CPU cluster `--ranks N` sizes the local cluster to N ranks ([`size_cluster`]).
+//! Exit codes: 2 for bad input (a scenario, a checkpoint that cannot be used, a refused
+//! checkpoint directory or changed setting), 1 for a run that failed (a rank died, the
+//! loss or a gradient became NaN or infinite, a write failed).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -16,7 +21,7 @@ use serde::Serialize;
 use strata_models::hardware::GpuKind;
 use strata_models::plan::{lower, verify};
 use strata_models::scenario::Dtype;
-use strata_runtime::checkpoint::CheckpointError;
+use strata_runtime::checkpoint;
 use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
 use strata_runtime::train::{
@@ -30,8 +35,10 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Ranks to run, as threads of this process; must equal the scenario's tp · pp · dp.
-    #[arg(long)]
+    /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
+    /// cluster to N ranks and derives dp = N / (tp · pp); when tp · pp does not divide N and
+    /// neither was set with --set, the split becomes tp = pp = 1, dp = N (a note says so).
+    #[arg(long, value_name = "N")]
     pub ranks: Option<u32>,
     /// Steps to train [default: training.steps of the scenario].
     #[arg(long)]
@@ -47,10 +54,23 @@ pub struct Args {
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub checkpoint_every: u32,
     /// Resume from the newest checkpoint in --checkpoint-dir (bit-identical to not stopping).
+    /// A changed training setting (training.lr, weight_decay, grad_clip, warmup_steps, …)
+    /// is refused unless --allow-changed names it.
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
-    /// Write loss.csv, trace.json (the measured trace of the last step), memory.json (peak
-    /// bytes per rank, measured and predicted) and plan.json (the plan the trace refers to).
+    /// Start afresh in a --checkpoint-dir that holds checkpoints: delete them first (only
+    /// Strata's step-* directories; anything else there makes it refuse). Without it, a fresh
+    /// run refuses a non-empty checkpoint directory.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// With --resume, allow this training setting to differ from the checkpoint's, e.g.
+    /// `--allow-changed training.lr`. Repeatable.
+    #[arg(long = "allow-changed", value_name = "KEY", requires = "resume")]
+    pub allow_changed: Vec<String>,
+    /// Write loss.csv, trace.json (the measured trace of the last step, Chrome/Perfetto
+    /// format: open it in ui.perfetto.dev), measured-trace.json (the same trace as Strata's
+    /// data, for `strata trace merge` and the report's inputs), memory.json (peak bytes per
+    /// rank, measured and predicted) and plan.json (the plan the trace refers to).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Stop the job when no rank made progress for this many seconds (a dead peer).
@@ -74,6 +94,11 @@ struct Report<'a> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut s = args.scenario.load()?;
+    if let Some(n) = args.ranks.filter(|n| s.cluster.gpu == GpuKind::Cpu && u64::from(*n) != s.parallel.ranks()) {
+        let mut sized = args.scenario.clone();
+        sized.overrides.extend(size_cluster(&s, n, &args.scenario.overrides)?);
+        s = sized.load()?;
+    }
     if s.cluster.gpu != GpuKind::Cpu {
         bail!(
             "strata train runs CPU ranks, but the scenario's cluster has cluster.gpu = \"{}\"; use cluster.preset = \"cpu-local\" with cluster.gpus_per_node = tp · pp · dp",
@@ -128,6 +153,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             every: args.checkpoint_every,
             resume: args.resume,
             keep: 2,
+            overwrite: args.overwrite,
+            allow_changed: args.allow_changed.clone(),
         }),
         exec: ExecConfig { recv_timeout: Duration::from_secs(args.timeout.max(1)), trace_step: steps.checked_sub(1) },
         fault: None,
@@ -146,12 +173,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let result = result.map_err(|e| match e {
         TrainError::RankFailed { .. } | TrainError::RankExited { .. } => anyhow::Error::new(RunFailure(e.to_string())),
-        TrainError::Checkpoint(CheckpointError::Io { .. }) => anyhow::Error::new(RunFailure(e.to_string())),
+        TrainError::Diverged { .. } => {
+            let last = match args.checkpoint_dir.as_deref().map(checkpoint::latest) {
+                Some(Ok((p, _))) => format!("; the last good checkpoint is {}", p.display()),
+                Some(Err(_)) => "; no checkpoint was written before it".to_string(),
+                None => String::new(),
+            };
+            anyhow::Error::new(RunFailure(format!("{e}{last}")))
+        }
+        TrainError::Checkpoint(c) if c.is_io() => anyhow::Error::new(RunFailure(c.to_string())),
         other => anyhow::Error::new(other),
     })?;
     if let Some(dir) = &args.out {
         write_outputs(dir, &plan, &result)
             .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
+        if let Some(trace) = &result.trace {
+            common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(&plan, trace))?;
+        }
     }
     let report = Report {
         scenario: &s.name,
@@ -201,6 +239,38 @@ fn summary(r: &TrainResult, out: Option<&Path>) {
         );
     }
     if let Some(dir) = out {
-        println!("Wrote {}/loss.csv, trace.json, memory.json, plan.json", dir.display());
+        println!(
+            "Wrote {}/loss.csv, trace.json (open it in ui.perfetto.dev), measured-trace.json, memory.json, plan.json",
+            dir.display()
+        );
     }
+}
+
+/// The `--set` overrides that size a CPU cluster to `n` ranks: one node of `n`, dp derived
+/// as n / (tp · pp). When tp · pp does not divide `n`, tp and pp fall back to 1 (with a
+/// note), unless the user set them, which is an error naming the split.
+fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String]) -> anyhow::Result<Vec<String>> {
+    if n == 0 {
+        bail!("--ranks 0: a job needs at least one rank");
+    }
+    let p = &s.parallel;
+    let set_by_user = |key: &str| user.iter().any(|o| o.split('=').next().is_some_and(|k| k.trim() == key));
+    let mut sets = vec!["cluster.nodes=1".to_string(), format!("cluster.gpus_per_node={n}")];
+    let (mut tp, mut pp) = (u64::from(p.tp), u64::from(p.pp));
+    if u64::from(n) % (tp * pp) != 0 {
+        if set_by_user("parallel.tp") || set_by_user("parallel.pp") {
+            bail!(
+                "--ranks {n}: tp · pp = {tp} · {pp} = {} does not divide {n}; pass --ranks a multiple of {} or change parallel.tp / parallel.pp",
+                tp * pp,
+                tp * pp
+            );
+        }
+        eprintln!(
+            "note: --ranks {n}: the scenario's tp · pp = {tp} · {pp} does not divide {n}; training tp = 1, pp = 1, dp = {n}"
+        );
+        (tp, pp) = (1, 1);
+        sets.extend(["parallel.tp=1", "parallel.pp=1", "parallel.vpp=1", "parallel.schedule=1f1b"].map(String::from));
+    }
+    sets.push(format!("parallel.dp={}", u64::from(n) / (tp * pp)));
+    Ok(sets)
 }

@@ -225,6 +225,8 @@ fn main() -> ExitCode {
         every: a.checkpoint_every,
         resume: a.resume,
         keep: 2,
+        overwrite: false,
+        allow_changed: Vec::new(),
     });
     if a.out.is_some() {
         opts.exec.trace_step = steps.checked_sub(1);

@@ -255,6 +255,16 @@ impl RankExec {
 
     /// Clips and steps every owned piece, then zeroes the gradients for the next step.
     pub(super) fn optimizer_step(&mut self) {
+        if let Some(bad) = self.first_nonfinite_grad() {
+            // Never step on a NaN or infinity: the parameters stay the last good ones, and
+            // the trainer stops the run naming the tensor.
+            self.nonfinite_grad = Some(bad);
+            for c in &mut self.chunks {
+                c.grads.values_mut().for_each(|g| g.fill(0.0));
+                c.grad_shards.iter_mut().for_each(|g| g.fill(0.0));
+            }
+            return;
+        }
         let (zero, s, cfg) = (self.zero, self.clip_scale, self.adamw);
         for c in &mut self.chunks {
             let decay = c.layout.decay_ranges();

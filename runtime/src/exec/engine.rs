@@ -52,6 +52,7 @@ impl RankExec {
         self.step = step;
         self.loss_sum = 0.0;
         self.grad_norm = None;
+        self.nonfinite_grad = None;
         self.clip_scale = 1.0;
         self.adamw.lr = self.lr_at(step);
         self.load_batches(step)?;
@@ -202,6 +203,7 @@ impl RankExec {
             step,
             loss_sum,
             grad_norm: self.grad_norm,
+            nonfinite_grad: self.nonfinite_grad.take(),
             spans: books.spans,
             memory: if record { samples } else { vec![] },
             cpu: step_cpu,

@@ -40,6 +40,7 @@
 mod coll;
 mod compute;
 mod engine;
+mod finite;
 mod memory;
 pub mod pool;
 pub mod units;
@@ -159,6 +160,9 @@ pub struct StepReport {
     pub loss_sum: Option<f64>,
     /// The global gradient norm before clipping (when clipping is on).
     pub grad_norm: Option<f64>,
+    /// A gradient this rank found non-finite at the optimizer step (the tensor's name and
+    /// the value); the step then left every parameter as it was.
+    pub nonfinite_grad: Option<(String, f64)>,
     pub spans: Vec<Span>,
     pub memory: Vec<MemSample>,
     /// The traced step's CPU time (where the platform reports thread CPU time).
@@ -232,6 +236,8 @@ pub struct RankExec {
     step: u32,
     loss_sum: f64,
     grad_norm: Option<f64>,
+    /// The first gradient found non-finite at the optimizer step (its name and value).
+    nonfinite_grad: Option<(String, f64)>,
     clip_scale: f32,
     // Measurement.
     peaks: MemoryPeaks,
@@ -350,6 +356,7 @@ impl RankExec {
             step: 0,
             loss_sum: 0.0,
             grad_norm: None,
+            nonfinite_grad: None,
             clip_scale: 1.0,
             peaks: MemoryPeaks::default(),
             last_total: u64::MAX,

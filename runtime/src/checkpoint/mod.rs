@@ -13,16 +13,25 @@
 //! position: step n reads batches from (n·dp + d)·m on, so nothing else is needed; there is
 //! no dropout RNG). Gradients are zero between steps and are not written.
 //!
-//! Atomic: a shard is written to `rank-r.bin.tmp`, fsynced and renamed; once every rank
+//! Atomic: a shard is written to `rank-r.tmp`, fsynced and renamed; once every rank
 //! reported its shard's FNV-1a-64 checksum, rank 0 writes `manifest.json` the same way and
 //! fsyncs the directory. A checkpoint without a manifest does not exist for `--resume`, so a
-//! write killed midway leaves the previous one in force. Resuming checks the manifest
-//! against the scenario (model, split, seed, data) and every shard against its checksum;
-//! a mismatch or a corrupt shard is an error that names the field or the file.
+//! write killed midway leaves the previous one in force; such partial step directories are
+//! removed when a run starts and after every complete checkpoint ([`dir`]).
+//!
+//! Resuming checks the manifest against the scenario (model, split, seed, data, and the
+//! training settings unless a change is allowed, [`check`]) and every shard — its name, its
+//! checksum, its header (rank, step, array sizes) and that every value is finite — before
+//! any rank starts. Every way a checkpoint can be unusable is a [`CheckpointError`] that
+//! names the file; only a failed *write* is an I/O error ([`CheckpointError::Io`]).
 //!
 //! Shard format (little-endian): `STRATA-CKPT\0`, u32 version, u32 header length, a JSON
 //! header (rank, step, array names and lengths, AdamW step counts), then the f32 arrays.
 
+pub mod check;
+pub mod dir;
+
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,11 +42,15 @@ use thiserror::Error;
 
 use crate::exec::RankExec;
 
+pub use check::{allowed_changes, check_manifest, recorded_settings, verify_all};
+pub use dir::{Start, prepare, prune};
+
 const MAGIC: &[u8; 12] = b"STRATA-CKPT\0";
 const VERSION: u32 = 1;
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
+    /// A write or a directory operation failed: the run failed, not its input (exit 1).
     #[error("checkpoint I/O on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -49,6 +62,20 @@ pub enum CheckpointError {
     #[error("checkpoint {path} does not match the scenario: {what}; resume with the scenario it was written with")]
     Mismatch { path: PathBuf, what: String },
     #[error(
+        "checkpoint {path} was written with other training settings: {what}; resume with the settings it was written with, or pass --allow-changed KEY for each change you mean (repeatable)"
+    )]
+    Changed { path: PathBuf, what: String },
+    #[error("--allow-changed {key}: not a setting a checkpoint records; the keys are {keys}")]
+    UnknownSetting { key: String, keys: String },
+    #[error(
+        "checkpoint directory {dir} is not empty (it holds {what}); pass --resume to continue that run, or --overwrite to delete its checkpoints and start afresh"
+    )]
+    NotEmpty { dir: PathBuf, what: String },
+    #[error(
+        "--overwrite: {dir} holds entries that are not Strata checkpoints ({what}); nothing was deleted; choose an empty directory or move them away"
+    )]
+    Foreign { dir: PathBuf, what: String },
+    #[error(
         "no checkpoint to resume from in {0} (no step-* directory with a manifest.json); run without --resume first"
     )]
     NoneFound(PathBuf),
@@ -56,14 +83,27 @@ pub enum CheckpointError {
     Injected { rank: u32, step: u32 },
 }
 
+impl CheckpointError {
+    /// Whether the error is a failed write (the run failed) rather than an unusable
+    /// checkpoint or a refused setting (bad input).
+    pub fn is_io(&self) -> bool {
+        matches!(self, CheckpointError::Io { .. } | CheckpointError::Injected { .. })
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+fn corrupt(path: &Path, what: impl Into<String>) -> CheckpointError {
+    CheckpointError::Corrupt { path: path.to_path_buf(), what: what.into() }
 }
 
 /// One shard as listed in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardEntry {
     pub rank: u32,
+    /// The shard's file name inside the step directory (a plain name, never a path).
     pub file: String,
     pub bytes: u64,
     pub fnv1a64: String,
@@ -81,6 +121,10 @@ pub struct Manifest {
     pub data: String,
     /// Steps completed: a resume runs step `step` next.
     pub step: u32,
+    /// The settings that change training (`training.lr`, …; see [`recorded_settings`]).
+    /// Absent in checkpoints written before they were recorded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub training: BTreeMap<String, serde_json::Value>,
     pub shards: Vec<ShardEntry>,
 }
 
@@ -99,6 +143,15 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 pub fn step_dir(dir: &Path, step: u32) -> PathBuf {
     dir.join(format!("step-{step:06}"))
+}
+
+/// The step a directory name `step-NNNNNN` stands for.
+pub(crate) fn step_of(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.len() < 6 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 fn shard_name(rank: u32) -> String {
@@ -147,7 +200,8 @@ fn encode(exec: &RankExec, step: u32) -> Vec<u8> {
         arrays: arrays.iter().map(|(n, v)| (n.clone(), v.len())).collect(),
         adam_steps,
     };
-    let json = serde_json::to_vec(&header).expect("a header serialises");
+    // A header of strings and integers always serialises.
+    let json = serde_json::to_vec(&header).unwrap_or_default();
     let mut out = Vec::with_capacity(json.len() + 20 + arrays.iter().map(|(_, v)| v.len() * 4).sum::<usize>());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -159,6 +213,54 @@ fn encode(exec: &RankExec, step: u32) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A shard's header and its arrays' bytes, proven consistent: the magic, the version,
+/// a header that parses, and exactly as many bytes as the header's arrays need.
+struct Decoded<'a> {
+    header: Header,
+    data: &'a [u8],
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn decode(bytes: &[u8]) -> Result<Decoded<'_>, String> {
+    if bytes.len() < 20 || &bytes[..12] != MAGIC {
+        return Err("not a Strata checkpoint shard (no STRATA-CKPT magic)".into());
+    }
+    let version = le_u32(&bytes[12..16]);
+    if version != VERSION {
+        return Err(format!("shard format {version}, this build reads {VERSION}"));
+    }
+    let hlen = le_u32(&bytes[16..20]) as usize;
+    let raw = bytes
+        .get(20..20usize.saturating_add(hlen))
+        .ok_or_else(|| format!("header of {hlen} bytes runs past the end of the file"))?;
+    let header: Header = serde_json::from_slice(raw).map_err(|e| format!("unreadable header: {e}"))?;
+    let data = &bytes[20 + hlen..];
+    let want = header.arrays.iter().try_fold(0usize, |n, (_, len)| n.checked_add(len.checked_mul(4)?));
+    if want != Some(data.len()) {
+        return Err(format!(
+            "the header lists arrays of {} bytes, the file holds {} bytes of data",
+            want.map_or("more than 2^64".into(), |w| w.to_string()),
+            data.len()
+        ));
+    }
+    Ok(Decoded { header, data })
+}
+
+impl Decoded<'_> {
+    /// Each array's name and values, in order.
+    fn arrays(&self) -> impl Iterator<Item = (&str, Vec<f32>)> + '_ {
+        let mut at = 0;
+        self.header.arrays.iter().map(move |(name, len)| {
+            let raw = &self.data[at..at + 4 * len];
+            at += 4 * len;
+            (name.as_str(), raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        })
+    }
 }
 
 /// Writes this rank's shard of the checkpoint after `step` steps; returns its manifest entry.
@@ -190,6 +292,7 @@ pub fn manifest(scenario: &Scenario, data: &str, step: u32, mut shards: Vec<Shar
         seed: scenario.training.seed,
         data: data.to_string(),
         step,
+        training: recorded_settings(scenario),
         shards,
     }
 }
@@ -197,131 +300,84 @@ pub fn manifest(scenario: &Scenario, data: &str, step: u32, mut shards: Vec<Shar
 /// Rank 0's last act: the manifest, atomically, then the directory synced.
 pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), CheckpointError> {
     let sdir = step_dir(dir, m.step);
-    let json = serde_json::to_vec_pretty(m).expect("a manifest serialises");
-    write_atomic(&sdir.join("manifest.json"), &json, false)?;
+    let path = sdir.join("manifest.json");
+    let json = serde_json::to_vec_pretty(m)
+        .map_err(|e| CheckpointError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+    write_atomic(&path, &json, false)?;
     sync_dir(&sdir)?;
     sync_dir(dir)
 }
 
+/// The complete checkpoints (step directories with a manifest) in `dir`, oldest first.
+pub(crate) fn complete_steps(dir: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
+    let mut steps: Vec<(u32, PathBuf)> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| Some((step_of(p.file_name()?.to_str()?)?, p)))
+        .filter(|(_, p)| p.join("manifest.json").is_file())
+        .collect();
+    steps.sort();
+    steps
+}
+
 /// The newest checkpoint in `dir` that has a manifest, and its manifest.
 pub fn latest(dir: &Path) -> Result<(PathBuf, Manifest), CheckpointError> {
-    let mut steps: Vec<PathBuf> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step-")))
-            .filter(|p| p.join("manifest.json").is_file())
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    steps.sort();
-    let sdir = steps.pop().ok_or_else(|| CheckpointError::NoneFound(dir.to_path_buf()))?;
+    let (step, sdir) = complete_steps(dir).pop().ok_or_else(|| CheckpointError::NoneFound(dir.to_path_buf()))?;
     let path = sdir.join("manifest.json");
-    let text = fs::read(&path).map_err(io(&path))?;
-    let m: Manifest = serde_json::from_slice(&text)
-        .map_err(|e| CheckpointError::Corrupt { path: path.clone(), what: format!("manifest is not valid: {e}") })?;
+    let text = fs::read(&path).map_err(|e| corrupt(&path, format!("cannot be read: {e}")))?;
+    let m: Manifest =
+        serde_json::from_slice(&text).map_err(|e| corrupt(&path, format!("manifest is not valid: {e}")))?;
+    if m.step != step {
+        return Err(corrupt(&path, format!("the manifest says step {}, but it lies in step-{step:06}", m.step)));
+    }
     Ok((sdir, m))
 }
 
-/// Checks a manifest against the job about to resume; names every field that differs.
-pub fn check_manifest(sdir: &Path, m: &Manifest, scenario: &Scenario, data: &str) -> Result<(), CheckpointError> {
-    let mut bad = Vec::new();
-    if m.format != VERSION {
-        bad.push(format!("format {} (this build reads {VERSION})", m.format));
-    }
-    if m.model != scenario.model {
-        bad.push(format!("model {:?} vs the scenario's {:?}", m.model, scenario.model));
-    }
-    let (a, b) = (&m.split, &scenario.parallel);
-    for (key, x, y) in [
-        ("tp", a.tp, b.tp),
-        ("pp", a.pp, b.pp),
-        ("dp", a.dp, b.dp),
-        ("vpp", a.vpp, b.vpp),
-        ("micro_batch", a.micro_batch, b.micro_batch),
-        ("global_batch", a.global_batch, b.global_batch),
-        ("zero", a.zero as u32, b.zero as u32),
-    ] {
-        if x != y {
-            bad.push(format!("parallel.{key} = {x} in the checkpoint, {y} in the scenario"));
-        }
-    }
-    if a != b && bad.is_empty() {
-        bad.push("the parallel settings (schedule, recomputation or sequence parallelism) differ".into());
-    }
-    if m.seed != scenario.training.seed {
-        bad.push(format!("training.seed = {} in the checkpoint, {} in the scenario", m.seed, scenario.training.seed));
-    }
-    if m.data != data {
-        bad.push(format!("data \"{}\" in the checkpoint, \"{data}\" now", m.data));
-    }
-    if m.shards.len() as u64 != scenario.parallel.ranks() {
-        bad.push(format!("{} shards for {} ranks", m.shards.len(), scenario.parallel.ranks()));
-    }
-    if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(CheckpointError::Mismatch { path: sdir.to_path_buf(), what: bad.join("; ") })
-    }
-}
-
-/// Reads and verifies rank `rank`'s shard against the manifest.
-fn read_shard(sdir: &Path, m: &Manifest, rank: u32) -> Result<Vec<u8>, CheckpointError> {
-    let entry = m.shards.iter().find(|s| s.rank == rank).ok_or_else(|| CheckpointError::Corrupt {
-        path: sdir.join("manifest.json"),
-        what: format!("no shard listed for rank {rank}"),
-    })?;
-    let path = sdir.join(&entry.file);
-    let bytes = fs::read(&path).map_err(io(&path))?;
+/// Reads rank `rank`'s shard and checks it against the manifest (size and checksum).
+fn read_shard(sdir: &Path, m: &Manifest, rank: u32) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+    let entry = m
+        .shards
+        .iter()
+        .find(|s| s.rank == rank)
+        .ok_or_else(|| corrupt(&sdir.join("manifest.json"), format!("no shard listed for rank {rank}")))?;
+    let path = check::shard_path(sdir, entry)?;
+    let bytes = fs::read(&path).map_err(|e| corrupt(&path, format!("the shard cannot be read: {e}")))?;
     let sum = format!("{:016x}", fnv1a64(&bytes));
     if bytes.len() as u64 != entry.bytes || sum != entry.fnv1a64 {
-        return Err(CheckpointError::Corrupt {
-            path,
-            what: format!(
+        return Err(corrupt(
+            &path,
+            format!(
                 "{} bytes with checksum {sum}, the manifest says {} bytes with checksum {}",
                 bytes.len(),
                 entry.bytes,
                 entry.fnv1a64
             ),
-        });
+        ));
     }
-    Ok(bytes)
-}
-
-/// Verifies every shard of a checkpoint (before any rank starts).
-pub fn verify_all(sdir: &Path, m: &Manifest) -> Result<(), CheckpointError> {
-    for s in &m.shards {
-        read_shard(sdir, m, s.rank)?;
-    }
-    Ok(())
+    Ok((path, bytes))
 }
 
 /// Restores a rank's state from its shard; returns the step to run next.
 pub fn load_shard(exec: &mut RankExec, sdir: &Path, m: &Manifest) -> Result<u32, CheckpointError> {
-    let bytes = read_shard(sdir, m, exec.rank)?;
-    let path = sdir.join(shard_name(exec.rank));
-    let corrupt = |what: &str| CheckpointError::Corrupt { path: path.clone(), what: what.to_string() };
-    if bytes.len() < 20 || &bytes[..12] != MAGIC {
-        return Err(corrupt("not a Strata checkpoint shard"));
+    let (path, bytes) = read_shard(sdir, m, exec.rank)?;
+    let d = decode(&bytes).map_err(|what| corrupt(&path, what))?;
+    if d.header.rank != exec.rank || d.header.step != m.step {
+        return Err(corrupt(
+            &path,
+            format!(
+                "it holds the shard of rank {} at step {}, the manifest lists it for rank {} at step {}",
+                d.header.rank, d.header.step, exec.rank, m.step
+            ),
+        ));
     }
-    let hlen = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")) as usize;
-    let header: Header = bytes
-        .get(20..20 + hlen)
-        .and_then(|h| serde_json::from_slice(h).ok())
-        .ok_or_else(|| corrupt("unreadable header"))?;
-    let mut at = 20 + hlen;
-    let mut next = |n: usize| -> Result<Vec<f32>, CheckpointError> {
-        let raw = bytes.get(at..at + 4 * n).ok_or_else(|| corrupt("truncated data"))?;
-        at += 4 * n;
-        Ok(raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
-    };
-    let mut arrays = header.arrays.iter();
-    let mut adam_steps = header.adam_steps.iter();
+    let mut arrays = d.arrays();
+    let mut adam_steps = d.header.adam_steps.iter();
     let mut take = |want: usize| -> Result<Vec<f32>, CheckpointError> {
-        let (name, len) = arrays.next().ok_or_else(|| corrupt("fewer arrays than this rank holds"))?;
-        if *len != want {
-            return Err(corrupt(&format!("array {name} has {len} elements, this rank holds {want}")));
+        let (name, v) = arrays.next().ok_or_else(|| corrupt(&path, "fewer arrays than this rank holds"))?;
+        if v.len() != want {
+            return Err(corrupt(&path, format!("array {name} has {} elements, this rank holds {want}", v.len())));
         }
-        next(want)
+        Ok(v)
     };
     for c in exec.chunks.iter_mut() {
         for v in c.params.values_mut() {
@@ -333,28 +389,13 @@ pub fn load_shard(exec: &mut RankExec, sdir: &Path, m: &Manifest) -> Result<u32,
         for o in c.opt.iter_mut() {
             o.adamw.m = take(o.adamw.m.len())?;
             o.adamw.v = take(o.adamw.v.len())?;
-            o.adamw.step = *adam_steps.next().ok_or_else(|| corrupt("missing AdamW step counts"))?;
+            o.adamw.step = *adam_steps.next().ok_or_else(|| corrupt(&path, "missing AdamW step counts"))?;
         }
         c.grads.values_mut().for_each(|g| g.fill(0.0));
         c.grad_shards.iter_mut().for_each(|g| g.fill(0.0));
     }
-    if header.rank != exec.rank || header.step != m.step {
-        return Err(corrupt(&format!("shard of rank {} at step {}", header.rank, header.step)));
+    if arrays.next().is_some() {
+        return Err(corrupt(&path, "more arrays than this rank holds"));
     }
     Ok(m.step)
-}
-
-/// Keeps the newest `keep` complete checkpoints and deletes older step directories.
-pub fn prune(dir: &Path, keep: usize) {
-    let Ok(rd) = fs::read_dir(dir) else { return };
-    let mut steps: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step-")))
-        .filter(|p| p.join("manifest.json").is_file())
-        .collect();
-    steps.sort();
-    let n = steps.len().saturating_sub(keep);
-    for old in &steps[..n] {
-        let _ = fs::remove_dir_all(old);
-    }
 }
