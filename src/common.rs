@@ -61,10 +61,19 @@ pub fn create_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Exit code for an error: 1 for a failed run (a rank died, the job diverged, a write
+/// The plan does not fit in GPU memory: the report was printed, and the exit code is 3 so
+/// that scripts can tell an out-of-memory verdict from bad input (2) or a failed run (1).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OutOfMemoryVerdict(pub String);
+
+/// Exit code for an error: 3 for an out-of-memory verdict ([`OutOfMemoryVerdict`]), 1 for a failed run (a rank died, the job diverged, a write
 /// failed — [`RunFailure`], [`WriteFailure`], a report or checkpoint that could not be
 /// written), 2 for bad input (everything else: the message says what to change).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| c.is::<OutOfMemoryVerdict>()) {
+        return 3;
+    }
     let failed = e.chain().any(|c| {
         c.is::<RunFailure>()
             || c.is::<WriteFailure>()

@@ -185,6 +185,26 @@ fn collbench_prints_nccl_tests_rows() {
 }
 
 #[test]
+fn an_out_of_memory_verdict_prints_the_report_and_exits_3() {
+    let out = strata(&[
+        "simulate",
+        "scenarios/gpt3-175b-1024xa100.toml",
+        "--set",
+        "parallel.global_batch=512",
+        "--set",
+        "parallel.recompute=none",
+        "--set",
+        "parallel.micro_batch=4",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fits"], false);
+    assert!(err.contains("does not fit") && err.contains("stage"), "{err}");
+}
+
+#[test]
 fn simulate_reports_the_keys_scripts_rely_on_and_writes_a_trace() {
     let trace = tmp("trace.json");
     let out = strata(&[
@@ -234,7 +254,7 @@ fn simulate_reports_the_keys_scripts_rely_on_and_writes_a_trace() {
         "parallel.vpp=1",
     ]);
     let text = String::from_utf8_lossy(&oom.stdout);
-    assert!(oom.status.success() && text.contains("DOES NOT FIT: stage 0"), "{text}");
+    assert!(oom.status.code() == Some(3) && text.contains("DOES NOT FIT: stage 0"), "{text}");
 }
 
 #[test]

@@ -90,13 +90,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        return common::print_json(&report);
+        common::print_json(&report)?;
+    } else {
+        print!("{}", text(&report, &s));
     }
-    print!("{}", text(&report, &s));
+    if !report.fits {
+        let over = &report.out_of_memory;
+        let worst = over.iter().max_by_key(|o| (o.over_bytes, std::cmp::Reverse(o.stage)));
+        let worst = worst.map(|o| format!("; the worst, {o}")).unwrap_or_default();
+        let msg = format!(
+            "the plan does not fit in GPU memory: {} of {} stages over{worst} (exit code 3)",
+            over.len(),
+            report.memory.len()
+        );
+        return Err(common::OutOfMemoryVerdict(msg).into());
+    }
     Ok(())
 }
 
-/// The report as text.
 /// The engine modes on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModeArg {
@@ -115,6 +126,7 @@ impl From<ModeArg> for Mode {
     }
 }
 
+/// The report as text.
 pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     use std::fmt::Write;
     let p = &s.parallel;
