@@ -297,6 +297,13 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 let prefetch = if p.overlap_param_gather { 2.0 } else { 1.0 };
                 transient_bytes += prefetch * layer * state_bytes_per_param(dtype).0 as f64;
             }
+            if p.zero >= 2 {
+                // The full gradient of the largest unit, before its reduce-scatter, in the
+                // framework's reduction dtype (fp32 for FSDP2).
+                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp);
+                let vocab = if first || last { m.vocab as u64 * m.hidden as u64 / p.tp as u64 } else { 0 };
+                transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
+            }
             StageMemory {
                 stage: sp.stage,
                 params: psi,
