@@ -145,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             result: &result,
             wall_s: wall,
             top: top_rows(&result, args.top),
-            winner_memory: result.best().map(|b| WinnerMemory::of(&b.scenario)),
+            winner_memory: result.best().and_then(|b| WinnerMemory::of(&b.scenario)),
         });
     }
     print!("{}", text(&base, &result, args.top, wall));
@@ -180,20 +180,17 @@ struct WinnerMemory {
 }
 
 impl WinnerMemory {
-    fn of(s: &Scenario) -> WinnerMemory {
+    fn of(s: &Scenario) -> Option<WinnerMemory> {
         let stages = memory::stage_memory(s);
-        let st = stages
-            .iter()
-            .max_by(|a, b| a.framework_formula_bytes().total_cmp(&b.framework_formula_bytes()))
-            .expect("a plan has a stage");
-        WinnerMemory {
+        let st = stages.iter().max_by(|a, b| a.framework_formula_bytes().total_cmp(&b.framework_formula_bytes()))?;
+        Some(WinnerMemory {
             framework: s.training.framework,
             stage: st.stage,
             states_bytes: st.states_bytes() + st.formula_only_bytes,
             activations_bytes: st.activations_bytes + st.embedding_logits_bytes,
             formula_bytes: st.framework_formula_bytes(),
             strata_extra_bytes: st.strata_extra_bytes(),
-        }
+        })
     }
 }
 
@@ -276,8 +273,7 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             );
         }
     }
-    if let Some(best) = r.best() {
-        let w = WinnerMemory::of(&best.scenario);
+    if let Some((best, w)) = r.best().and_then(|b| Some((b, WinnerMemory::of(&b.scenario)?))) {
         let _ = writeln!(
             o,
             "\nwinner {} runs under {}; its memory by {}'s formula on stage {}: {} (weights, gradients, optimizer {} + activations {}), Strata's plan adds {} of transients",
