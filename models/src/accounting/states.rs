@@ -10,6 +10,7 @@
 //! | Strata (ZeRO paper) | 2 + 2 + 12 | 4 + 12/d | 2 + 14/d | 16/d | the weights' dtype |
 //! | Megatron-LM | 2 + 4 + 12 = 18 | 6 + 12/d (distributed optimizer) | — | — | fp32 (main gradients) |
 //! | Megatron-LM, `grad_reduce_in_bf16` | 16 | 4 + 12/d | — | — | bf16 |
+//! | Megatron-LM, fp16 | 2 + 2 + 16 = 20 | 4 + 16/d | — | — | fp16 |
 //! | DeepSpeed | 2 + 2 + 12 | 6 + 12/d (BF16_Optimizer: fp32 gradient accumulation) | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
 //! | torchtitan (FSDP2, fp32 states) | 4 + 4 + 8 (DDP) | — | 2 + 16/d (no reshard: bf16 weights kept) | 16/d (+ bf16 blocks in flight) | fp32 (`mixed_precision_reduce`) |
 //!
@@ -109,6 +110,14 @@ pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16:
             optimizer: PerParam::by(12, z1),
             grad_reduce: dtype,
         },
+        // fp16: fp16 main gradients, the optimizer keeps an fp32 copy of them beside the fp32
+        // master and Adam (Megatron's dist_optimizer.md: 20, 4 + 16/d).
+        Framework::Megatron if dtype == Dtype::Fp16 => StateLayout {
+            weights: PerParam::whole(2),
+            grads: PerParam::whole(2),
+            optimizer: PerParam::by(16, z1),
+            grad_reduce: dtype,
+        },
         Framework::Megatron => StateLayout {
             weights: PerParam::whole(2),
             grads: PerParam::whole(if grad_reduce_in_bf16 { 2 } else { 4 }),
@@ -199,6 +208,8 @@ mod tests {
         assert_eq!(l.grad_reduce, Dtype::Fp32);
         let l = layout(Framework::Megatron, Dtype::Bf16, 1, true);
         assert_eq!((l.per_param(8), l.grad_reduce), (4.0 + 12.0 / 8.0, Dtype::Bf16));
+        assert_eq!(layout(Framework::Megatron, Dtype::Fp16, 0, false).per_param(8), 20.0);
+        assert_eq!(layout(Framework::Megatron, Dtype::Fp16, 1, false).per_param(8), 6.0);
         let l = layout(Framework::Megatron, Dtype::Fp32, 1, false);
         assert_eq!((l.per_param(8), layout(Framework::Megatron, Dtype::Fp32, 0, false).per_param(8)), (9.0, 16.0));
     }
