@@ -61,7 +61,8 @@ pub struct TrainingConfig {
     /// Global gradient-norm clip (0 = off).
     pub grad_clip: f64,
     /// Fused attention (FlashAttention, Dao et al. 2022): the s×s scores are never stored
-    /// and are recomputed inside the backward kernel.
+    /// and are recomputed inside the backward kernel. Default: on for GPU clusters (every
+    /// framework's default there), off on the CPU cluster.
     pub flash_attention: bool,
     /// The framework the plan is meant for: its memory, gradient dtype, exports and the
     /// splits it runs ([`Framework`]). Megatron-LM on GPU clusters, Strata's executor on CPU.
@@ -469,7 +470,9 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         warmup_steps: rt.warmup_steps.unwrap_or(td.warmup_steps),
         weight_decay: rt.weight_decay.unwrap_or(td.weight_decay),
         grad_clip: rt.grad_clip.unwrap_or(td.grad_clip),
-        flash_attention: rt.flash_attention.unwrap_or(td.flash_attention),
+        // Fused attention unless set: the default of Megatron-LM (`--attention-backend auto`),
+        // DeepSpeed's and torchtitan's models (SDPA) on GPUs; the CPU executor has none.
+        flash_attention: rt.flash_attention.unwrap_or(!single),
         framework: rt.framework.unwrap_or(if single { Framework::Strata } else { td.framework }),
         grad_reduce_in_bf16: rt.grad_reduce_in_bf16.unwrap_or(td.grad_reduce_in_bf16),
     };

@@ -10,11 +10,14 @@ use strata_sim::{Mode, SimError, SimOptions, simulate, simulate_with};
 
 /// A small GPT on 2 nodes of DGX A100: tp 2, dp 2, pp 4, ZeRO-1, sequence parallel,
 /// selective recompute.
+/// A small GPT on two DGX A100 nodes, with unfused attention: Korthikanti's hardware-FLOP
+/// count (selective recomputation re-runs the attention core) is what the plan executes.
 fn small(schedule: &str, vpp: u32) -> String {
     format!(
         "name = \"small\"\n[model]\nfamily = \"gpt\"\nlayers = 16\nhidden = 1024\nheads = 16\nvocab = 4096\nseq_len = 512\n[cluster]\npreset = \"dgx-a100\"\nnodes = 2\n\
          [parallel]\ntp = 2\npp = 4\ndp = 2\nvpp = {vpp}\nschedule = \"{schedule}\"\nmicro_batch = 2\nglobal_batch = 32\n\
-         zero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n"
+         zero = 1\nrecompute = \"selective\"\nsequence_parallel = true\n\
+         [training]\nflash_attention = false\n"
     )
 }
 

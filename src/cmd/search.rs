@@ -10,8 +10,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use strata_models::accounting::memory;
 use strata_models::parallel::Recompute;
-use strata_models::{Scenario, plan};
+use strata_models::scenario::ScenarioError;
+use strata_models::{Framework, Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
 
 use crate::cmd::simulate::SimArgs;
@@ -43,13 +45,61 @@ pub struct Args {
     /// every candidate to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// The framework the winner must run under: megatron, deepspeed, torchtitan, strata, or
+    /// any (the three external ones, each candidate naming its own). Default: the scenario's.
+    #[arg(long, value_name = "FRAMEWORK")]
+    pub framework: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The frameworks `--framework` names.
+fn frameworks(arg: Option<&str>, base: &Scenario) -> anyhow::Result<Vec<Framework>> {
+    match arg {
+        None => Ok(vec![base.training.framework]),
+        Some("any") => Ok(Framework::EXTERNAL.to_vec()),
+        Some(key) => match Framework::from_key(key) {
+            Some(f) => Ok(vec![f]),
+            None => anyhow::bail!("--framework {key}: unknown framework; known: {}, \"any\"", Framework::known_keys()),
+        },
+    }
+}
+
+/// The framework a rule id belongs to (`megatron-zero` → Megatron-LM).
+fn rule_framework(rule: &str) -> Option<Framework> {
+    Framework::EXTERNAL.into_iter().find(|f| rule.strip_prefix(f.key()).is_some_and(|r| r.starts_with('-')))
+}
+
+/// The base scenario. Its model, cluster and batch matter; its own split need not run under
+/// its framework (the search does not need it): a scenario refused only by its framework's
+/// rules is loaded for Strata's executor, then given its framework back.
+fn load_base(args: &ScenarioArgs) -> anyhow::Result<Scenario> {
+    let err = match args.load() {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
+    let framework = match err.downcast_ref::<ScenarioError>() {
+        Some(ScenarioError::Invalid { config: Some(c), .. }) => {
+            let f = c.violations.first().and_then(|v| rule_framework(v.rule));
+            if f.is_some() && c.violations.iter().all(|v| rule_framework(v.rule) == f) { f } else { None }
+        }
+        _ => None,
+    };
+    let Some(framework) = framework else { return Err(err) };
+    let mut relaxed = args.clone();
+    relaxed.overrides.push("training.framework=\"strata\"".into());
+    let mut base = relaxed.load()?;
+    base.training.framework = framework;
+    Ok(base)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut base = args.scenario.load()?;
+    let mut base = load_base(&args.scenario)?;
+    let searched = frameworks(args.framework.as_deref(), &base)?;
+    if let [f] = searched[..] {
+        base.training.framework = f;
+    }
     if let Some(gpus) = args.gpus {
         let gpn = base.cluster.gpus_per_node as u64;
         if gpus == 0 || !gpus.is_multiple_of(gpn) {
@@ -62,6 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut opts = SearchOptions::new(&base);
     opts.space = if args.splits_only { SearchSpace::splits(&base) } else { SearchSpace::full(&base) };
+    opts.space.frameworks = searched;
     opts.simulate_top = args.simulate;
     opts.exhaustive = args.exhaustive;
     opts.network = args.sim.network_kind();
@@ -90,7 +141,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         write_out(dir, &base, &result)?;
     }
     if args.json {
-        return common::print_json(&JsonResult { result: &result, wall_s: wall, top: top_rows(&result, args.top) });
+        return common::print_json(&JsonResult {
+            result: &result,
+            wall_s: wall,
+            top: top_rows(&result, args.top),
+            winner_memory: result.best().and_then(|b| WinnerMemory::of(&b.scenario)),
+        });
     }
     print!("{}", text(&base, &result, args.top, wall));
     if let Some(dir) = &args.out {
@@ -105,6 +161,37 @@ struct JsonResult<'a> {
     result: &'a SearchResult,
     wall_s: f64,
     top: Vec<&'a Candidate>,
+    winner_memory: Option<WinnerMemory>,
+}
+
+/// The winner's memory by its framework's own formula, on its fullest stage.
+#[derive(serde::Serialize)]
+struct WinnerMemory {
+    framework: Framework,
+    stage: u32,
+    /// Weights, gradients and optimizer state (with the formula's own buffer term).
+    states_bytes: f64,
+    /// Activations, embedding and logits buffers.
+    activations_bytes: f64,
+    /// States plus activations: the framework's formula.
+    formula_bytes: f64,
+    /// What Strata's plan holds on top (transient working sets).
+    strata_extra_bytes: f64,
+}
+
+impl WinnerMemory {
+    fn of(s: &Scenario) -> Option<WinnerMemory> {
+        let stages = memory::stage_memory(s);
+        let st = stages.iter().max_by(|a, b| a.framework_formula_bytes().total_cmp(&b.framework_formula_bytes()))?;
+        Some(WinnerMemory {
+            framework: s.training.framework,
+            stage: st.stage,
+            states_bytes: st.states_bytes() + st.formula_only_bytes,
+            activations_bytes: st.activations_bytes + st.embedding_logits_bytes,
+            formula_bytes: st.framework_formula_bytes(),
+            strata_extra_bytes: st.strata_extra_bytes(),
+        })
+    }
 }
 
 fn top_rows(r: &SearchResult, k: usize) -> Vec<&Candidate> {
@@ -123,12 +210,14 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
         base.model.seq_len
     );
     let invalid: u64 = r.invalid.values().sum();
+    let unrunnable: u64 = r.unrunnable.values().sum();
     let _ = writeln!(
         o,
-        "candidates: {} enumerated — {} duplicates of others, {} invalid, {} valid; {} out of memory (analytic), {} estimated, {} simulated ({} out of memory); {:.1} s, {:.0} candidates/s\n",
+        "candidates: {} enumerated — {} duplicates of others, {} invalid, {} unrunnable by the framework, {} valid; {} out of memory (analytic), {} estimated, {} simulated ({} out of memory); {:.1} s, {:.0} candidates/s\n",
         r.enumerated,
         r.duplicates,
         invalid,
+        unrunnable,
         r.valid,
         r.out_of_memory_analytic,
         r.estimated,
@@ -184,8 +273,32 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             );
         }
     }
+    if let Some((best, w)) = r.best().and_then(|b| Some((b, WinnerMemory::of(&b.scenario)?))) {
+        let _ = writeln!(
+            o,
+            "\nwinner {} runs under {}; its memory by {}'s formula on stage {}: {} (weights, gradients, optimizer {} + activations {}), Strata's plan adds {} of transients",
+            best.label,
+            best.framework.name(),
+            best.framework.name(),
+            w.stage,
+            common::bytes(w.formula_bytes),
+            common::bytes(w.states_bytes),
+            common::bytes(w.activations_bytes),
+            common::bytes(w.strata_extra_bytes)
+        );
+    }
     let _ = writeln!(o, "\nrejected as invalid, by rule:");
     for (rule, n) in &r.invalid {
+        let _ = writeln!(o, "  {rule:<26} {n}");
+    }
+    let names: Vec<&str> = r.frameworks.iter().map(|f| f.key()).collect();
+    let _ = writeln!(
+        o,
+        "excluded as unrunnable under {}, by rule: {}",
+        names.join(", "),
+        if r.unrunnable.is_empty() { "none" } else { "" }
+    );
+    for (rule, n) in &r.unrunnable {
         let _ = writeln!(o, "  {rule:<26} {n}");
     }
     if let (Some(b), Some(best)) = (r.base.map(|i| &r.candidates[i]), r.best()) {
@@ -229,6 +342,7 @@ fn differences(a: &Scenario, b: &Scenario) -> String {
     diff("grad_bucket_mb", p.grad_bucket_mb.to_string(), q.grad_bucket_mb.to_string());
     diff("overlap_grad_reduce", p.overlap_grad_reduce.to_string(), q.overlap_grad_reduce.to_string());
     diff("overlap_param_gather", p.overlap_param_gather.to_string(), q.overlap_param_gather.to_string());
+    diff("framework", a.training.framework.key().into(), b.training.framework.key().into());
     if d.is_empty() { "the same split".into() } else { d.join(", ") }
 }
 

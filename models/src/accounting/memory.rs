@@ -1,12 +1,20 @@
 //! Analytic memory per rank of each pipeline stage: model states and activations.
 //!
-//! **Model states** (Rajbhandari et al. SC'20, "ZeRO"): mixed-precision Adam keeps 2Ψ bytes
-//! of 16-bit weights, 2Ψ of 16-bit gradients and KΨ of fp32 optimizer state (master
-//! weights, momentum, variance; K = 12). ZeRO-1 shards the optimizer state over the N_d
+//! **Model states** as the scenario's framework keeps them ([`crate::accounting::states`]):
+//! Megatron-LM's fp32 main gradients (18 B/param, 6 + 12/d with its distributed optimizer),
+//! DeepSpeed's estimators, FSDP2's fp32 shards. Strata's own executor keeps the ZeRO paper's
+//! figures (Rajbhandari et al. SC'20): mixed-precision Adam keeps 2Ψ bytes of 16-bit
+//! weights, 2Ψ of 16-bit gradients and KΨ of fp32 optimizer state (master weights,
+//! momentum, variance; K = 12). ZeRO-1 shards the optimizer state over the N_d
 //! data-parallel ranks (4Ψ + KΨ/N_d), ZeRO-2 the gradients too (2Ψ + (2 + K)Ψ/N_d), ZeRO-3
 //! the weights too ((4 + K)Ψ/N_d). In fp32 training (the CPU executor) weights and
 //! gradients take 4 bytes each and K = 8 (momentum and variance; the weights are the
 //! master copy).
+//!
+//! The framework's formula counts states and activations; what Strata models on top — the
+//! transient working sets here, and the simulator's CUDA context, NCCL buffers and allocator
+//! slack — is kept apart ([`StageMemory::framework_formula_bytes`],
+//! [`StageMemory::strata_extra_bytes`]).
 //!
 //! **Activations** (Korthikanti et al. 2022, §4 and Table 2), bytes per layer and
 //! microbatch with 16-bit activations and 1-byte dropout masks: s·b·h·(34 + 5·a·s/h) with
@@ -28,6 +36,7 @@
 use serde::Serialize;
 
 use crate::accounting::params::stage_params;
+use crate::accounting::states::{StateLayout, formula_buffer_bytes, scenario_layout};
 use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Recompute};
 use crate::scenario::{Dtype, Scenario};
@@ -40,15 +49,17 @@ pub fn state_bytes_per_param(dtype: Dtype) -> (u64, u64, u64) {
     }
 }
 
-/// Model-state bytes of Ψ parameters under a ZeRO stage: (weights, gradients, optimizer).
+/// Model-state bytes of Ψ parameters under a ZeRO stage, as the ZeRO paper counts them
+/// (Strata's executor): (weights, gradients, optimizer).
 pub fn model_state_bytes(psi: u64, dtype: Dtype, zero: u8, dp: u32) -> (f64, f64, f64) {
-    let (w, g, k) = state_bytes_per_param(dtype);
+    let l = crate::accounting::states::layout(crate::framework::Framework::Strata, dtype, zero, false);
+    layout_state_bytes(psi, &l, dp)
+}
+
+/// Model-state bytes of Ψ parameters in a framework's layout: (weights, gradients, optimizer).
+pub fn layout_state_bytes(psi: u64, l: &StateLayout, dp: u32) -> (f64, f64, f64) {
     let psi = psi as f64;
-    let n = dp.max(1) as f64;
-    let weights = if zero >= 3 { w as f64 * psi / n } else { w as f64 * psi };
-    let grads = if zero >= 2 { g as f64 * psi / n } else { g as f64 * psi };
-    let optim = if zero >= 1 { k as f64 * psi / n } else { k as f64 * psi };
-    (weights, grads, optim)
+    (l.weights.bytes_f64(psi, dp), l.grads.bytes_f64(psi, dp), l.optimizer.bytes_f64(psi, dp))
 }
 
 /// Whether the model trains with dropout, so that its masks are saved for backward (GPT
@@ -191,11 +202,34 @@ pub struct StageMemory {
     /// Embedding output (first stage) and logits / output-layer buffers (last stage).
     pub embedding_logits_bytes: f64,
     /// Largest transient working set on top (a recomputed layer under full recomputation;
-    /// a gathered layer under ZeRO-3).
+    /// a gathered layer under ZeRO-3): what Strata models beyond the framework's formula.
     pub transient_bytes: f64,
+    /// What the framework's own formula counts beside the states that the plan holds
+    /// differently (DeepSpeed ZeRO-3's 4·P_largest: the largest module's 16-bit weights and
+    /// gradients gathered whole, where the plan gathers layers, in `transient_bytes`). Not
+    /// part of [`StageMemory::total_bytes`].
+    pub formula_only_bytes: f64,
 }
 
 impl StageMemory {
+    /// Weights, gradients and optimizer state.
+    pub fn states_bytes(&self) -> f64 {
+        self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+    }
+
+    /// What the framework's own formula counts: the states (with its own buffer term) and
+    /// the activations.
+    pub fn framework_formula_bytes(&self) -> f64 {
+        self.states_bytes() + self.formula_only_bytes + self.activations_bytes + self.embedding_logits_bytes
+    }
+
+    /// What Strata's plan holds beyond the formula's states and activations (the simulator
+    /// adds the CUDA context, NCCL buffers and allocator slack on top).
+    pub fn strata_extra_bytes(&self) -> f64 {
+        self.transient_bytes
+    }
+
+    /// The plan's buffers at their peak: states, activations and transients.
     pub fn total_bytes(&self) -> f64 {
         self.weights_bytes
             + self.grads_bytes
@@ -216,11 +250,13 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
     let flash = s.training.flash_attention;
     let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash);
+    let layout = scenario_layout(s);
+    let formula_only_bytes = formula_buffer_bytes(s);
     stage_params(m, p)
         .into_iter()
         .map(|sp| {
             let psi = sp.per_rank();
-            let (weights_bytes, grads_bytes, optimizer_bytes) = model_state_bytes(psi, dtype, p.zero, p.dp);
+            let (weights_bytes, grads_bytes, optimizer_bytes) = layout_state_bytes(psi, &layout, p.dp);
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
@@ -261,6 +297,13 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 let prefetch = if p.overlap_param_gather { 2.0 } else { 1.0 };
                 transient_bytes += prefetch * layer * state_bytes_per_param(dtype).0 as f64;
             }
+            if p.zero >= 2 {
+                // The full gradient of the largest unit, before its reduce-scatter, in the
+                // framework's reduction dtype (fp32 for FSDP2).
+                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp);
+                let vocab = if first || last { m.vocab as u64 * m.hidden as u64 / p.tp as u64 } else { 0 };
+                transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
+            }
             StageMemory {
                 stage: sp.stage,
                 params: psi,
@@ -270,6 +313,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 activations_bytes,
                 embedding_logits_bytes,
                 transient_bytes,
+                formula_only_bytes,
             }
         })
         .collect()

@@ -136,6 +136,20 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> Vec<StageParams> {
         .collect()
 }
 
+/// Parameters of the largest single module one tensor-parallel rank holds, as DeepSpeed's
+/// `model_to_params` counts them for its ZeRO-3 estimator (a module's own parameters, not
+/// its children's): the word embedding or output layer (V·h/t), the position table, the
+/// fused QKV projection, or one MLP matrix with its bias.
+pub fn largest_module_params(m: &ModelSpec, tp: u32) -> u64 {
+    let t = tp.max(1) as u64;
+    let h = m.hidden as u64;
+    let (word, pos) = embedding_params(m);
+    let bias = |n: u64| if m.has_bias() { n } else { 0 };
+    let qkv = h + 2 * m.kv_dim();
+    let f = m.ffn_hidden as u64;
+    [word / t, pos, (h * qkv + bias(qkv)) / t, (h * f + bias(f)) / t].into_iter().max().unwrap_or(0)
+}
+
 /// Narayanan et al. SC'21 Eq. 2: P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)).
 pub fn narayanan_params(layers: u64, hidden: u64, vocab: u64, seq: u64) -> f64 {
     let (l, h, v, s) = (layers as f64, hidden as f64, vocab as f64, seq as f64);

@@ -13,9 +13,9 @@
 //!   ([`strata_models::parallel::Schedule::bubble`]: (p−1)/v · mean_i X_i for GPipe, 1F1B
 //!   and interleaved, Narayanan et al.; (p−1) · mean_i (F_i + B_i − W_i) for ZB-H1, Qi et
 //!   al.); pipeline messages add 2·(p·v − 1) transfers on the critical path;
-//! - data parallelism: the gradient reduction overlaps the last microbatch's backward (or
-//!   every microbatch's under ZeRO-2/3) and only what does not fit under it is exposed, plus
-//!   the last bucket; ZeRO-1/2's parameter all-gather overlaps the first forward when asked;
+//! - data parallelism (gradients in the framework's reduction dtype): the gradient
+//!   reduction overlaps the last microbatch's backward (or every microbatch's under
+//!   ZeRO-2/3) and only what does not fit under it is exposed, plus the last bucket; ZeRO-1/2's parameter all-gather overlaps the first forward when asked;
 //!   ZeRO-3's per-unit gathers overlap each unit's compute;
 //! - the optimizer step.
 //!
@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 use strata_models::Scenario;
 use strata_models::accounting::memory::state_bytes_per_param;
 use strata_models::accounting::params::{layer_params, stage_params};
+use strata_models::accounting::states::scenario_layout;
 use strata_models::parallel::Recompute;
 use strata_models::plan::cost::{optimizer_cost, piece_cost};
 use strata_models::plan::schedule::PassTimes;
@@ -195,7 +196,10 @@ impl Estimator {
 
         // Data parallelism (the stage with the most parameters).
         let psi = stage_params(m, p).iter().map(|sp| sp.per_rank()).max().unwrap_or(0);
-        let (w_bytes, g_bytes, _) = state_bytes_per_param(dtype);
+        let (w_bytes, opt_g_bytes, _) = state_bytes_per_param(dtype);
+        // Gradients travel in the framework's reduction dtype (Megatron-LM's fp32 main
+        // gradients, DeepSpeed's bf16, FSDP2's fp32), as the lowering sends them.
+        let g_bytes = scenario_layout(s).grad_reduce.bytes();
         let dp_coll = |this: &mut Estimator, kind: CollKind, bytes: u64| {
             // Buckets of the configured size, each a collective of its own.
             let bucket = ((p.grad_bucket_mb * 1024.0 * 1024.0) as u64).max(1);
@@ -231,7 +235,7 @@ impl Estimator {
             }
         }
         let shard = if p.zero >= 1 { psi.div_ceil(p.dp as u64) } else { psi };
-        let optimizer = self.compute.cost_s(&optimizer_cost(shard, g_bytes));
+        let optimizer = self.compute.cost_s(&optimizer_cost(shard, opt_g_bytes));
         pipe + exposed + optimizer
     }
 }

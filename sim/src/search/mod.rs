@@ -1,7 +1,9 @@
 //! The configuration search: for a model on a cluster, which split trains fastest and fits?
 //!
 //! 1. **Enumerate** the space ([`space`]): every combination is valid or rejected with the
-//!    rule it breaks.
+//!    rule it breaks, and a valid split becomes a candidate for each searched framework that
+//!    runs it (the base scenario's framework, or several with `--framework any`); the
+//!    frameworks that cannot are counted by rule.
 //! 2. **Screen memory** with the analytic model plus the simulator's process overheads
 //!    (CUDA context, NCCL buffers, allocator slack): a candidate clearly over the GPU's
 //!    memory (by more than the 5% the analytic model may differ from the plan's own
@@ -21,9 +23,9 @@ use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 use serde::Serialize;
-use strata_models::Scenario;
 use strata_models::accounting::memory::stage_memory;
 use strata_models::plan::lower;
+use strata_models::{Framework, Scenario};
 
 use crate::compute::ComputeModel;
 use crate::engine::Mode;
@@ -76,6 +78,8 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Candidate {
     pub label: String,
+    /// The framework that runs it (its memory is that framework's).
+    pub framework: Framework,
     #[serde(skip)]
     pub scenario: Scenario,
     pub status: Status,
@@ -110,6 +114,10 @@ pub struct SearchResult {
     pub duplicates: u64,
     /// Invalid combinations by rule.
     pub invalid: BTreeMap<&'static str, u64>,
+    /// The frameworks searched.
+    pub frameworks: Vec<Framework>,
+    /// Valid splits a searched framework cannot run, by rule (once per split and framework).
+    pub unrunnable: BTreeMap<&'static str, u64>,
     pub valid: u64,
     pub out_of_memory_analytic: u64,
     pub estimated: u64,
@@ -177,7 +185,12 @@ pub fn search(
         .iter()
         .zip(&screened)
         .map(|(s, (need, est))| Candidate {
-            label: label(&s.parallel),
+            label: if opts.space.frameworks.len() > 1 {
+                format!("{} {}", label(&s.parallel), s.training.framework.key())
+            } else {
+                label(&s.parallel)
+            },
+            framework: s.training.framework,
             scenario: s.clone(),
             status: if est.is_some() { Status::Estimated } else { Status::OutOfMemoryAnalytic },
             memory_estimate_bytes: *need,
@@ -185,7 +198,8 @@ pub fn search(
             report: None,
         })
         .collect();
-    let base_index = candidates.iter().position(|c| c.scenario.parallel == base.parallel);
+    let base_index =
+        candidates.iter().position(|c| c.scenario.parallel == base.parallel && c.framework == base.training.framework);
 
     // Order of full simulation: best estimates first (ties by label, then index).
     let mut order: Vec<usize> = (0..candidates.len()).filter(|i| candidates[*i].estimate_step_s.is_some()).collect();
@@ -287,6 +301,8 @@ pub fn search(
         enumerated: e.enumerated(),
         duplicates: e.duplicates,
         invalid: e.invalid.clone(),
+        frameworks: opts.space.frameworks.clone(),
+        unrunnable: e.unrunnable.clone(),
         valid: e.valid.len() as u64,
         out_of_memory_analytic: candidates.iter().filter(|c| c.status == Status::OutOfMemoryAnalytic).count() as u64,
         estimated: candidates.iter().filter(|c| c.estimate_step_s.is_some()).count() as u64,

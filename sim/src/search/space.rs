@@ -6,7 +6,9 @@
 //! that splits the layers evenly, up to 8), micro_batch (powers of two up to 16 that divide the replica's batch),
 //! ZeRO 0–3, recomputation none / selective / full, sequence parallelism (when tp > 1), the
 //! gradient bucket size, and whether gradient reduction and parameter all-gathers overlap
-//! compute (only where they can matter: dp > 1, ZeRO ≥ 1). Everything else — the model, the
+//! compute (only where they can matter: dp > 1, ZeRO ≥ 1), and the framework (the base
+//! scenario's, or several: a valid split becomes one candidate per framework that runs it,
+//! and is counted by rule under each that cannot). Everything else — the model, the
 //! cluster, the global batch, the dtype, fused attention — comes from the base scenario.
 //!
 //! Enumeration is a plain nested loop in a fixed order, so the candidate list (and every
@@ -15,8 +17,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use strata_models::Scenario;
 use strata_models::parallel::{ParallelConfig, Recompute, Schedule};
+use strata_models::{Framework, Scenario};
 
 /// What the search varies. `SearchSpace::full` is the default; tests narrow it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -33,6 +35,9 @@ pub struct SearchSpace {
     pub grad_bucket_mb: Vec<f64>,
     pub overlap_grad_reduce: Vec<bool>,
     pub overlap_param_gather: Vec<bool>,
+    /// The frameworks a split may run under: the base scenario's, or several
+    /// (`--framework any`: the external ones), each candidate naming its own.
+    pub frameworks: Vec<Framework>,
 }
 
 fn divisors(n: u64) -> Vec<u32> {
@@ -56,6 +61,7 @@ impl SearchSpace {
             grad_bucket_mb: vec![10.0, 40.0, 160.0],
             overlap_grad_reduce: vec![true, false],
             overlap_param_gather: vec![true, false],
+            frameworks: vec![base.training.framework],
         }
     }
 
@@ -79,6 +85,9 @@ pub struct Enumeration {
     pub valid: Vec<Scenario>,
     /// Combinations the rules reject, counted by rule id (`tp-divides-heads`, …).
     pub invalid: BTreeMap<&'static str, u64>,
+    /// Valid splits a framework of the space cannot run, counted by its rule id
+    /// (`megatron-zero`, …), once per (split, framework).
+    pub unrunnable: BTreeMap<&'static str, u64>,
     /// Combinations skipped as duplicates of another (an option that cannot matter for this
     /// split, e.g. overlapping a data-parallel reduction when dp = 1).
     pub duplicates: u64,
@@ -86,7 +95,10 @@ pub struct Enumeration {
 
 impl Enumeration {
     pub fn enumerated(&self) -> u64 {
-        self.valid.len() as u64 + self.invalid.values().sum::<u64>() + self.duplicates
+        self.valid.len() as u64
+            + self.invalid.values().sum::<u64>()
+            + self.unrunnable.values().sum::<u64>()
+            + self.duplicates
     }
 }
 
@@ -158,11 +170,15 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 *out.invalid.entry(e.violations[0].rule).or_default() += 1;
                                                 continue;
                                             }
-                                            // A split the scenario's framework cannot run is no candidate.
-                                            let s = Scenario { parallel, ..base.clone() };
-                                            match s.training.framework.violations(&s).first() {
-                                                None => out.valid.push(s),
-                                                Some(v) => *out.invalid.entry(v.rule).or_default() += 1,
+                                            // One candidate per framework that runs the split; a
+                                            // framework that cannot is counted by its rule.
+                                            for &framework in &space.frameworks {
+                                                let mut s = Scenario { parallel: parallel.clone(), ..base.clone() };
+                                                s.training.framework = framework;
+                                                match framework.violations(&s).first() {
+                                                    None => out.valid.push(s),
+                                                    Some(v) => *out.unrunnable.entry(v.rule).or_default() += 1,
+                                                }
                                             }
                                         }
                                     }

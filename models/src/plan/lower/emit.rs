@@ -87,7 +87,38 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         bytes: u64,
         purpose: CollPurpose,
     ) -> OpId {
-        let c = CollectiveOp { kind, group, bytes, dtype: self.dtype(), purpose };
+        self.typed_collective(stream, deps, bufs, kind, group, bytes, self.dtype(), purpose)
+    }
+
+    /// A collective of gradients, in the framework's reduction dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grad_collective(
+        &mut self,
+        stream: Stream,
+        deps: &[OpId],
+        bufs: &[BufId],
+        kind: CollKind,
+        group: GroupKind,
+        bytes: u64,
+        purpose: CollPurpose,
+    ) -> OpId {
+        let dtype = crate::accounting::states::scenario_layout(self.s()).grad_reduce;
+        self.typed_collective(stream, deps, bufs, kind, group, bytes, dtype, purpose)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn typed_collective(
+        &mut self,
+        stream: Stream,
+        deps: &[OpId],
+        bufs: &[BufId],
+        kind: CollKind,
+        group: GroupKind,
+        bytes: u64,
+        dtype: crate::scenario::Dtype,
+        purpose: CollPurpose,
+    ) -> OpId {
+        let c = CollectiveOp { kind, group, bytes, dtype, purpose };
         let mut deps = deps.to_vec();
         deps.extend(bufs.iter().filter_map(|b| self.persistent_alloc.get(b)));
         self.e.op(stream, &deps, bufs, OpKind::Collective(c))

@@ -48,6 +48,7 @@ mod zero;
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::accounting::memory::state_bytes_per_param;
+use crate::accounting::states::scenario_layout;
 use crate::plan::cost::{optimizer_cost, piece_cost};
 use crate::plan::grid::RankGrid;
 use crate::plan::ir::*;
@@ -275,17 +276,22 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         debug_assert!(self.act.is_empty() && self.recompute.is_empty(), "activation buffers left alive");
     }
 
-    /// Parameters, gradients and optimizer state, per chunk, for the whole run.
+    /// The bytes data-parallel gradients are reduced in (per the framework: Megatron-LM's
+    /// fp32 main gradients, DeepSpeed's bf16, FSDP2's fp32), per parameter.
+    fn grad_reduce_bytes(&self) -> u64 {
+        scenario_layout(self.s()).grad_reduce.bytes()
+    }
+
+    /// Parameters, gradients and optimizer state, per chunk, for the whole run, in the
+    /// framework's layout ([`crate::accounting::states`]).
     fn persistent_state(&mut self) {
         let p = self.s().parallel.clone();
-        let (w, g, k) = state_bytes_per_param(self.dtype());
-        let dp = p.dp as u64;
+        let layout = scenario_layout(self.s());
         for chunk in 0..p.vpp {
             let params: u64 = self.buckets().iter().filter(|b| b.chunk == chunk).map(|b| b.params).sum();
-            let shard = params.div_ceil(dp);
-            let weights = if p.zero >= 3 { shard * w } else { params * w };
-            let grads = if p.zero >= 2 { shard * g } else { params * g };
-            let optim = if p.zero >= 1 { shard * k } else { params * k };
+            let weights = layout.weights.bytes(params, p.dp);
+            let grads = layout.grads.bytes(params, p.dp);
+            let optim = layout.optimizer.bytes(params, p.dp);
             for (class, bytes, what) in [
                 (BufClass::Params, weights, "params"),
                 (BufClass::Grads, grads, "grads"),

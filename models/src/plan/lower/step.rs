@@ -3,7 +3,6 @@
 //! tensors' gradients under sequence parallelism, the global gradient-norm all-reduce, and
 //! the optimizer step (followed, for ZeRO-1/2 without overlap, by the parameter gathers).
 
-use crate::accounting::memory::state_bytes_per_param;
 use crate::accounting::params::layer_params;
 use crate::plan::ir::*;
 use crate::plan::lower::{StageLowering, unit_params};
@@ -25,10 +24,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if m.tied_embeddings() && p.pp > 1 && (self.stage == 0 || self.stage == p.pp - 1) {
             let rows = unit_params(self.s(), Unit::WordEmbedding);
             let rows = if p.zero >= 1 { rows.div_ceil(p.dp as u64) } else { rows };
-            let bytes = rows * state_bytes_per_param(self.dtype()).1;
+            let bytes = rows * self.grad_reduce_bytes();
             // The word embedding lives in chunk 0 of the first stage and the last chunk of the last.
             let grads = self.grads_buf(if self.stage == 0 { 0 } else { p.vpp - 1 });
-            let op = self.collective(
+            let op = self.grad_collective(
                 Stream::Dp,
                 &sync,
                 &[grads],
@@ -48,9 +47,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 params += m.norm_params();
             }
             let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
-            let bytes = owned * state_bytes_per_param(self.dtype()).1;
+            let bytes = owned * self.grad_reduce_bytes();
             let grads: Vec<BufId> = (0..p.vpp).map(|c| self.grads_buf(c)).collect();
-            let op = self.collective(
+            let op = self.grad_collective(
                 Stream::Tp,
                 &sync,
                 &grads,

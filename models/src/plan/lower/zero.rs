@@ -2,7 +2,8 @@
 //! optimizer step or overlapped with the next forward; ZeRO-3 per unit before its forward
 //! and its backward, prefetching one unit ahead), the gradient-bucket reductions
 //! (all-reduce for ZeRO-0, reduce-scatter for ZeRO ≥ 1; after the last microbatch, or every
-//! microbatch for ZeRO-2/3) and the full-gradient buffers ZeRO-2/3 reduce from.
+//! microbatch for ZeRO-2/3) and the full-gradient buffers ZeRO-2/3 reduce from. Gradients
+//! move in the framework's reduction dtype ([`crate::accounting::states::StateLayout`]).
 
 use std::collections::BTreeMap;
 
@@ -107,7 +108,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let Some(&b) = self.unit_bucket.get(&(chunk, *u)) else { continue };
             if !self.bucket_state[b].full_grad.contains_key(&mb) {
                 let bk = &self.buckets()[b];
-                let bytes = bk.params * state_bytes_per_param(self.dtype()).1;
+                let bytes = bk.params * self.grad_reduce_bytes();
                 let name = format!("grad bucket c{} b{} mb{mb}", bk.chunk, bk.index);
                 // One full-gradient buffer per bucket at a time, as DeepSpeed's and
                 // Megatron-LM's buckets are reused: a microbatch's waits until the previous
@@ -150,13 +151,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
 
     pub(super) fn grad_reduce(&mut self, b: usize, mb: u32, deps: &[OpId], full: Option<BufId>) -> OpId {
         let bk = &self.pl.buckets[self.stage as usize][b];
-        let bytes = bk.params * state_bytes_per_param(self.dtype()).1;
+        let bytes = bk.params * self.grad_reduce_bytes();
         let kind = if self.zero() == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
         let purpose = CollPurpose::GradBucket { chunk: bk.chunk, bucket: bk.index, mb };
         let grads = self.grads_buf(bk.chunk);
         let mut bufs = vec![grads];
         bufs.extend(full);
-        let op = self.collective(Stream::Dp, deps, &bufs, kind, GroupKind::Dp, bytes, purpose);
+        let op = self.grad_collective(Stream::Dp, deps, &bufs, kind, GroupKind::Dp, bytes, purpose);
         if let Some(f) = full {
             self.e.free(Stream::Dp, &[op], f);
             self.bucket_state[b].last_reduce = Some(op);

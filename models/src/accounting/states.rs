@@ -1,0 +1,239 @@
+//! Model states as each framework allocates them: bytes per parameter of weights,
+//! gradients and optimizer state, which of them a ZeRO stage, Megatron-LM's distributed
+//! optimizer or FSDP2 shards over the data-parallel ranks, and the dtype data-parallel
+//! gradients are reduced in. Sources and versions are in `docs/frameworks.md`.
+//!
+//! Bytes per parameter, mixed precision (bf16 or fp16 weights), Adam; d = data-parallel size:
+//!
+//! | framework | ZeRO-0 | ZeRO-1 | ZeRO-2 | ZeRO-3 | gradients reduced in |
+//! |---|---|---|---|---|---|
+//! | Strata (ZeRO paper) | 2 + 2 + 12 | 4 + 12/d | 2 + 14/d | 16/d | the weights' dtype |
+//! | Megatron-LM | 2 + 4 + 12 = 18 | 6 + 12/d (distributed optimizer) | — | — | fp32 (main gradients) |
+//! | Megatron-LM, `grad_reduce_in_bf16` | 16 | 4 + 12/d | — | — | bf16 |
+//! | Megatron-LM, fp16 | 2 + 2 + 16 = 20 | 4 + 16/d | — | — | fp16 |
+//! | DeepSpeed | 2 + 2 + 12 | 6 + 12/d (BF16_Optimizer: fp32 gradient accumulation) | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
+//! | torchtitan (FSDP2, fp32 states) | 4 + 4 + 8 (DDP) | — | 2 + 16/d (no reshard: bf16 weights kept) | 16/d (+ bf16 blocks in flight) | fp32 (`mixed_precision_reduce`) |
+//!
+//! - Megatron-LM keeps an fp32 main gradient beside every bf16 weight (`--bf16` sets
+//!   `accumulate_allreduce_grads_in_fp32`); its distributed optimizer shards only the fp32
+//!   master weights and Adam moments; `theoretical_memory_usage.py` counts 18 and 6 + 12/d.
+//! - DeepSpeed's estimators: ZeRO-2 `2Ψ + 18Ψ/N` (16-bit weights whole; 16-bit and fp32
+//!   gradient partitions, fp32 master, Adam sharded); ZeRO-3 `4·P_largest + 18Ψ/N` (16-bit
+//!   weight and fp32 gradient partitions, fp32 master, Adam), the first term the largest
+//!   module's 16-bit weights and gradients gathered whole. ZeRO-1 with bf16
+//!   runs `BF16_Optimizer`: an fp32 gradient buffer for all parameters, the fp32 master and
+//!   Adam partitioned.
+//! - torchtitan keeps parameters, gradients and Adam state in fp32 (`training.dtype`),
+//!   sharded by FSDP2; forward gathers each block in bf16 and, with reshard after forward
+//!   (ZeRO-3 here), frees it again, else (ZeRO-2) keeps it until its backward.
+//!
+//! In fp32 training every framework holds 4 + 4 + 8 bytes (the weights are the master copy),
+//! sharded by stage as ZeRO does, and reduces in fp32.
+
+use serde::Serialize;
+
+use crate::framework::Framework;
+use crate::scenario::{Dtype, Scenario};
+
+/// Bytes per parameter of one kind of state: `whole` held by every data-parallel rank,
+/// `sharded` split over them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PerParam {
+    pub whole: u64,
+    pub sharded: u64,
+}
+
+impl PerParam {
+    const fn whole(b: u64) -> PerParam {
+        PerParam { whole: b, sharded: 0 }
+    }
+
+    const fn sharded(b: u64) -> PerParam {
+        PerParam { whole: 0, sharded: b }
+    }
+
+    /// `b` bytes, sharded when `shard`.
+    const fn by(b: u64, shard: bool) -> PerParam {
+        if shard { PerParam::sharded(b) } else { PerParam::whole(b) }
+    }
+
+    /// Bytes of `params` parameters on one of `dp` ranks (the shard rounded up, as buffers are).
+    pub fn bytes(&self, params: u64, dp: u32) -> u64 {
+        self.whole * params + self.sharded * params.div_ceil(dp.max(1) as u64)
+    }
+
+    /// The same as a real number, for the analytic model (no rounding of the shard).
+    pub fn bytes_f64(&self, params: f64, dp: u32) -> f64 {
+        self.whole as f64 * params + self.sharded as f64 * params / dp.max(1) as f64
+    }
+}
+
+/// What a framework keeps per parameter and how it reduces gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct StateLayout {
+    pub weights: PerParam,
+    /// The persistent gradient buffer (Megatron's fp32 main gradients, ZeRO's partitions).
+    pub grads: PerParam,
+    /// Master weights (when they are a separate copy) and the Adam moments.
+    pub optimizer: PerParam,
+    /// The dtype of data-parallel gradient reductions (and of the full-gradient buckets
+    /// ZeRO-2/3 reduce from).
+    pub grad_reduce: Dtype,
+}
+
+impl StateLayout {
+    /// Bytes per parameter in all, on one of `dp` ranks.
+    pub fn per_param(&self, dp: u32) -> f64 {
+        let d = dp.max(1) as f64;
+        let s = |p: PerParam| p.whole as f64 + p.sharded as f64 / d;
+        s(self.weights) + s(self.grads) + s(self.optimizer)
+    }
+}
+
+/// The layout of `framework` for weights in `dtype` under ZeRO stage `zero`.
+pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16: bool) -> StateLayout {
+    let half = matches!(dtype, Dtype::Bf16 | Dtype::Fp16);
+    let (z1, z2, z3) = (zero >= 1, zero >= 2, zero >= 3);
+    if !half {
+        // fp32: the weights are the master copy; Adam's two moments.
+        return StateLayout {
+            weights: PerParam::by(4, z3),
+            grads: PerParam::by(4, z2),
+            optimizer: PerParam::by(8, z1),
+            grad_reduce: Dtype::Fp32,
+        };
+    }
+    match framework {
+        Framework::Strata => StateLayout {
+            weights: PerParam::by(2, z3),
+            grads: PerParam::by(2, z2),
+            optimizer: PerParam::by(12, z1),
+            grad_reduce: dtype,
+        },
+        // fp16: fp16 main gradients, the optimizer keeps an fp32 copy of them beside the fp32
+        // master and Adam (Megatron's dist_optimizer.md: 20, 4 + 16/d).
+        Framework::Megatron if dtype == Dtype::Fp16 => StateLayout {
+            weights: PerParam::whole(2),
+            grads: PerParam::whole(2),
+            optimizer: PerParam::by(16, z1),
+            grad_reduce: dtype,
+        },
+        Framework::Megatron => StateLayout {
+            weights: PerParam::whole(2),
+            grads: PerParam::whole(if grad_reduce_in_bf16 { 2 } else { 4 }),
+            optimizer: PerParam::by(12, z1),
+            grad_reduce: if grad_reduce_in_bf16 { dtype } else { Dtype::Fp32 },
+        },
+        Framework::DeepSpeed => match zero {
+            0 => StateLayout {
+                weights: PerParam::whole(2),
+                grads: PerParam::whole(2),
+                optimizer: PerParam::whole(12),
+                grad_reduce: dtype,
+            },
+            1 => StateLayout {
+                weights: PerParam::whole(2),
+                grads: PerParam::whole(4),
+                optimizer: PerParam::sharded(12),
+                grad_reduce: dtype,
+            },
+            2 => StateLayout {
+                weights: PerParam::whole(2),
+                grads: PerParam::sharded(6),
+                optimizer: PerParam::sharded(12),
+                grad_reduce: dtype,
+            },
+            _ => StateLayout {
+                weights: PerParam::sharded(2),
+                grads: PerParam::sharded(4),
+                optimizer: PerParam::sharded(12),
+                grad_reduce: dtype,
+            },
+        },
+        Framework::Torchtitan => match zero {
+            0 | 1 => StateLayout {
+                weights: PerParam::whole(4),
+                grads: PerParam::whole(4),
+                optimizer: PerParam::whole(8),
+                grad_reduce: Dtype::Fp32,
+            },
+            2 => StateLayout {
+                weights: PerParam { whole: 2, sharded: 4 },
+                grads: PerParam::sharded(4),
+                optimizer: PerParam::sharded(8),
+                grad_reduce: Dtype::Fp32,
+            },
+            _ => StateLayout {
+                weights: PerParam::sharded(4),
+                grads: PerParam::sharded(4),
+                optimizer: PerParam::sharded(8),
+                grad_reduce: Dtype::Fp32,
+            },
+        },
+    }
+}
+
+/// The layout of a scenario's framework, dtype and ZeRO stage.
+pub fn scenario_layout(s: &Scenario) -> StateLayout {
+    layout(s.training.framework, s.training.dtype, s.parallel.zero, s.training.grad_reduce_in_bf16)
+}
+
+/// Bytes on one rank that the framework's own formula counts beside the states but Strata's
+/// plan does not allocate as such: DeepSpeed ZeRO-3's estimator term 4·P_largest (the
+/// largest module's 16-bit weights and gradients gathered whole; Strata's plan gathers
+/// whole layers with its prefetch window instead, in `transient_bytes`).
+pub fn formula_buffer_bytes(s: &Scenario) -> f64 {
+    let half = matches!(s.training.dtype, Dtype::Bf16 | Dtype::Fp16);
+    if s.training.framework == Framework::DeepSpeed && s.parallel.zero >= 3 && half {
+        4.0 * crate::accounting::params::largest_module_params(&s.model, s.parallel.tp) as f64
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn megatron_keeps_18_bytes_or_6_plus_12_over_d() {
+        let l = layout(Framework::Megatron, Dtype::Bf16, 0, false);
+        assert_eq!(l.per_param(16), 18.0);
+        let l = layout(Framework::Megatron, Dtype::Bf16, 1, false);
+        assert_eq!(l.per_param(16), 6.0 + 12.0 / 16.0);
+        assert_eq!(l.grad_reduce, Dtype::Fp32);
+        let l = layout(Framework::Megatron, Dtype::Bf16, 1, true);
+        assert_eq!((l.per_param(8), l.grad_reduce), (4.0 + 12.0 / 8.0, Dtype::Bf16));
+        assert_eq!(layout(Framework::Megatron, Dtype::Fp16, 0, false).per_param(8), 20.0);
+        assert_eq!(layout(Framework::Megatron, Dtype::Fp16, 1, false).per_param(8), 6.0);
+        let l = layout(Framework::Megatron, Dtype::Fp32, 1, false);
+        assert_eq!((l.per_param(8), layout(Framework::Megatron, Dtype::Fp32, 0, false).per_param(8)), (9.0, 16.0));
+    }
+
+    #[test]
+    fn deepspeed_matches_its_estimators_per_parameter() {
+        assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 2, false).per_param(64), 2.0 + 18.0 / 64.0));
+        assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 3, false).per_param(64), 18.0 / 64.0));
+        assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 1, false).per_param(8), 6.0 + 12.0 / 8.0));
+        assert_eq!(layout(Framework::DeepSpeed, Dtype::Bf16, 2, false).grad_reduce, Dtype::Bf16);
+    }
+
+    #[test]
+    fn torchtitan_shards_16_bytes_and_keeps_bf16_weights_without_reshard() {
+        assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 3, false).per_param(8), 2.0);
+        assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 2, false).per_param(8), 4.0);
+        assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 3, false).grad_reduce, Dtype::Fp32);
+    }
+
+    #[test]
+    fn strata_keeps_the_zero_paper() {
+        for (zero, per) in [(0, 16.0), (1, 4.0 + 12.0 / 4.0), (2, 2.0 + 14.0 / 4.0), (3, 4.0)] {
+            assert!(close(layout(Framework::Strata, Dtype::Bf16, zero, false).per_param(4), per));
+        }
+        assert_eq!(layout(Framework::Strata, Dtype::Fp32, 1, false).per_param(4), 10.0);
+    }
+}

@@ -1,0 +1,75 @@
+//! End-to-end: the binary under `training.framework` — `inspect` shows the framework's
+//! formula apart from what Strata adds, `search --framework` keeps to the splits a framework
+//! runs (`any` names the one that runs the winner) and still takes a scenario whose own split
+//! its framework cannot run.
+
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const LLAMA8: &str = "scenarios/llama3-8b-8xa100-40gb.toml";
+
+#[test]
+fn inspect_separates_the_framework_formula_from_strata_overheads() {
+    let v = json(&strata(&["inspect", "scenarios/gpt3-175b-1024xa100.toml", "--json"]));
+    let st = &v["stages"][0];
+    // Megatron-LM, distributed optimizer at dp 16: 2 + 4 + 12/16 bytes per parameter.
+    let params = st["params"].as_f64().unwrap();
+    let states = st["weights_bytes"].as_f64().unwrap()
+        + st["grads_bytes"].as_f64().unwrap()
+        + st["optimizer_bytes"].as_f64().unwrap();
+    assert!((states / params - 6.75).abs() < 1e-9, "{}", states / params);
+    let formula = st["framework_formula_bytes"].as_f64().unwrap();
+    let extra = &st["strata_extra"];
+    assert!(extra["cuda_context_bytes"].as_f64().unwrap() > 0.0 && extra["nccl_bytes"].as_f64().unwrap() > 0.0);
+    assert!(st["total_bytes"].as_f64().unwrap() > formula);
+    let text = String::from_utf8_lossy(&strata(&["inspect", "scenarios/gpt3-175b-1024xa100.toml"]).stdout).to_string();
+    assert!(text.contains("Framework Megatron-LM") && text.contains("gradients reduced in fp32"), "{text}");
+    assert!(text.contains("by the framework's formula") && text.contains("what Strata models beyond it"), "{text}");
+}
+
+#[test]
+fn search_any_names_the_framework_and_counts_unrunnable_splits_by_rule() {
+    let v = json(&strata(&["search", LLAMA8, "--framework", "any", "--splits-only", "--simulate", "4", "--json"]));
+    assert_eq!(v["frameworks"], serde_json::json!(["megatron", "deepspeed", "torchtitan"]));
+    for rule in ["megatron-zero", "deepspeed-zero-pp", "torchtitan-zero"] {
+        assert!(v["unrunnable"][rule].as_u64().unwrap() > 0, "{rule}: {}", v["unrunnable"]);
+    }
+    let winner = &v["top"][0];
+    assert_eq!(winner["framework"], v["winner_memory"]["framework"]);
+    assert!(v["winner_memory"]["formula_bytes"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn search_keeps_to_one_framework_and_takes_a_split_it_cannot_run() {
+    // zero = 2 is no Megatron-LM split, but the search does not need the scenario's own split.
+    let v = json(&strata(&[
+        "search",
+        LLAMA8,
+        "--set",
+        "parallel.zero=2",
+        "--framework",
+        "deepspeed",
+        "--splits-only",
+        "--simulate",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(v["frameworks"], serde_json::json!(["deepspeed"]));
+    assert!(v["candidates"].as_array().unwrap().iter().all(|c| c["framework"] == "deepspeed"));
+    assert!(v["unrunnable"]["deepspeed-sp"].as_u64().unwrap() > 0);
+    let v =
+        json(&strata(&["search", LLAMA8, "--set", "parallel.zero=2", "--splits-only", "--simulate", "2", "--json"]));
+    assert_eq!(v["frameworks"], serde_json::json!(["megatron"]));
+    let out = strata(&["search", LLAMA8, "--framework", "bogus"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--framework bogus") && err.contains("\"torchtitan\""), "{err}");
+}
