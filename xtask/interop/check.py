@@ -91,7 +91,7 @@ def check_deepspeed(e):
     return (
         f"DeepSpeedConfig: world {c.world_size}, train_batch_size {c.train_batch_size} = micro {c.train_micro_batch_size_per_gpu}"
         f" × accumulation {c.gradient_accumulation_steps} × dp {c.world_size}; zero stage {int(c.zero_optimization_stage)},"
-        f" reduce_bucket_size {int(z.reduce_bucket_size)}, overlap_comm {z.overlap_comm}; bf16 {c.bfloat16_enabled};"
+        f" reduce_bucket_size {int(z.reduce_bucket_size)}, overlap_comm {z.overlap_comm}; bf16 {c.bfloat16_config.enabled};"
         f" communication_data_type {c.communication_data_type}; autotp_size {c.tensor_parallel_config.autotp_size};"
         f" activation checkpointing {'configured' if 'activation_checkpointing' in raw else 'off'}"
     )
@@ -280,11 +280,12 @@ def main():
     for e in entries:
         try:
             said = CHECKS[e["target"]](e)
-            print(f"ok    {e['command']}\n      {said}", flush=True)
+            print(f"ok    {e['command']}  ->  {said}", flush=True)
         except Exception as x:  # every rejection is reported, then the run fails
             failed += 1
-            detail = "".join(traceback.format_exception_only(type(x), x)).strip()
-            print(f"FAIL  {e['command']}\n      {detail}", flush=True)
+            text = "".join(traceback.format_exception_only(type(x), x)).strip()
+            detail = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+            print(f"FAIL  {e['command']}  ->  {detail}", flush=True)
     print(f"{len(entries) - failed} of {len(entries)} exports accepted by their frameworks' parsers")
     sys.exit(1 if failed else 0)
 

@@ -38,42 +38,126 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { model: "gpt3-175b", cluster: "dgx-a100", nodes: 128, tp: 8, pp: 8, dp: 16,
+    Case {
+        model: "gpt3-175b",
+        cluster: "dgx-a100",
+        nodes: 128,
+        tp: 8,
+        pp: 8,
+        dp: 16,
         split: "schedule = \"interleaved\"\nvpp = 3\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\nglobal_batch = 1536\n",
-        targets: &[("megatron", false)] },
-    Case { model: "gpt3-175b", cluster: "dgx-a100", nodes: 128, tp: 8, pp: 8, dp: 16,
+        targets: &[("megatron", false)],
+    },
+    Case {
+        model: "gpt3-175b",
+        cluster: "dgx-a100",
+        nodes: 128,
+        tp: 8,
+        pp: 8,
+        dp: 16,
         split: "schedule = \"1f1b\"\nzero = 1\nrecompute = \"full\"\nsequence_parallel = false\nglobal_batch = 1536\n",
-        targets: &[("megatron", false), ("deepspeed", false)] },
-    Case { model: "gpt3-175b", cluster: "dgx-a100", nodes: 128, tp: 8, pp: 1, dp: 128,
+        targets: &[("megatron", false), ("deepspeed", false)],
+    },
+    Case {
+        model: "gpt3-175b",
+        cluster: "dgx-a100",
+        nodes: 128,
+        tp: 8,
+        pp: 1,
+        dp: 128,
         split: "zero = 2\nrecompute = \"selective\"\nsequence_parallel = false\nmicro_batch = 2\nglobal_batch = 1536\n",
-        targets: &[("deepspeed", false)] },
-    Case { model: "llama3-70b", cluster: "dgx-h100", nodes: 32, tp: 8, pp: 4, dp: 8,
+        targets: &[("deepspeed", false)],
+    },
+    Case {
+        model: "llama3-70b",
+        cluster: "dgx-h100",
+        nodes: 32,
+        tp: 8,
+        pp: 4,
+        dp: 8,
         split: "schedule = \"1f1b\"\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\nglobal_batch = 512\n[training]\nflash_attention = true\n",
-        targets: &[("megatron", false)] },
-    Case { model: "llama3-70b", cluster: "dgx-h100", nodes: 32, tp: 8, pp: 4, dp: 8,
+        targets: &[("megatron", false)],
+    },
+    Case {
+        model: "llama3-70b",
+        cluster: "dgx-h100",
+        nodes: 32,
+        tp: 8,
+        pp: 4,
+        dp: 8,
         split: "schedule = \"interleaved\"\nvpp = 5\nzero = 0\nrecompute = \"full\"\nsequence_parallel = true\nglobal_batch = 512\n[training]\nflash_attention = true\n",
-        targets: &[("megatron", false), ("torchtitan", true)] },
-    Case { model: "llama3-70b", cluster: "dgx-h100", nodes: 32, tp: 8, pp: 1, dp: 32,
+        targets: &[("megatron", false), ("torchtitan", true)],
+    },
+    Case {
+        model: "llama3-70b",
+        cluster: "dgx-h100",
+        nodes: 32,
+        tp: 8,
+        pp: 1,
+        dp: 32,
         split: "zero = 3\nrecompute = \"none\"\nsequence_parallel = true\nglobal_batch = 512\n[training]\nflash_attention = true\n",
-        targets: &[("torchtitan", false)] },
-    Case { model: "llama3-8b", cluster: "dgx-a100", nodes: 1, tp: 1, pp: 1, dp: 8,
+        targets: &[("torchtitan", false)],
+    },
+    Case {
+        model: "llama3-8b",
+        cluster: "dgx-a100",
+        nodes: 1,
+        tp: 1,
+        pp: 1,
+        dp: 8,
         split: "zero = 3\nrecompute = \"full\"\nsequence_parallel = false\nglobal_batch = 64\n[training]\nflash_attention = true\n",
-        targets: &[("deepspeed", false), ("torchtitan", false)] },
-    Case { model: "llama3-8b", cluster: "dgx-a100", nodes: 1, tp: 2, pp: 2, dp: 2,
+        targets: &[("deepspeed", false), ("torchtitan", false)],
+    },
+    Case {
+        model: "llama3-8b",
+        cluster: "dgx-a100",
+        nodes: 1,
+        tp: 2,
+        pp: 2,
+        dp: 2,
         split: "schedule = \"gpipe\"\nzero = 2\nrecompute = \"none\"\nsequence_parallel = true\nmicro_batch = 2\nglobal_batch = 64\n[training]\nflash_attention = true\n",
-        targets: &[("torchtitan", true)] },
-    Case { model: "llama3-405b", cluster: "dgx-h100", nodes: 2048, tp: 8, pp: 16, dp: 128,
+        targets: &[("torchtitan", true)],
+    },
+    Case {
+        model: "llama3-405b",
+        cluster: "dgx-h100",
+        nodes: 2048,
+        tp: 8,
+        pp: 16,
+        dp: 128,
         split: "schedule = \"1f1b\"\nzero = 1\nrecompute = \"selective\"\nsequence_parallel = true\nglobal_batch = 2048\n[training]\nflash_attention = true\n",
-        targets: &[("megatron", false)] },
-    Case { model: "llama3-405b", cluster: "dgx-h100", nodes: 2048, tp: 8, pp: 16, dp: 128,
+        targets: &[("megatron", false)],
+    },
+    Case {
+        model: "llama3-405b",
+        cluster: "dgx-h100",
+        nodes: 2048,
+        tp: 8,
+        pp: 16,
+        dp: 128,
         split: "schedule = \"interleaved\"\nvpp = 2\nzero = 3\nrecompute = \"full\"\nsequence_parallel = true\nglobal_batch = 2048\n[training]\nflash_attention = true\n",
-        targets: &[("megatron-expect-rule", false), ("torchtitan", false)] },
-    Case { model: "gpt2-350m", cluster: "dgx-b200", nodes: 1, tp: 2, pp: 1, dp: 4,
+        targets: &[("megatron-expect-rule", false), ("torchtitan", false)],
+    },
+    Case {
+        model: "gpt2-350m",
+        cluster: "dgx-b200",
+        nodes: 1,
+        tp: 2,
+        pp: 1,
+        dp: 4,
         split: "zero = 1\nrecompute = \"none\"\nsequence_parallel = false\nmicro_batch = 4\nglobal_batch = 64\n[training]\nflash_attention = true\ngrad_reduce_in_bf16 = true\n",
-        targets: &[("megatron", false), ("deepspeed", false)] },
-    Case { model: "tiny-llama", cluster: "dgx-h100", nodes: 1, tp: 2, pp: 2, dp: 2,
+        targets: &[("megatron", false), ("deepspeed", false)],
+    },
+    Case {
+        model: "tiny-llama",
+        cluster: "dgx-h100",
+        nodes: 1,
+        tp: 2,
+        pp: 2,
+        dp: 2,
         split: "schedule = \"1f1b\"\nzero = 2\nrecompute = \"selective\"\nsequence_parallel = true\nglobal_batch = 16\n",
-        targets: &[("torchtitan", true)] },
+        targets: &[("torchtitan", true)],
+    },
 ];
 
 pub fn interop() -> anyhow::Result<()> {
@@ -113,9 +197,16 @@ pub fn interop() -> anyhow::Result<()> {
                     .context("running strata export")?;
                 let err = String::from_utf8_lossy(&out.stderr);
                 if out.status.code() != Some(2) || !err.contains(&format!("[{to}-")) {
-                    bail!("strata export {} --to {to} should exit 2 naming a {to}- rule; got {:?}: {err}", scenario.display(), out.status.code());
+                    bail!(
+                        "strata export {} --to {to} should exit 2 naming a {to}- rule; got {:?}: {err}",
+                        scenario.display(),
+                        out.status.code()
+                    );
                 }
-                println!("ok    strata export case{i}.toml --to {to}\n      refused, exit 2: {}", err.lines().nth(1).unwrap_or("").trim());
+                println!(
+                    "ok    strata export case{i}.toml --to {to}  ->  refused, exit 2: {}",
+                    err.lines().nth(1).unwrap_or("").trim()
+                );
                 continue;
             }
             let out_dir = dir.join(format!("case{i}-{to}"));
@@ -126,7 +217,11 @@ pub fn interop() -> anyhow::Result<()> {
             }
             let out = cmd.output().context("running strata export")?;
             if !out.status.success() {
-                bail!("strata export {} --to {to} failed: {}", scenario.display(), String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "strata export {} --to {to} failed: {}",
+                    scenario.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             let warnings = String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("warning:")).count();
             let command = format!(
@@ -193,7 +288,11 @@ fn venv_python(ci: bool) -> anyhow::Result<Option<PathBuf>> {
         if ci {
             bail!("{message} (CI=true: a missing tool is a failure)");
         }
-        eprintln!("{message}. Skipped; install python3 and python3-venv, or point STRATA_INTEROP_VENV at a virtualenv that has {} {}.", PINS.join(" "), PINS_NO_DEPS.join(" "));
+        eprintln!(
+            "{message}. Skipped; install python3 and python3-venv, or point STRATA_INTEROP_VENV at a virtualenv that has {} {}.",
+            PINS.join(" "),
+            PINS_NO_DEPS.join(" ")
+        );
         return Ok(None);
     };
     if !python.exists() {
@@ -203,7 +302,9 @@ fn venv_python(ci: bool) -> anyhow::Result<Option<PathBuf>> {
     let pip = venv.join("bin/pip");
     eprintln!("interop: installing {} and {} (no dependencies)", PINS.join(" "), PINS_NO_DEPS.join(" "));
     run(Command::new(&pip).args(["install", "--quiet", "--disable-pip-version-check"]).args(PINS))?;
-    run(Command::new(&pip).args(["install", "--quiet", "--disable-pip-version-check", "--no-deps"]).args(PINS_NO_DEPS))?;
+    run(Command::new(&pip)
+        .args(["install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+        .args(PINS_NO_DEPS))?;
     std::fs::write(&stamp, pins).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(Some(python))
 }
