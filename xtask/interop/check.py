@@ -2,7 +2,7 @@
 
 Usage: python check.py MANIFEST.json
 
-The manifest lists exports: {"target", "dir", "command", "tp", "pp", "dp", "gpu"}. For each
+The manifest lists exports: {"target", "dir", "command", "tp", "pp", "dp", "gpu", "lossy"}. For each
 one this prints one line — ok or FAIL, the command that wrote it, and what the parser
 made of it — and exits 1 if any export was rejected.
 
@@ -18,7 +18,8 @@ made of it — and exits 1 if any export was rejected.
   validate_args that do not live in megatron-core (batch divisibility, layers over stages,
   --overlap-param-gather's requirements, CUDA_DEVICE_MAX_CONNECTIONS) are restated here.
 - torchtitan: torchtitan.config.ConfigManager parses the TOML (unknown keys and wrong
-  types are errors), ParallelDims validates the degrees against the world size,
+  types are errors), the flavor must be one its model package registers, ParallelDims
+  validates the degrees against the world size,
   torch.distributed.pipelining's get_schedule_class resolves the schedule, and the batch and
   stage checks of torchtitan's train.py / distributed/pipeline_parallel.py are restated.
 """
@@ -235,6 +236,23 @@ def check_torchtitan(e):
         etp=p.expert_tensor_parallel_degree,
         world_size=world,
     )
+    # The flavor must be one torchtitan's llama3 train spec registers (read from its source:
+    # importing the model package pulls in its dataset stack, which parsing does not need).
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    init = os.path.join(os.path.dirname(spec.origin), "models", c.model.name, "__init__.py")
+    flavors = set()
+    for node in ast.walk(ast.parse(open(init).read())):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == f"{c.model.name}_args" for t in node.targets):
+            flavors = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    if c.model.flavor not in flavors:
+        if not e.get("lossy"):
+            raise ValueError(f"flavor {c.model.flavor!r} is not one of torchtitan's {c.model.name} flavors {sorted(flavors)}")
+        flavor_note = " (not a torchtitan flavor: dropped by --lossy, to be registered)"
+    else:
+        flavor_note = ""
     batch_degree = dims.dp_replicate * dims.dp_shard
     # torchtitan/train.py
     if t.global_batch_size % (t.local_batch_size * batch_degree):
@@ -260,7 +278,7 @@ def check_torchtitan(e):
         extra = f"; schedule {cls.__name__}, {stages} stages ({per_rank} per rank), {n_micro} microbatches"
     return (
         f"ConfigManager + ParallelDims: world {world} = replicate {dims.dp_replicate} × shard {dims.dp_shard} × tp {dims.tp} × pp {dims.pp};"
-        f" model {c.model.name}/{c.model.flavor}; local batch {t.local_batch_size}, global {t.global_batch_size}, accumulation {accumulation},"
+        f" model {c.model.name}/{c.model.flavor}{flavor_note}; local batch {t.local_batch_size}, global {t.global_batch_size}, accumulation {accumulation},"
         f" seq {t.seq_len}; reshard {p.fsdp_reshard_after_forward}; AC {c.activation_checkpoint.mode};"
         f" param {t.mixed_precision_param}, reduce {t.mixed_precision_reduce}{extra}"
     )

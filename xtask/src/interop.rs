@@ -234,7 +234,7 @@ pub fn interop() -> anyhow::Result<()> {
             );
             manifest.push(serde_json::json!({
                 "target": to, "dir": out_dir, "command": command,
-                "tp": c.tp, "pp": c.pp, "dp": c.dp, "gpu": gpu(c.cluster),
+                "tp": c.tp, "pp": c.pp, "dp": c.dp, "gpu": gpu(c.cluster), "lossy": lossy,
             }));
         }
     }
