@@ -18,7 +18,8 @@ use clap::{Parser, Subcommand};
 /// A scenario file (TOML) describes a job: the model, the cluster, the parallel split and
 /// the training settings. Strata tells you what it costs (`inspect`), lowers it to per-rank
 /// programs (`plan`), simulates a step on the cluster (`simulate`), searches the best
-/// split (`search`), trains it for real on CPU ranks (`train`), and compares predicted with
+/// split (`search`), writes its launch files for Megatron-LM, DeepSpeed or torchtitan
+/// (`export`), trains it for real on CPU ranks (`train`), and compares predicted with
 /// measured (`report`).
 ///
 /// With no subcommand, Strata runs its main job on the embedded default scenario: it
@@ -52,6 +53,8 @@ enum Command {
     Search(cmd::search::Args),
     /// Simulate one training step: step time, throughput, MFU, breakdown, memory, fits.
     Simulate(cmd::simulate::Args),
+    /// Write a split's launch files for Megatron-LM, DeepSpeed or torchtitan (checked against the framework's rules).
+    Export(cmd::export::Args),
     /// Build the predicted-vs-measured report (HTML, plots, tables, traces) from a results directory.
     Report(cmd::report::Args),
     /// Measure this machine (GEMMs, the model's pieces, the communicator, shared cores) and write the hardware profile the simulator reads.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Some(Command::Train(a)) => cmd::train::run(a),
         Some(Command::Collbench(a)) => cmd::collbench::run(a),
         Some(Command::Report(a)) => cmd::report::run(a),
+        Some(Command::Export(a)) => cmd::export::run(a),
         Some(Command::Simulate(a)) => cmd::simulate::run(a),
         Some(Command::Search(a)) => cmd::search::run(a),
         Some(Command::Calibrate(a)) => cmd::calibrate::run(a),

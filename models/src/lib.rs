@@ -3,11 +3,12 @@
 //! Plain data and pure functions, no notion of time: transformer specs ([`model`]), the
 //! accelerator catalog ([`hardware`]), clusters ([`cluster`]), the parallel split and its
 //! rules ([`parallel`]), the frameworks that run splits and their rules ([`framework`]),
-//! scenario files ([`scenario`]), parameter / FLOP / memory accounting ([`accounting`]), and
+//! scenario files ([`scenario`]), launch files for the frameworks ([`export`]), parameter / FLOP / memory accounting ([`accounting`]), and
 //! the plan IR that both backends consume ([`plan`]).
 
 pub mod accounting;
 pub mod cluster;
+pub mod export;
 pub mod framework;
 pub mod hardware;
 pub mod model;

@@ -50,6 +50,16 @@ pub struct ModelSpec {
     /// whose executor has no dropout (see `scenario`).
     #[serde(default)]
     pub dropout: f64,
+    /// Base θ of the rotary position embedding (Llama; GPT has learned positions): 500,000
+    /// for Llama 3, 10,000 for Llama 2 and RoFormer. Megatron-LM's `--rotary-base`,
+    /// torchtitan's `rope_theta`.
+    #[serde(default = "default_rope_base")]
+    pub rope_base: f64,
+}
+
+/// Llama 3's rotary base, the default of a spec that does not give one.
+pub fn default_rope_base() -> f64 {
+    500_000.0
 }
 
 /// Names of the built-in model presets, in the order `--help` lists them.
@@ -81,6 +91,7 @@ impl ModelSpec {
         use Family::*;
         let m = |family, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, activation| ModelSpec {
             dropout: if family == Gpt { 0.1 } else { 0.0 },
+            rope_base: default_rope_base(),
             name: name.to_string(),
             family,
             layers,
@@ -165,6 +176,9 @@ impl ModelSpec {
             if v == 0 {
                 bad.push(format!("model.{key} = 0: it must be at least 1"));
             }
+        }
+        if !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
+            bad.push(format!("model.rope_base = {}: the rotary base must be a number above 1", self.rope_base));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             bad.push(format!("model.dropout = {}: a dropout probability is in [0, 1)", self.dropout));

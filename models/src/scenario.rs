@@ -156,6 +156,7 @@ raw_table!(RawModel {
     seq_len: u32,
     activation: Activation,
     dropout: f64,
+    rope_base: f64,
 });
 raw_table!(RawCluster {
     preset: String,
@@ -256,6 +257,7 @@ impl Scenario {
                 seq_len: Some(m.seq_len),
                 activation: Some(m.activation),
                 dropout: Some(m.dropout),
+                rope_base: Some(m.rope_base),
             },
             cluster: RawCluster {
                 preset: None,
@@ -409,6 +411,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
             .or(base.as_ref().map(|b| b.activation))
             .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
         dropout: 0.0,
+        rope_base: rm.rope_base.or(base.as_ref().map(|b| b.rope_base)).unwrap_or_else(crate::model::default_rope_base),
     };
 
     let cluster = resolve_cluster(raw.cluster, origin)?;

@@ -187,6 +187,7 @@ mod tests {
             seq_len: 4,
             activation: Activation::Gelu,
             dropout: 0.0,
+            rope_base: 500_000.0,
         };
         ParamLayout::new(&spec, TpRank::SINGLE, ChunkSpec { embedding: true, layers: 0..0, head: true }).unwrap()
     }

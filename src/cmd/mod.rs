@@ -3,6 +3,7 @@
 pub mod calibrate;
 pub mod collbench;
 pub mod compare;
+pub mod export;
 pub mod inspect;
 pub mod main_job;
 pub mod plan;

@@ -2,7 +2,8 @@
 //! candidate is valid or rejected with its reason; memory is screened analytically; the
 //! rest are estimated in closed form and the best simulated in full. Prints the top-k with
 //! their breakdowns and the counts of rejections; `--out` writes the winner's scenario and
-//! plan, a CSV of every candidate, Megatron-LM arguments and a DeepSpeed config.
+//! plan, a CSV of every candidate, and the launch files of the framework that runs the
+//! winner (`training.framework`), through `strata export`'s writers.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,6 @@ use std::time::Instant;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use strata_models::accounting::memory;
-use strata_models::parallel::Recompute;
 use strata_models::scenario::ScenarioError;
 use strata_models::{Framework, Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
@@ -41,8 +41,8 @@ pub struct Args {
     /// sequence parallel); keep the bucket size and overlap flags of the scenario.
     #[arg(long)]
     pub splits_only: bool,
-    /// Write the winner's scenario, plan, Megatron-LM arguments, DeepSpeed config and a CSV of
-    /// every candidate to this directory.
+    /// Write the winner's scenario, plan, the launch files of the framework that runs it (as
+    /// `strata export` writes them) and a CSV of every candidate to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The framework the winner must run under: megatron, deepspeed, torchtitan, strata, or
@@ -137,9 +137,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     bar.finish_and_clear();
     let wall = start.elapsed().as_secs_f64();
-    if let Some(dir) = &args.out {
-        write_out(dir, &base, &result)?;
-    }
+    let written = match &args.out {
+        Some(dir) => write_out(dir, &base, &result)?,
+        None => Vec::new(),
+    };
     if args.json {
         return common::print_json(&JsonResult {
             result: &result,
@@ -150,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     print!("{}", text(&base, &result, args.top, wall));
     if let Some(dir) = &args.out {
-        println!("\nwrote {}: best.toml, plan.json, candidates.csv, megatron-args.txt, deepspeed.json", dir.display());
+        println!("\nwrote {}: {}", dir.display(), written.join(", "));
     }
     Ok(())
 }
@@ -346,7 +347,8 @@ fn differences(a: &Scenario, b: &Scenario) -> String {
     if d.is_empty() { "the same split".into() } else { d.join(", ") }
 }
 
-fn write_out(dir: &Path, base: &Scenario, r: &SearchResult) -> anyhow::Result<()> {
+/// Writes the search's files into `dir`; returns their names.
+fn write_out(dir: &Path, base: &Scenario, r: &SearchResult) -> anyhow::Result<Vec<String>> {
     common::create_dir(dir)?;
     let write = |name: &str, text: String| common::write_file(&dir.join(name), text);
     let mut csv = String::from(
@@ -381,119 +383,25 @@ fn write_out(dir: &Path, base: &Scenario, r: &SearchResult) -> anyhow::Result<()
         );
     }
     write("candidates.csv", csv)?;
+    let mut names = vec!["candidates.csv".to_string()];
     let Some(best) = r.best() else {
-        return Ok(());
+        return Ok(names);
     };
     let s = Scenario { name: format!("{}-best", base.name), ..best.scenario.clone() };
     write("best.toml", format!("# The fastest split the search found for {}.\n{}", base.name, s.to_toml()))?;
     let plan = plan::lower(&s)?;
     write("plan.json", serde_json::to_string(&plan).context("serialising the plan")?)?;
-    write("megatron-args.txt", megatron_args(&s))?;
-    write(
-        "deepspeed.json",
-        serde_json::to_string_pretty(&deepspeed_config(&s)).context("serialising the DeepSpeed config")?,
-    )?;
-    Ok(())
-}
-
-/// Megatron-LM launch arguments (pretrain_gpt.py) for a scenario.
-pub fn megatron_args(s: &Scenario) -> String {
-    let m = &s.model;
-    let p = &s.parallel;
-    let mut a: Vec<String> = vec![
-        format!("--num-layers {}", m.layers),
-        format!("--hidden-size {}", m.hidden),
-        format!("--num-attention-heads {}", m.heads),
-        format!("--ffn-hidden-size {}", m.ffn_hidden),
-        format!("--seq-length {}", m.seq_len),
-        format!("--max-position-embeddings {}", m.seq_len),
-        format!("--tensor-model-parallel-size {}", p.tp),
-        format!("--pipeline-model-parallel-size {}", p.pp),
-        format!("--micro-batch-size {}", p.micro_batch),
-        format!("--global-batch-size {}", p.global_batch),
-        format!("--ddp-bucket-size {}", (p.grad_bucket_mb * 1024.0 * 1024.0 / s.training.dtype.bytes() as f64) as u64),
-        format!("--lr {}", s.training.lr),
-        format!("--weight-decay {}", s.training.weight_decay),
-        format!("--clip-grad {}", s.training.grad_clip),
-        "--adam-beta1 0.9 --adam-beta2 0.95".into(),
-    ];
-    if m.kv_heads < m.heads {
-        a.push(format!("--group-query-attention --num-query-groups {}", m.kv_heads));
-    }
-    if m.family == strata_models::Family::Llama {
-        a.push("--swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear".into());
-    }
-    if p.schedule.chunked() {
-        a.push(format!("--num-layers-per-virtual-pipeline-stage {}", m.layers / p.pipeline().vstages()));
-    }
-    if p.sequence_parallel {
-        a.push("--sequence-parallel".into());
-    }
-    match p.recompute {
-        Recompute::None => {}
-        Recompute::Selective => a.push("--recompute-granularity selective".into()),
-        Recompute::Full => {
-            a.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
+    names.extend(["best.toml".to_string(), "plan.json".to_string()]);
+    // The launch files of the framework that runs the winner, through `strata export`'s code;
+    // what they cannot express is dropped with a warning rather than failing the search.
+    let framework = s.training.framework;
+    if framework != Framework::Strata {
+        let export = strata_models::export::export(&s, framework, true)?;
+        for d in &export.dropped {
+            eprintln!("warning: {} export of the winner drops {d}", framework.name());
         }
+        crate::cmd::export::write_files(dir, &export)?;
+        names.extend(export.files.iter().map(|f| f.name.to_string()));
     }
-    if p.zero >= 1 {
-        a.push("--use-distributed-optimizer".into());
-    }
-    if p.overlap_grad_reduce {
-        a.push("--overlap-grad-reduce".into());
-    }
-    if p.overlap_param_gather && p.zero >= 1 {
-        a.push("--overlap-param-gather".into());
-    }
-    a.push(match s.training.dtype {
-        strata_models::Dtype::Bf16 => "--bf16".into(),
-        strata_models::Dtype::Fp16 => "--fp16".into(),
-        strata_models::Dtype::Fp32 => String::new(),
-    });
-    if s.training.flash_attention {
-        a.push("--use-flash-attn".into());
-    }
-    let mut out = String::from("# Megatron-LM (pretrain_gpt.py) arguments for this split.\n");
-    if p.zero >= 2 {
-        out.push_str("# ZeRO-2/3 have no Megatron-LM equivalent (its distributed optimizer is ZeRO-1); run it with DeepSpeed (deepspeed.json).\n");
-    }
-    if let Some(note) = p.schedule.spec().megatron_note {
-        out.push_str(&format!("# {note}\n"));
-    }
-    let args: Vec<String> = a.into_iter().filter(|x| !x.is_empty()).collect();
-    out.push_str(&args.join(" \\\n  "));
-    out.push('\n');
-    out
-}
-
-/// A DeepSpeed configuration (ds_config.json) for a scenario.
-pub fn deepspeed_config(s: &Scenario) -> serde_json::Value {
-    let p = &s.parallel;
-    let bucket = (p.grad_bucket_mb * 1024.0 * 1024.0 / s.training.dtype.bytes() as f64) as u64;
-    serde_json::json!({
-        "train_batch_size": p.global_batch,
-        "train_micro_batch_size_per_gpu": p.micro_batch,
-        "gradient_accumulation_steps": p.microbatches(),
-        "gradient_clipping": s.training.grad_clip,
-        "bf16": { "enabled": s.training.dtype == strata_models::Dtype::Bf16 },
-        "fp16": { "enabled": s.training.dtype == strata_models::Dtype::Fp16 },
-        "optimizer": {
-            "type": "AdamW",
-            "params": { "lr": s.training.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": s.training.weight_decay }
-        },
-        "zero_optimization": {
-            "stage": p.zero,
-            "overlap_comm": p.overlap_grad_reduce,
-            "contiguous_gradients": true,
-            "reduce_bucket_size": bucket,
-            "allgather_bucket_size": bucket,
-            "stage3_prefetch_bucket_size": if p.zero >= 3 { bucket } else { 0 }
-        },
-        "activation_checkpointing": {
-            "partition_activations": p.sequence_parallel,
-            "contiguous_memory_optimization": p.recompute != Recompute::None
-        },
-        "pipeline": { "stages": p.pp, "partition_method": "uniform" },
-        "tensor_parallel": { "tp_size": p.tp }
-    })
+    Ok(names)
 }

@@ -6,10 +6,14 @@
 //!   jobs). Steps live only in that script, so the two cannot drift apart;
 //! - `bench` — the speed and memory targets of the issues, each measured in its own
 //!   process (so peak memory is that benchmark's alone), printed as figures;
+//! - `interop` — every `strata export` of a matrix of splits loaded by its framework's own
+//!   code (DeepSpeed's `DeepSpeedConfig`, megatron-core's config classes, torchtitan's
+//!   `ConfigManager`) in a cached virtualenv ([`interop`]);
 //! - `validate` — predicted against measured on this machine: calibrate, run a dozen splits
 //!   both ways, print the step-time and memory errors and the ranking's Kendall τ
 //!   ([`validate`]).
 
+mod interop;
 mod validate;
 
 use std::process::Command;
@@ -24,9 +28,10 @@ fn main() -> anyhow::Result<()> {
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("bench-one") => bench_one(args.get(1).map(String::as_str).unwrap_or_default()),
         Some("validate") => validate::validate(),
+        Some("interop") => interop::interop(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
+                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")

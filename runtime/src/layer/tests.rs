@@ -24,6 +24,7 @@ fn spec() -> ModelSpec {
         seq_len: 4,
         activation: Activation::Gelu,
         dropout: 0.0,
+        rope_base: 500_000.0,
     }
 }
 

@@ -19,6 +19,7 @@ fn model(vocab: u32) -> ModelSpec {
         seq_len: 16,
         activation: Activation::Gelu,
         dropout: 0.0,
+        rope_base: 500_000.0,
     }
 }
 
