@@ -8,6 +8,7 @@
 pub mod accounting;
 pub mod cluster;
 pub mod hardware;
+pub mod limits;
 pub mod model;
 pub mod parallel;
 pub mod plan;

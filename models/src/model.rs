@@ -166,6 +166,11 @@ impl ModelSpec {
                 bad.push(format!("model.{key} = 0: it must be at least 1"));
             }
         }
+        if bad.is_empty()
+            && let Err(e) = crate::limits::check_model(self)
+        {
+            bad.push(e);
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             bad.push(format!("model.dropout = {}: a dropout probability is in [0, 1)", self.dropout));
         }

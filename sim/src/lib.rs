@@ -18,6 +18,7 @@ pub mod memory;
 pub mod net;
 pub mod profile;
 pub mod program;
+pub mod sanity;
 pub mod search;
 pub mod simulate;
 

@@ -519,7 +519,9 @@ impl<'a> Engine<'a> {
         }
         a.running = Some(Running { op, work_ns, since_ns: self.now, factor, task });
         a.epoch += 1;
-        let end = self.now + (work_ns * factor).ceil() as u64;
+        // Saturating (the f64 → u64 cast saturates too): a step past the clock's horizon is
+        // refused after the run (`sanity::HORIZON_NS`) instead of wrapping.
+        let end = self.now.saturating_add((work_ns * factor).ceil() as u64);
         self.schedule(end, ai);
     }
 
@@ -542,7 +544,7 @@ impl<'a> Engine<'a> {
         r.since_ns = now;
         r.factor = factor;
         a.epoch += 1;
-        let end = now + (r.work_ns * factor).ceil() as u64;
+        let end = now.saturating_add((r.work_ns * factor).ceil() as u64);
         self.schedule(end, ai);
     }
 

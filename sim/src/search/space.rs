@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use strata_models::Scenario;
 use strata_models::parallel::{ParallelConfig, Recompute, Schedule};
+use strata_models::{Scenario, limits};
 
 /// What the search varies. `SearchSpace::full` is the default; tests narrow it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -155,7 +155,18 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 overlap_param_gather: opg,
                                             };
                                             match parallel.validate(&base.model, &base.cluster) {
-                                                Ok(()) => out.valid.push(Scenario { parallel, ..base.clone() }),
+                                                Ok(()) => {
+                                                    let s = Scenario { parallel, ..base.clone() };
+                                                    // The work budget and the search's own
+                                                    // bound (docs/limits.md): cut, and counted.
+                                                    if limits::check_work(&s).is_err() {
+                                                        *out.invalid.entry("work-budget").or_default() += 1;
+                                                    } else if out.valid.len() as u64 >= limits::MAX_SEARCH_CANDIDATES {
+                                                        *out.invalid.entry("search-budget").or_default() += 1;
+                                                    } else {
+                                                        out.valid.push(s);
+                                                    }
+                                                }
                                                 Err(e) => {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
                                                 }
