@@ -26,7 +26,7 @@ fn findings_are_refused_with_the_key_and_the_limit() {
         (&["--set", "cluster.nic_gbps=5e-324"], "cluster.nic_gbps"),
         (&["--set", "cluster.switch_radix=2147483648"], "cluster.switch_radix"),
         (&["--set", "cluster.nics_per_node=4294967295"], "cluster.nics_per_node"),
-        (&["--set", "parallel.global_batch=1000000"], "parallel.global_batch"),
+        (&["--set", "parallel.global_batch=1048576"], "work budget"),
         (&["--set", "model.layers=100000"], "model.layers"),
         (&["--set", "model.hidden=4294967295"], "model.hidden"),
         (&["--set", "model.seq_len=2147483648"], "model.seq_len"),
@@ -69,12 +69,8 @@ fn a_closed_stdout_ends_quietly() {
 /// An error printed to a closed stderr does not turn into a panic.
 #[test]
 fn a_closed_stderr_ends_quietly() {
-    let mut child = strata()
-        .args(["inspect", "no-such-file.toml"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        strata().args(["inspect", "no-such-file.toml"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     drop(child.stderr.take());
     let status = child.wait().unwrap();
     assert!(matches!(status.code(), Some(2) | Some(141)), "{status:?}");

@@ -120,7 +120,9 @@ fn int(rng: &mut Rng) -> String {
             let off = *rng.pick(&[-1i128, 0, 1]);
             ((1i128 << k) + off).to_string()
         }
-        6 => rng.pick(&[-1i128, -2, i64::MIN as i128, u32::MAX as i128, u32::MAX as i128 + 1, i64::MAX as i128]).to_string(),
+        6 => rng
+            .pick(&[-1i128, -2, i64::MIN as i128, u32::MAX as i128, u32::MAX as i128 + 1, i64::MAX as i128])
+            .to_string(),
         7 => rng.below(u32::MAX as u64).to_string(),
         8 => rng.pick(&["1e6", "1.5", "100000", "131072", "1048576", "2147483648"]).to_string(),
         _ => wild(rng),
@@ -143,8 +145,12 @@ fn real(rng: &mut Rng) -> String {
 /// and the simulator, where the interesting bugs are.
 fn plausible(rng: &mut Rng, kind: Kind) -> String {
     match kind {
-        Kind::Int => rng.pick(&["0", "1", "1", "2", "2", "3", "4", "4", "6", "8", "8", "16", "32", "64", "128", "256"]).to_string(),
-        Kind::Real => rng.pick(&["0.001", "0.1", "0.5", "1.0", "1.0", "2.0", "4.0", "10.0", "200.0", "400.0", "1600.0"]).to_string(),
+        Kind::Int => rng
+            .pick(&["0", "1", "1", "2", "2", "3", "4", "4", "6", "8", "8", "16", "32", "64", "128", "256"])
+            .to_string(),
+        Kind::Real => rng
+            .pick(&["0.001", "0.1", "0.5", "1.0", "1.0", "2.0", "4.0", "10.0", "200.0", "400.0", "1600.0"])
+            .to_string(),
         Kind::Bool => rng.pick(&["true", "false"]).to_string(),
         Kind::Name(names) => rng.pick(names).to_string(),
     }
@@ -175,7 +181,7 @@ pub fn override_spec(rng: &mut Rng, extreme: bool) -> String {
     // Now and then an unknown key or a broken spec.
     match rng.below(40) {
         0 => format!("model.layer={value}"),
-        1 => format!("{key}"),
+        1 => key.to_string(),
         2 => format!("{key}.deeper={value}"),
         3 => format!("=.{value}"),
         _ => format!("{key}={value}"),

@@ -3,8 +3,8 @@
 //! sample of search), every outcome classified ([`run::Class`]). Nothing but **ok** and
 //! **refused** may occur.
 //!
-//! - `fuzz_bounded_campaign` (CI, `cargo test --release`): 2,000 cases on two threads in
-//!   well under two minutes (200 in a debug build). `STRATA_FUZZ_CASES` and
+//! - `fuzz_bounded_campaign` (CI, `cargo test --release`): 8,000 cases on two threads in
+//!   well under two minutes (about 15 s; 400 in a debug build). `STRATA_FUZZ_CASES` and
 //!   `STRATA_FUZZ_SEED` change the count and the seed.
 //! - `fuzz_long_campaign` (ignored; `cargo xtask fuzz --minutes N` runs it): as many cases
 //!   as fit in `STRATA_FUZZ_MINUTES`, heavy ones lowered and simulated too.
@@ -132,7 +132,12 @@ fn campaign(seed: u64, first: u64, count: u64, deadline: Option<Instant>, budget
                     let c = case(&corpus, &plans, seed, i);
                     let out = run::run(&c.input, budget);
                     let note = if out.class.failed() {
-                        format!("case {i}: {:?}: {} — {}", out.class, c.label, out.why.chars().take(300).collect::<String>())
+                        format!(
+                            "case {i}: {:?}: {} — {}",
+                            out.class,
+                            c.label,
+                            out.why.chars().take(300).collect::<String>()
+                        )
                     } else {
                         String::new()
                     };
@@ -184,7 +189,7 @@ fn quiet_panics() {
 #[test]
 fn fuzz_bounded_campaign() {
     let seed = env_u64("STRATA_FUZZ_SEED").unwrap_or(14);
-    let count = env_u64("STRATA_FUZZ_CASES").unwrap_or(if cfg!(debug_assertions) { 200 } else { 2000 });
+    let count = env_u64("STRATA_FUZZ_CASES").unwrap_or(if cfg!(debug_assertions) { 400 } else { 8000 });
     let first = env_u64("STRATA_FUZZ_FIRST").unwrap_or(0);
     let budget = Budget { max_layer_passes: 2048, hang: Duration::from_secs(10) };
     quiet_panics();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use strata_models::accounting::{flops, memory, params};
 use strata_models::plan::{self, Plan, check::CheckedPlan};
-use strata_models::Scenario;
+use strata_models::{GpuKind, Scenario};
 use strata_sim::search::{self, SearchOptions};
 use strata_sim::simulate::{SimError, SimOptions};
 
@@ -64,7 +64,11 @@ pub struct Outcome {
 
 fn refused(message: String) -> Outcome {
     if message.chars().count() > MAX_MESSAGE {
-        return Outcome { class: Class::LongMessage, why: format!("{} chars", message.chars().count()), lowered: false };
+        return Outcome {
+            class: Class::LongMessage,
+            why: format!("{} chars", message.chars().count()),
+            lowered: false,
+        };
     }
     Outcome { class: Class::Refused, why: message, lowered: false }
 }
@@ -128,7 +132,7 @@ fn scenario_case(text: &str, overrides: &[String], search: bool, budget: Budget)
     }
     match strata_sim::simulate(&plan, &SimOptions::default()) {
         Ok(r) => {
-            if let Err(why) = strata_sim::sanity::check(&r) {
+            if let Err(why) = strata_sim::sanity::check(&r, s.cluster.gpu != GpuKind::Cpu) {
                 return failure(Class::Nonsense, format!("simulate: {why}"));
             }
         }
@@ -196,7 +200,7 @@ fn search_case(s: &Scenario) -> Option<Outcome> {
         Ok(r) => {
             for c in &r.candidates {
                 if let Some(rep) = &c.report
-                    && let Err(why) = strata_sim::sanity::check(rep)
+                    && let Err(why) = strata_sim::sanity::check(rep, s.cluster.gpu != GpuKind::Cpu)
                 {
                     return Some(failure(Class::Nonsense, format!("search {}: {why}", c.label)));
                 }
@@ -224,7 +228,7 @@ fn plan_case(text: &str) -> Outcome {
         return refused(e.to_string());
     }
     match strata_sim::simulate(&plan, &SimOptions::default()) {
-        Ok(r) => match strata_sim::sanity::check(&r) {
+        Ok(r) => match strata_sim::sanity::check(&r, plan.scenario.cluster.gpu != GpuKind::Cpu) {
             Ok(()) => Outcome { class: Class::Ok, why: String::new(), lowered: true },
             Err(why) => failure(Class::Nonsense, format!("simulate: {why}")),
         },

@@ -56,7 +56,9 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
             "--minutes" => "STRATA_FUZZ_MINUTES",
             "--seed" => "STRATA_FUZZ_SEED",
             "--threads" => "STRATA_FUZZ_THREADS",
-            other => bail!("cargo xtask fuzz: unknown flag {other}; usage: cargo xtask fuzz [--minutes N] [--seed S] [--threads T]"),
+            other => bail!(
+                "cargo xtask fuzz: unknown flag {other}; usage: cargo xtask fuzz [--minutes N] [--seed S] [--threads T]"
+            ),
         };
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         if value.parse::<u64>().is_err() {
@@ -65,8 +67,13 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
         env.retain(|(k, _)| *k != key);
         env.push((key, value.clone()));
     }
-    let test = ["test", "--release", "-p", "strata", "--test", "fuzz", "fuzz_long_campaign", "--", "--ignored", "--nocapture"];
-    eprintln!("$ {} cargo {}", env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), test.join(" "));
+    let test =
+        ["test", "--release", "-p", "strata", "--test", "fuzz", "fuzz_long_campaign", "--", "--ignored", "--nocapture"];
+    eprintln!(
+        "$ {} cargo {}",
+        env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        test.join(" ")
+    );
     let status = Command::new(env!("CARGO")).args(test).envs(env).status().context("running cargo")?;
     if !status.success() {
         bail!("the fuzz campaign failed ({status}); its failures are listed above");
