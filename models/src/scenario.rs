@@ -387,7 +387,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         ffn_hidden: rm
             .ffn_hidden
             .or(base.as_ref().map(|b| b.ffn_hidden))
-            .or(rm.hidden.map(|h| 4 * h))
+            .or(rm.hidden.map(|h| h.saturating_mul(4)))
             .ok_or_else(|| missing("model", "ffn_hidden"))?,
         vocab: pick!(rm, base, "model", vocab),
         seq_len: pick!(rm, base, "model", seq_len),

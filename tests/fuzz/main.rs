@@ -181,9 +181,13 @@ fn report(name: &str, seed: u64, f: &Figures) {
     }
 }
 
-/// Silences the default panic message of caught panics (they are counted and listed).
+/// Silences the default panic message of caught panics (they are counted and listed, with
+/// the panic's location).
 fn quiet_panics() {
-    std::panic::set_hook(Box::new(|_| {}));
+    std::panic::set_hook(Box::new(|info| {
+        let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        run::PANIC_AT.with(|p| *p.borrow_mut() = at);
+    }));
 }
 
 #[test]

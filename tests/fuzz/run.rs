@@ -19,6 +19,11 @@ use strata_models::{GpuKind, Scenario};
 use strata_sim::search::{self, SearchOptions};
 use strata_sim::simulate::{SimError, SimOptions};
 
+thread_local! {
+    /// Where the last panic on this thread happened (set by the campaign's panic hook).
+    pub static PANIC_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 /// The longest error message a user may be shown, characters.
 pub const MAX_MESSAGE: usize = 4000;
 
@@ -92,7 +97,8 @@ pub fn run(input: &Input, budget: Budget) -> Outcome {
                 .cloned()
                 .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            failure(Class::Panic, msg)
+            let at = PANIC_AT.with(|p| p.borrow().clone());
+            failure(Class::Panic, format!("{msg} at {at}"))
         }
     };
     if start.elapsed() > budget.hang && !out.class.failed() {
