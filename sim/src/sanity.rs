@@ -58,3 +58,9 @@ pub fn check(r: &SimReport, peak_bound: bool) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Ops stuck at the clock's end (times saturate there) ran out of time, not order: not a
+/// deadlock.
+pub fn past_horizon(ops_left: usize) -> crate::SimError {
+    crate::SimError::Insane(format!("the step runs past the clock's horizon of 2^62 ns ({ops_left} ops left)"))
+}

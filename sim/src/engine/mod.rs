@@ -574,13 +574,8 @@ impl<'a> Engine<'a> {
 
     fn check_finished(&self) -> Result<(), SimError> {
         let Some(a) = self.actors.iter().find(|a| a.cur.remaining() > 0) else { return Ok(()) };
-        // Times saturate at the clock's end: ops stuck there ran out of time, not order.
         if self.now >= crate::sanity::HORIZON_NS {
-            return Err(SimError::Insane(format!(
-                "the step runs past the clock's horizon of 2^62 ns ({} ops of {} left)",
-                a.cur.remaining(),
-                self.plan.grid.label(a.rank)
-            )));
+            return Err(crate::sanity::past_horizon(a.cur.remaining())); // out of time, not order
         }
         let t = &self.tables[a.table as usize];
         let program = &self.plan.programs[self.plan.program_index(a.rank)];
