@@ -30,6 +30,24 @@ impl ScenarioArgs {
     }
 }
 
+/// Exit code of a process whose reader went away: 128 + SIGPIPE, what a tool killed by
+/// the signal reports.
+pub const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// Makes a closed stdout or stderr (`strata plan … | head -1`) end the process quietly
+/// with [`BROKEN_PIPE_EXIT`], as the shell's tools do, instead of std's panic "failed
+/// printing to stdout: Broken pipe". Every other panic keeps the default hook.
+pub fn end_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default();
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        default(info)
+    }));
+}
+
 /// A run that failed for a reason other than bad input (a rank died, a write failed):
 /// exit code 1 instead of 2.
 #[derive(Debug, thiserror::Error)]

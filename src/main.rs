@@ -66,6 +66,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    common::end_quietly_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         None => cmd::main_job::run(),

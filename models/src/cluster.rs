@@ -134,6 +134,11 @@ impl ClusterSpec {
         if self.nodes_per_unit == 0 {
             bad.push("cluster.nodes_per_unit = 0: a scalable unit holds at least one node".to_string());
         }
+        if bad.is_empty()
+            && let Err(e) = crate::limits::check_cluster(self)
+        {
+            bad.push(e);
+        }
         if bad.is_empty() { Ok(()) } else { Err(bad.join("\n")) }
     }
 }

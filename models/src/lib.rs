@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod export;
 pub mod framework;
 pub mod hardware;
+pub mod limits;
 pub mod model;
 pub mod parallel;
 pub mod plan;

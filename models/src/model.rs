@@ -180,6 +180,11 @@ impl ModelSpec {
         if !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
             bad.push(format!("model.rope_base = {}: the rotary base must be a number above 1", self.rope_base));
         }
+        if bad.is_empty()
+            && let Err(e) = crate::limits::check_model(self)
+        {
+            bad.push(e);
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             bad.push(format!("model.dropout = {}: a dropout probability is in [0, 1)", self.dropout));
         }

@@ -150,7 +150,8 @@ impl ConfigError {
 impl ParallelConfig {
     /// Microbatches per replica per step: m = B / (b · dp). Only meaningful once valid.
     pub fn microbatches(&self) -> u32 {
-        self.global_batch / (self.micro_batch * self.dp).max(1)
+        // In u64: micro_batch · dp can pass u32::MAX; the quotient is at most global_batch.
+        (self.global_batch as u64 / (self.micro_batch as u64 * self.dp as u64).max(1)) as u32
     }
 
     /// Ranks in the grid: tp · pp · dp.
@@ -204,6 +205,9 @@ impl ParallelConfig {
         .collect();
         if !zeros.is_empty() {
             return Err(ConfigError { violations: zeros });
+        }
+        if let Err(message) = crate::limits::check_parallel(p) {
+            return Err(ConfigError { violations: vec![Violation { rule: "limit", message }] });
         }
         let mut v = Vec::new();
         let mut bad = |rule: &'static str, message: String| v.push(Violation { rule, message });
@@ -271,7 +275,7 @@ impl ParallelConfig {
                 ),
             );
         }
-        if !p.global_batch.is_multiple_of(p.micro_batch * p.dp) {
+        if !(p.global_batch as u64).is_multiple_of(p.micro_batch as u64 * p.dp as u64) {
             bad(
                 "batch-divisible",
                 format!(
@@ -279,7 +283,7 @@ impl ParallelConfig {
                     p.global_batch,
                     p.micro_batch,
                     p.dp,
-                    p.micro_batch * p.dp
+                    p.micro_batch as u64 * p.dp as u64
                 ),
             );
         }

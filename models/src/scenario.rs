@@ -219,7 +219,8 @@ impl Scenario {
         default_name: &str,
         overrides: &[String],
     ) -> Result<Scenario, ScenarioError> {
-        let parse = |message: String| ScenarioError::Parse { origin: origin.to_string(), message };
+        // A parse error quotes the offending line, which may be megabytes long: an excerpt.
+        let parse = |message: String| ScenarioError::Parse { origin: origin.to_string(), message: short(&message) };
         // First pass on the text itself, so unknown keys and type errors carry a line.
         let mut raw: RawScenario = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
         if !overrides.is_empty() {
@@ -228,8 +229,8 @@ impl Scenario {
                 apply_override(&mut doc, spec)?;
             }
             raw = RawScenario::deserialize(toml::Value::Table(doc)).map_err(|e| ScenarioError::BadOverride {
-                spec: overrides.join(" --set "),
-                reason: e.to_string().trim().to_string(),
+                spec: short(&overrides.join(" --set ")),
+                reason: short(e.to_string().trim()),
             })?;
         }
         resolve(raw, origin, default_name)
@@ -321,8 +322,8 @@ impl Scenario {
 pub fn load_cluster(path: &Path) -> Result<ClusterSpec, ScenarioError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
-    let raw: RawScenario =
-        toml::from_str(&text).map_err(|e| ScenarioError::Parse { origin: origin.clone(), message: e.to_string() })?;
+    let raw: RawScenario = toml::from_str(&text)
+        .map_err(|e| ScenarioError::Parse { origin: origin.clone(), message: short(&e.to_string()) })?;
     let cluster = resolve_cluster(raw.cluster, &origin)?;
     cluster.check().map_err(|message| ScenarioError::Invalid { origin, message, config: None })?;
     Ok(cluster)
@@ -330,7 +331,7 @@ pub fn load_cluster(path: &Path) -> Result<ClusterSpec, ScenarioError> {
 
 /// Sets `a.b.c = value` in a TOML document.
 fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError> {
-    let bad = |reason: String| ScenarioError::BadOverride { spec: spec.to_string(), reason };
+    let bad = |reason: String| ScenarioError::BadOverride { spec: short(spec), reason: short(&reason) };
     let (key, value) =
         spec.split_once('=').ok_or_else(|| bad("expected KEY=VALUE, e.g. --set parallel.tp=4".into()))?;
     let key = key.trim();
@@ -354,6 +355,11 @@ fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError
     Ok(())
 }
 
+/// What an error may quote of the input: [`crate::limits::excerpt`].
+fn short(text: &str) -> String {
+    crate::limits::excerpt(text, crate::limits::EXCERPT_CHARS)
+}
+
 /// A key that neither the table nor its preset gives.
 fn missing(origin: &str, section: &'static str, key: &str) -> ScenarioError {
     ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") }
@@ -361,12 +367,7 @@ fn missing(origin: &str, section: &'static str, key: &str) -> ScenarioError {
 
 /// A preset name not in the catalog.
 fn unknown_preset(origin: &str, section: &'static str, name: &str, known: &[&str]) -> ScenarioError {
-    ScenarioError::UnknownPreset {
-        origin: origin.to_string(),
-        section,
-        name: name.to_string(),
-        known: known.join(", "),
-    }
+    ScenarioError::UnknownPreset { origin: origin.to_string(), section, name: short(name), known: known.join(", ") }
 }
 
 fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
@@ -402,7 +403,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         ffn_hidden: rm
             .ffn_hidden
             .or(base.as_ref().map(|b| b.ffn_hidden))
-            .or(rm.hidden.map(|h| 4 * h))
+            .or(rm.hidden.map(|h| h.saturating_mul(4)))
             .ok_or_else(|| missing("model", "ffn_hidden"))?,
         vocab: pick!(rm, base, "model", vocab),
         seq_len: pick!(rm, base, "model", seq_len),
@@ -506,7 +507,8 @@ fn resolve_cluster(rc: RawCluster, origin: &str) -> Result<ClusterSpec, Scenario
         (Some(g), _) => GpuKind::from_key(g).ok_or_else(|| ScenarioError::Parse {
             origin: origin.to_string(),
             message: format!(
-                "cluster.gpu = \"{g}\" is not in the catalog; known GPUs: {}",
+                "cluster.gpu = \"{}\" is not in the catalog; known GPUs: {}",
+                short(g),
                 crate::hardware::GPU_KINDS.iter().map(|k| k.key()).collect::<Vec<_>>().join(", ")
             ),
         })?,
@@ -550,7 +552,9 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
     if !(t.lr > 0.0 && t.lr.is_finite()) {
         lines.push(format!("training.lr = {}: the learning rate must be a positive number", t.lr));
     }
-    if !(t.weight_decay >= 0.0 && t.grad_clip >= 0.0) {
+    if let Err(e) = crate::limits::check_training(t) {
+        lines.push(e);
+    } else if !(t.weight_decay >= 0.0 && t.grad_clip >= 0.0) {
         lines.push(format!(
             "training.weight_decay = {} and training.grad_clip = {} must not be negative",
             t.weight_decay, t.grad_clip
@@ -564,6 +568,12 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
     }
     if let Some(c) = &config {
         lines.push(c.to_string());
+    }
+    // The work budget, once every part is within its own limits.
+    if lines.is_empty()
+        && let Err(e) = crate::limits::check_work(s)
+    {
+        lines.push(e);
     }
     if lines.is_empty() {
         Ok(())

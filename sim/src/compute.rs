@@ -123,13 +123,16 @@ impl ComputeModel {
             .tiles
             .iter()
             .map(|&(tm, tn, eff)| {
-                let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-                let waves = tiles.div_ceil(self.sm_count) as f64;
+                // In f64 (exact below 2^53, as every real shape is): a hand-edited plan may
+                // hold any u64 dimensions, whose product would overflow.
+                let tiles = g.m.div_ceil(tm) as f64 * g.n.div_ceil(tn) as f64 * g.batch as f64;
+                let waves = (tiles / self.sm_count as f64).ceil();
                 let tile_flops = 2.0 * tm as f64 * tn as f64 * k;
                 waves * tile_flops / (self.per_sm_flops_per_s * self.gemm_efficiency * eff * main_loop)
             })
             .fold(f64::INFINITY, f64::min);
-        let operands = (g.m * g.k + g.k * g.n + g.m * g.n) as f64 * g.batch as f64 * self.elem_bytes;
+        let (m, n) = (g.m as f64, g.n as f64);
+        let operands = (m * k + k * n + m * n) * g.batch as f64 * self.elem_bytes;
         compute.max(operands / self.mem_bytes_per_s)
     }
 

@@ -15,8 +15,18 @@ pub enum SimError {
          which simulates one rank per pipeline stage"
     )]
     TooLarge { ranks: u32, limit: u32 },
+    #[error(
+        "full mode simulates every rank's ops; {ops} ops over all ranks is over its work budget of {limit} \
+         (2^26): use symmetric mode, or fewer microbatches or layers"
+    )]
+    OverBudget { ops: u64, limit: u64 },
     #[error(transparent)]
     Network(#[from] NetError),
+    #[error(
+        "the simulated step is not physical: {0}; the scenario is past what the simulator models \
+         (see docs/limits.md)"
+    )]
+    Insane(String),
     #[error(
         "the hardware profile {profile} describes a {profile_gpu} but the cluster has {cluster_gpu}s; \
          pass a profile of the cluster's GPU"

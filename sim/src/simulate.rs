@@ -34,6 +34,9 @@ use crate::program::{ComputeTimer, ProgramTable};
 /// Full mode keeps per-op state for every rank: at most this many ranks.
 pub const FULL_MODE_RANKS_MAX: u32 = 4096;
 
+/// Full mode's work budget: ops over all ranks (GPT-3 175B on 1,024 GPUs runs 35 M).
+pub const FULL_MODE_OPS_MAX: u64 = 1 << 26;
+
 /// How to simulate.
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -121,7 +124,11 @@ pub fn simulate_with(plan: &Plan, options: &SimOptions, net: &mut dyn Network) -
         });
     }
     let timer = ProfileTimer::new(&profile, plan);
-    simulate_timed(plan, options, net, &timer, &profile)
+    let report = simulate_timed(plan, options, net, &timer, &profile)?;
+    // Op times from a GPU's profile: no GPU beats its datasheet peak.
+    let peak_bound = plan.scenario.cluster.gpu != strata_models::GpuKind::Cpu;
+    crate::sanity::check(&report, peak_bound).map_err(SimError::Insane)?;
+    Ok(report)
 }
 
 /// Compute times from a profile: one cost per cost id (or, when the profile measured
@@ -188,6 +195,13 @@ pub fn simulate_timed(
     if !symmetric && g.ranks() > FULL_MODE_RANKS_MAX {
         return Err(SimError::TooLarge { ranks: g.ranks(), limit: FULL_MODE_RANKS_MAX });
     }
+    if !symmetric {
+        // Full mode keeps per-op state for every rank: a work budget on the ops it runs.
+        let ops: u64 = (0..g.ranks()).map(|r| plan.programs[plan.program_index(r)].ops.len() as u64).sum();
+        if ops > FULL_MODE_OPS_MAX {
+            return Err(SimError::OverBudget { ops, limit: FULL_MODE_OPS_MAX });
+        }
+    }
     // The programs that run: one per stage, or every distinct one.
     let mut used: Vec<usize> = if symmetric {
         (0..g.pp).map(|pp| plan.program_index(g.rank(strata_models::plan::Coord { tp: 0, dp: 0, pp }))).collect()
@@ -209,7 +223,15 @@ pub fn simulate_timed(
         shared_cores: profile.execution.shared_cores,
     };
     let outcome = engine::run(plan, tables, used, cfg, net)?;
-    Ok(SimReport { mode_note, ..report(plan, options, profile, net.name(), outcome) })
+    if outcome.makespan_ns >= crate::sanity::HORIZON_NS {
+        return Err(SimError::Insane(format!(
+            "the step would end at {} ns, past the clock's horizon of 2^62 ns",
+            outcome.makespan_ns
+        )));
+    }
+    let report = report(plan, options, profile, net.name(), outcome);
+    crate::sanity::check(&report, false).map_err(SimError::Insane)?;
+    Ok(SimReport { mode_note, ..report })
 }
 
 fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {

@@ -9,6 +9,9 @@
 //! - `interop` — every `strata export` of a matrix of splits loaded by its framework's own
 //!   code (DeepSpeed's `DeepSpeedConfig`, megatron-core's config classes, torchtitan's
 //!   `ConfigManager`) in a cached virtualenv ([`interop`]);
+//! - `fuzz --minutes N` — the long fuzz campaign (`tests/fuzz/`): mutated scenarios and
+//!   plans through inspect / plan / verify / simulate / search for N minutes, every outcome
+//!   classified; fails on any panic, hang, nonsense figure or internal-reason refusal;
 //! - `validate` — predicted against measured on this machine: calibrate, run a dozen splits
 //!   both ways, print the step-time and memory errors and the ranking's Kendall τ
 //!   ([`validate`]).
@@ -29,9 +32,10 @@ fn main() -> anyhow::Result<()> {
         Some("bench-one") => bench_one(args.get(1).map(String::as_str).unwrap_or_default()),
         Some("validate") => validate::validate(),
         Some("interop") => interop::interop(),
+        Some("fuzz") => fuzz(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured",
+                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")
@@ -44,6 +48,40 @@ pub(crate) fn cargo(args: &[&str]) -> anyhow::Result<()> {
     let status = Command::new(env!("CARGO")).args(args).status().context("running cargo")?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// The long fuzz campaign: `tests/fuzz/`'s ignored test, in release mode, for N minutes.
+fn fuzz(args: &[String]) -> anyhow::Result<()> {
+    let mut env: Vec<(&str, String)> = vec![("STRATA_FUZZ_MINUTES", "10".into())];
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let key = match flag.as_str() {
+            "--minutes" => "STRATA_FUZZ_MINUTES",
+            "--seed" => "STRATA_FUZZ_SEED",
+            "--threads" => "STRATA_FUZZ_THREADS",
+            other => bail!(
+                "cargo xtask fuzz: unknown flag {other}; usage: cargo xtask fuzz [--minutes N] [--seed S] [--threads T]"
+            ),
+        };
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        if value.parse::<u64>().is_err() {
+            bail!("{flag} {value}: expected a whole number");
+        }
+        env.retain(|(k, _)| *k != key);
+        env.push((key, value.clone()));
+    }
+    let test =
+        ["test", "--release", "-p", "strata", "--test", "fuzz", "fuzz_long_campaign", "--", "--ignored", "--nocapture"];
+    eprintln!(
+        "$ {} cargo {}",
+        env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        test.join(" ")
+    );
+    let status = Command::new(env!("CARGO")).args(test).envs(env).status().context("running cargo")?;
+    if !status.success() {
+        bail!("the fuzz campaign failed ({status}); its failures are listed above");
     }
     Ok(())
 }

@@ -37,7 +37,9 @@ impl Pipeline {
 
     /// Number of virtual stages, vpp · pp.
     pub fn vstages(&self) -> u32 {
-        self.vpp * self.pp
+        // Saturating: a plan read from outside may hold any pp and vpp; the split rules
+        // (every chunk needs a layer) then refuse it instead of a wrapped count.
+        self.vpp.saturating_mul(self.pp)
     }
 
     /// The virtual stage of chunk `chunk` on pipeline stage `stage`: chunk · pp + stage.

@@ -524,7 +524,9 @@ impl<'a> Engine<'a> {
         }
         a.running = Some(Running { op, work_ns, since_ns: self.now, factor, task });
         a.epoch += 1;
-        let end = self.now + (work_ns * factor).ceil() as u64;
+        // Saturating (the f64 → u64 cast saturates too): a step past the clock's horizon is
+        // refused after the run (`sanity::HORIZON_NS`) instead of wrapping.
+        let end = self.now.saturating_add((work_ns * factor).ceil() as u64);
         self.schedule(end, ai);
     }
 
@@ -547,7 +549,7 @@ impl<'a> Engine<'a> {
         r.since_ns = now;
         r.factor = factor;
         a.epoch += 1;
-        let end = now + (r.work_ns * factor).ceil() as u64;
+        let end = now.saturating_add((r.work_ns * factor).ceil() as u64);
         self.schedule(end, ai);
     }
 
@@ -577,6 +579,9 @@ impl<'a> Engine<'a> {
 
     fn check_finished(&self) -> Result<(), SimError> {
         let Some(a) = self.actors.iter().find(|a| a.cur.remaining() > 0) else { return Ok(()) };
+        if self.now >= crate::sanity::HORIZON_NS {
+            return Err(crate::sanity::past_horizon(a.cur.remaining())); // out of time, not order
+        }
         let t = &self.tables[a.table as usize];
         let program = &self.plan.programs[self.plan.program_index(a.rank)];
         let stuck: Vec<String> = Stream::ALL

@@ -285,7 +285,7 @@ impl Network for FabricNetwork {
         let bytes = if trivial { 0 } else { req.bytes };
         self.comms
             .insert(id, Comm { bytes, bound_bytes_per_s: bound, elems, multiplicity: req.multiplicity, var: None });
-        self.pending.insert((now_ns + latency_ns, id));
+        self.pending.insert((now_ns.saturating_add(latency_ns), id));
         id
     }
 

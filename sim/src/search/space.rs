@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use strata_models::parallel::{ParallelConfig, Recompute, Schedule};
-use strata_models::{Framework, Scenario};
+use strata_models::{Framework, Scenario, limits};
 
 /// What the search varies. `SearchSpace::full` is the default; tests narrow it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -171,13 +171,20 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 continue;
                                             }
                                             // One candidate per framework that runs the split; a
-                                            // framework that cannot is counted by its rule.
+                                            // framework that cannot is counted by its rule. The work
+                                            // budget and the search's own bound (docs/limits.md): cut,
+                                            // and counted.
                                             for &framework in &space.frameworks {
                                                 let mut s = Scenario { parallel: parallel.clone(), ..base.clone() };
                                                 s.training.framework = framework;
-                                                match framework.violations(&s).first() {
-                                                    None => out.valid.push(s),
-                                                    Some(v) => *out.unrunnable.entry(v.rule).or_default() += 1,
+                                                if let Some(v) = framework.violations(&s).first() {
+                                                    *out.unrunnable.entry(v.rule).or_default() += 1;
+                                                } else if limits::check_work(&s).is_err() {
+                                                    *out.invalid.entry("work-budget").or_default() += 1;
+                                                } else if out.valid.len() as u64 >= limits::MAX_SEARCH_CANDIDATES {
+                                                    *out.invalid.entry("search-budget").or_default() += 1;
+                                                } else {
+                                                    out.valid.push(s);
                                                 }
                                             }
                                         }

@@ -130,9 +130,18 @@ impl<'a> Planner<'a> {
     }
 }
 
-/// Lowers a scenario to its full plan.
+/// Lowers a scenario to its full plan, proven by [`crate::plan::check`] (so every buffer
+/// and message is within its limit, and `verify` and `simulate` accept what `plan` writes).
 pub fn lower(s: &Scenario) -> Result<Plan, ScenarioError> {
-    Ok(Planner::new(s)?.plan())
+    let plan = Planner::new(s)?.plan();
+    match crate::plan::check::CheckedPlan::new(plan) {
+        Ok(checked) => Ok(checked.into_inner()),
+        Err(e) => Err(ScenarioError::Invalid {
+            origin: s.name.clone(),
+            message: format!("its plan is over a limit: {e} (see docs/limits.md)"),
+            config: None,
+        }),
+    }
 }
 
 /// One stage's lowering in progress: the ops emitted so far and the buffers, pending

@@ -1,0 +1,278 @@
+//! Limits: the largest (and smallest) value of every size a scenario can set, in one place.
+//!
+//! As TigerBeetle keeps them: every count and size has a documented bound, checked when a
+//! scenario is loaded (and when the search builds a candidate), so nothing downstream can
+//! overflow, allocate without bound or run without end. A value outside its range is
+//! refused with exit code 2 and a message naming the key, the value and the limit. The
+//! bounds are generous — each is well above the largest job trained today — and chosen so
+//! that every product the accounting and the planner form fits a `u64` with room to spare
+//! (e.g. hidden · ffn_hidden · layers · 16 bytes < 2^55).
+//!
+//! | key | min | max | why the max |
+//! |---|---|---|---|
+//! | `model.layers` | 1 | 4,096 | 30× Llama-3 405B's 126 |
+//! | `model.hidden` | 1 | 131,072 (2^17) | 5× GPT-1T's 25,600 |
+//! | `model.heads`, `model.kv_heads` | 1 | 4,096 | 25× GPT-1T's 160 |
+//! | `model.ffn_hidden` | 1 | 524,288 (2^19) | 5× GPT-1T's 102,400 |
+//! | `model.vocab` | 1 | 4,194,304 (2^22) | 16× Gemma's 256k |
+//! | `model.seq_len` | 1 | 1,048,576 (2^20) | million-token contexts |
+//! | `cluster.nodes` | 1 | 131,072 (2^17) | with ≤ 2^17 GPUs in all |
+//! | `cluster.gpus_per_node` | 1 | 576 | an NVL576 NVLink domain |
+//! | nodes · gpus_per_node | 1 | 131,072 (2^17) | 8× a 16k-GPU job; one step of Llama-3 405B on 2^17 GPUs simulates in ~2 s (2^20 took 30 s and 3 GB) |
+//! | `cluster.nics_per_node` | 0 | 64 | 8× a DGX's 8 |
+//! | nodes · nics_per_node | 0 | 262,144 (2^18) | NIC ports the fabric wires |
+//! | `cluster.nic_gbps` | 0.001 (0 without NICs) | 1,000,000 | 1 Mb/s .. 1 Pb/s, finite |
+//! | `cluster.oversubscription` | 1 | 1,024 | finite |
+//! | `cluster.switch_radix` | 4 (even) | 4,096 | 64× a QM9700's 64 ports |
+//! | `cluster.nodes_per_unit` | 1 | 131,072 | as `cluster.nodes` |
+//! | `cluster.switch_latency_ns` | 0 | 1,000,000 | 1 ms |
+//! | `parallel.tp`, `parallel.pp`, `parallel.dp` | 1 | 131,072 | ≤ the GPUs anyway |
+//! | `parallel.vpp` | 1 | 128 | model chunks per stage |
+//! | `parallel.micro_batch` | 1 | 4,096 | sequences per microbatch |
+//! | `parallel.global_batch` | 1 | 16,777,216 (2^24) | sequences per step |
+//! | micro_batch · seq_len | 1 | 4,194,304 (2^22) | tokens in one microbatch |
+//! | `parallel.grad_bucket_mb` | > 0 | 1,048,576 | 1 TiB, finite |
+//! | `training.steps`, `training.warmup_steps` | 1 / 0 | 10,000,000 | |
+//! | `training.lr`, `weight_decay`, `grad_clip` | | | finite |
+//!
+//! **Work budget.** Plan, simulate and search cost time and memory in proportion to the ops
+//! of the lowered plan, about one op group per layer and microbatch on every stage:
+//! microbatches · layers ≤ [`MAX_LAYER_PASSES`] = 2^16 (GPT-3 175B at global batch 1536
+//! needs 9,216). A scenario over it is refused before anything is lowered, naming both
+//! figures. The planner's output is then proven by `plan::check` (every buffer and message
+//! ≤ 1 TiB), so `plan` never writes a size that `verify` or `simulate` would refuse.
+//! The search cuts candidates over the work budget (counted under the rule `work-budget`)
+//! and keeps at most [`MAX_SEARCH_CANDIDATES`] = 2^18 valid ones (the rest counted under
+//! `search-budget`); both counts are printed with the other rejected rules. The simulator
+//! refuses a step past its clock's horizon (2^62 ns) and any report that breaks physics
+//! (`strata_sim::sanity`).
+
+use crate::cluster::ClusterSpec;
+use crate::model::ModelSpec;
+use crate::parallel::ParallelConfig;
+use crate::scenario::{Scenario, TrainingConfig};
+
+pub const MAX_LAYERS: u64 = 4096;
+pub const MAX_HIDDEN: u64 = 1 << 17;
+pub const MAX_HEADS: u64 = 4096;
+pub const MAX_FFN_HIDDEN: u64 = 1 << 19;
+pub const MAX_VOCAB: u64 = 1 << 22;
+pub const MAX_SEQ_LEN: u64 = 1 << 20;
+pub const MAX_NODES: u64 = 1 << 17;
+pub const MAX_GPUS_PER_NODE: u64 = 576;
+pub const MAX_GPUS: u64 = 1 << 17;
+pub const MAX_NICS_PER_NODE: u64 = 64;
+pub const MAX_NIC_PORTS: u64 = 1 << 18;
+pub const MIN_NIC_GBPS: f64 = 1e-3;
+pub const MAX_NIC_GBPS: f64 = 1e6;
+pub const MAX_OVERSUBSCRIPTION: f64 = 1024.0;
+pub const MAX_SWITCH_RADIX: u64 = 4096;
+pub const MAX_SWITCH_LATENCY_NS: u64 = 1_000_000;
+pub const MAX_GRID_DIMENSION: u64 = MAX_GPUS;
+pub const MAX_VPP: u64 = 128;
+pub const MAX_MICRO_BATCH: u64 = 4096;
+pub const MAX_GLOBAL_BATCH: u64 = 1 << 24;
+pub const MAX_MICROBATCH_TOKENS: u64 = 1 << 22;
+pub const MAX_GRAD_BUCKET_MB: f64 = 1_048_576.0;
+pub const MAX_STEPS: u64 = 10_000_000;
+/// Microbatches · layers: the work budget of plan, simulate and search.
+pub const MAX_LAYER_PASSES: u64 = 1 << 16;
+/// Valid candidates one search keeps (the rest are counted under `search-budget`).
+pub const MAX_SEARCH_CANDIDATES: u64 = 1 << 18;
+
+/// Collects "key = value is over the limit of max" lines.
+#[derive(Default)]
+struct Report(Vec<String>);
+
+impl Report {
+    fn int(&mut self, key: &str, value: u64, min: u64, max: u64) {
+        if value < min {
+            self.0.push(format!("{key} = {value} is below the minimum of {min}"));
+        } else if value > max {
+            self.0.push(format!("{key} = {value} is over the limit of {max} (see docs/limits.md)"));
+        }
+    }
+
+    /// A real number in [min, max]: finite, and not below min (a positive min excludes 0).
+    fn real(&mut self, key: &str, value: f64, min: f64, max: f64, unit: &str) {
+        if !value.is_finite() {
+            self.0.push(format!("{key} = {value} must be a finite number in [{min}, {max}]{unit}"));
+        } else if value < min {
+            self.0.push(format!("{key} = {value} is below the minimum of {min}{unit} (see docs/limits.md)"));
+        } else if value > max {
+            self.0.push(format!("{key} = {value} is over the limit of {max}{unit} (see docs/limits.md)"));
+        }
+    }
+
+    fn done(self) -> Result<(), String> {
+        if self.0.is_empty() { Ok(()) } else { Err(self.0.join("\n")) }
+    }
+}
+
+/// The model's sizes within their limits.
+pub fn check_model(m: &ModelSpec) -> Result<(), String> {
+    let mut r = Report::default();
+    r.int("model.layers", m.layers.into(), 1, MAX_LAYERS);
+    r.int("model.hidden", m.hidden.into(), 1, MAX_HIDDEN);
+    r.int("model.heads", m.heads.into(), 1, MAX_HEADS);
+    r.int("model.kv_heads", m.kv_heads.into(), 1, MAX_HEADS);
+    r.int("model.ffn_hidden", m.ffn_hidden.into(), 1, MAX_FFN_HIDDEN);
+    r.int("model.vocab", m.vocab.into(), 1, MAX_VOCAB);
+    r.int("model.seq_len", m.seq_len.into(), 1, MAX_SEQ_LEN);
+    r.done()
+}
+
+/// The cluster's sizes within their limits.
+pub fn check_cluster(c: &ClusterSpec) -> Result<(), String> {
+    let mut r = Report::default();
+    r.int("cluster.nodes", c.nodes.into(), 1, MAX_NODES);
+    r.int("cluster.gpus_per_node", c.gpus_per_node.into(), 1, MAX_GPUS_PER_NODE);
+    r.int("cluster.nics_per_node", c.nics_per_node.into(), 0, MAX_NICS_PER_NODE);
+    r.int("cluster.switch_radix", c.switch_radix.into(), 4, MAX_SWITCH_RADIX);
+    r.int("cluster.nodes_per_unit", c.nodes_per_unit.into(), 1, MAX_NODES);
+    r.int("cluster.switch_latency_ns", c.switch_latency_ns, 0, MAX_SWITCH_LATENCY_NS);
+    if c.nics_per_node > 0 {
+        r.real("cluster.nic_gbps", c.nic_gbps, MIN_NIC_GBPS, MAX_NIC_GBPS, " Gb/s");
+    } else {
+        // Unused without NICs, but written into plans (JSON has no infinity).
+        r.real("cluster.nic_gbps", c.nic_gbps, 0.0, MAX_NIC_GBPS, " Gb/s");
+    }
+    r.real("cluster.oversubscription", c.oversubscription, 1.0, MAX_OVERSUBSCRIPTION, "");
+    if r.0.is_empty() {
+        let gpus = c.nodes as u64 * c.gpus_per_node as u64;
+        if gpus > MAX_GPUS {
+            r.0.push(format!(
+                "cluster.nodes · gpus_per_node = {} · {} = {gpus} GPUs is over the limit of {MAX_GPUS} (2^17; see docs/limits.md)",
+                c.nodes, c.gpus_per_node
+            ));
+        }
+        let ports = c.nodes as u64 * c.nics_per_node as u64;
+        if ports > MAX_NIC_PORTS {
+            r.0.push(format!(
+                "cluster.nodes · nics_per_node = {} · {} = {ports} NIC ports is over the limit of {MAX_NIC_PORTS} (2^18; see docs/limits.md)",
+                c.nodes, c.nics_per_node
+            ));
+        }
+    }
+    r.done()
+}
+
+/// The parallel split's sizes within their limits (each on its own, before any rule
+/// multiplies them).
+pub fn check_parallel(p: &ParallelConfig) -> Result<(), String> {
+    let mut r = Report::default();
+    r.int("parallel.tp", p.tp.into(), 1, MAX_GRID_DIMENSION);
+    r.int("parallel.pp", p.pp.into(), 1, MAX_GRID_DIMENSION);
+    r.int("parallel.dp", p.dp.into(), 1, MAX_GRID_DIMENSION);
+    r.int("parallel.vpp", p.vpp.into(), 1, MAX_VPP);
+    r.int("parallel.micro_batch", p.micro_batch.into(), 1, MAX_MICRO_BATCH);
+    r.int("parallel.global_batch", p.global_batch.into(), 1, MAX_GLOBAL_BATCH);
+    // Positive and finite is the split's own rule (`bucket-positive`); here only the top.
+    if p.grad_bucket_mb.is_finite() && p.grad_bucket_mb > MAX_GRAD_BUCKET_MB {
+        r.real("parallel.grad_bucket_mb", p.grad_bucket_mb, 0.0, MAX_GRAD_BUCKET_MB, " MiB");
+    }
+    r.done()
+}
+
+/// The training settings within their limits.
+pub fn check_training(t: &TrainingConfig) -> Result<(), String> {
+    let mut r = Report::default();
+    r.int("training.steps", t.steps.into(), 0, MAX_STEPS);
+    r.int("training.warmup_steps", t.warmup_steps.into(), 0, MAX_STEPS);
+    for (key, v) in
+        [("training.lr", t.lr), ("training.weight_decay", t.weight_decay), ("training.grad_clip", t.grad_clip)]
+    {
+        if !v.is_finite() {
+            r.0.push(format!("{key} = {v}: it must be a finite number"));
+        }
+    }
+    r.done()
+}
+
+/// What the sizes of a whole scenario multiply to: tokens per microbatch and the work
+/// budget (microbatches · layers). Assumes the parts passed their own checks.
+pub fn check_work(s: &Scenario) -> Result<(), String> {
+    let mut r = Report::default();
+    let p = &s.parallel;
+    let tokens = p.micro_batch as u64 * s.model.seq_len as u64;
+    if tokens > MAX_MICROBATCH_TOKENS {
+        r.0.push(format!(
+            "parallel.micro_batch · model.seq_len = {} · {} = {tokens} tokens per microbatch is over the limit of {MAX_MICROBATCH_TOKENS} (2^22; see docs/limits.md)",
+            p.micro_batch, s.model.seq_len
+        ));
+    }
+    let m = p.global_batch as u64 / (p.micro_batch as u64 * p.dp as u64).max(1);
+    let passes = m.saturating_mul(s.model.layers.into());
+    if passes > MAX_LAYER_PASSES {
+        r.0.push(format!(
+            "the step runs microbatches · layers = {m} · {} = {passes} layer passes (microbatches = global_batch / (micro_batch · dp) = {} / ({} · {})), over the work budget of {MAX_LAYER_PASSES} (2^16; see docs/limits.md): use fewer microbatches (a larger micro_batch or dp, a smaller global_batch) or fewer layers",
+            s.model.layers, p.global_batch, p.micro_batch, p.dp
+        ));
+    }
+    r.done()
+}
+
+/// At most `max` characters of `text`, on one line each, with an ellipsis where cut: what
+/// an error message may quote of its input. Keeps at most 12 lines.
+pub fn excerpt(text: &str, max: usize) -> String {
+    const MAX_LINES: usize = 12;
+    let mut out: Vec<String> = text
+        .lines()
+        .take(MAX_LINES)
+        .map(|line| {
+            if line.chars().count() > max {
+                format!("{}…", line.chars().take(max).collect::<String>())
+            } else {
+                line.to_string()
+            }
+        })
+        .collect();
+    if text.lines().nth(MAX_LINES).is_some() {
+        out.push("…".to_string());
+    }
+    out.join("\n")
+}
+
+/// How many characters of its input an error message quotes on one line.
+pub const EXCERPT_CHARS: usize = 120;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_are_short() {
+        let long = "x".repeat(10_000);
+        let e = excerpt(&long, EXCERPT_CHARS);
+        assert_eq!(e.chars().count(), EXCERPT_CHARS + 1);
+        assert!(e.ends_with('…'));
+        assert_eq!(excerpt("a\nb", 10), "a\nb");
+        let many = "line\n".repeat(100);
+        assert_eq!(excerpt(&many, 10).lines().count(), 13);
+    }
+
+    #[test]
+    fn presets_are_within_the_limits() {
+        for name in crate::model::MODEL_PRESETS {
+            check_model(&ModelSpec::preset(name).unwrap()).unwrap();
+        }
+        for name in crate::cluster::CLUSTER_PRESETS {
+            check_cluster(&ClusterSpec::preset(name).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn messages_name_key_value_and_limit() {
+        let mut m = ModelSpec::preset("tiny-gpt").unwrap();
+        m.layers = 100_000;
+        let e = check_model(&m).unwrap_err();
+        assert!(e.contains("model.layers = 100000") && e.contains("4096"), "{e}");
+        let mut c = ClusterSpec::preset("dgx-h100").unwrap();
+        c.nic_gbps = 5e-324;
+        let e = check_cluster(&c).unwrap_err();
+        assert!(e.contains("cluster.nic_gbps") && e.contains("0.001"), "{e}");
+        c.nic_gbps = 400.0;
+        c.switch_radix = 1 << 31;
+        assert!(check_cluster(&c).unwrap_err().contains("cluster.switch_radix = 2147483648"));
+    }
+}
