@@ -195,6 +195,8 @@ fn an_out_of_memory_verdict_prints_the_report_and_exits_3() {
         "parallel.recompute=none",
         "--set",
         "parallel.micro_batch=4",
+        "--set",
+        "training.flash_attention=false",
         "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);

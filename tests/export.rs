@@ -34,6 +34,8 @@ fn exports_any_split_to_a_directory() {
         "--to",
         "megatron",
         "--set",
+        "parallel.zero=1",
+        "--set",
         "parallel.schedule=1f1b",
         "--set",
         "parallel.vpp=1",
@@ -46,7 +48,15 @@ fn exports_any_split_to_a_directory() {
     let launch = std::fs::read_to_string(dir.join("megatron-launch.sh")).unwrap();
     assert!(launch.contains("export CUDA_DEVICE_MAX_CONNECTIONS=1") && launch.contains("pretrain_gpt.py"));
     // Without --out the files are printed; --json gives them as data.
-    let out = strata(&["export", "scenarios/llama3-405b-16384xh100.toml", "--to", "megatron", "--json"]);
+    let out = strata(&[
+        "export",
+        "scenarios/llama3-405b-16384xh100.toml",
+        "--to",
+        "megatron",
+        "--set",
+        "parallel.zero=1",
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["framework"], "megatron");

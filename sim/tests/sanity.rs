@@ -16,7 +16,7 @@ fn scenario(fabric: &str, schedule: &str, zero: u8, recompute: &str, dtype: &str
          fabric = \"{fabric}\"\nswitch_radix = 8\nnodes_per_unit = 2\noversubscription = 2.0\n\
          [parallel]\ntp = 2\npp = 2\ndp = 4\nvpp = {vpp}\nschedule = \"{schedule}\"\nmicro_batch = 1\n\
          global_batch = 16\nzero = {zero}\nrecompute = \"{recompute}\"\n\
-         [training]\ndtype = \"{dtype}\"\n"
+         [training]\ndtype = \"{dtype}\"\nframework = \"strata\"\n"
     );
     Scenario::from_toml(&text, "sanity", "sanity", &[]).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -61,16 +61,14 @@ mod thread;
 
 use thread::Task;
 
-/// One actor per rank, or one per pipeline stage.
+/// One actor per pipeline stage (symmetric, the identical groups beside it counted as
+/// copies), one per rank (full), or whichever is exact on the fabric (auto).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
-    /// One actor per pipeline stage, the identical groups beside it counted as copies.
     Symmetric,
-    /// One actor per rank.
     Full,
-    /// Symmetric where it is exact on the plan's fabric, else full ([`crate::mode`]);
-    /// resolved before the engine runs, which only sees the other two.
+    /// Resolved before the engine runs ([`crate::mode`]), which only sees the other two.
     Auto,
 }
 
