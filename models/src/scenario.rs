@@ -98,7 +98,7 @@ pub enum ScenarioError {
     Parse { origin: String, message: String },
     #[error("scenario {origin}: unknown {section}.preset = \"{name}\"; known presets: {known}")]
     UnknownPreset { origin: String, section: &'static str, name: String, known: String },
-    #[error("scenario {origin}: {key} is missing; set it, or start from a preset ({section}.preset = \"…\")")]
+    #[error("scenario {origin}: {key} is missing; {}", missing_hint(section, key))]
     Missing { origin: String, section: &'static str, key: String },
     #[error("bad override --set {spec}: {reason}")]
     BadOverride { spec: String, reason: String },
@@ -206,6 +206,37 @@ impl Scenario {
         default_name: &str,
         overrides: &[String],
     ) -> Result<Scenario, ScenarioError> {
+        Scenario::from_toml_with(text, origin, default_name, overrides, Split::Checked)
+    }
+
+    /// As [`Scenario::load`], for a search: the model, the cluster, the batch and the
+    /// training settings are checked, the parallel split is not (the search replaces it;
+    /// [`ParallelConfig::validate`] tells whether the scenario's own one is valid).
+    pub fn load_for_search(path: &Path, overrides: &[String]) -> Result<Scenario, ScenarioError> {
+        let origin = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Scenario::from_toml_with(&text, &origin, &stem, overrides, Split::Unchecked)
+    }
+
+    /// As [`Scenario::from_toml`], for a search (see [`Scenario::load_for_search`]).
+    pub fn from_toml_for_search(
+        text: &str,
+        origin: &str,
+        default_name: &str,
+        overrides: &[String],
+    ) -> Result<Scenario, ScenarioError> {
+        Scenario::from_toml_with(text, origin, default_name, overrides, Split::Unchecked)
+    }
+
+    fn from_toml_with(
+        text: &str,
+        origin: &str,
+        default_name: &str,
+        overrides: &[String],
+        split: Split,
+    ) -> Result<Scenario, ScenarioError> {
         let parse = |message: String| ScenarioError::Parse { origin: origin.to_string(), message };
         // First pass on the text itself, so unknown keys and type errors carry a line.
         let mut raw: RawScenario = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
@@ -219,7 +250,7 @@ impl Scenario {
                 reason: e.to_string().trim().to_string(),
             })?;
         }
-        resolve(raw, origin, default_name)
+        resolve(raw, origin, default_name, split)
     }
 
     /// Writes the scenario back as explicit TOML (no presets), loadable by [`Scenario::from_toml`].
@@ -338,6 +369,23 @@ fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError
     Ok(())
 }
 
+/// What to do about a missing key: `[model]` and `[cluster]` have presets, `[parallel]`
+/// and `[training]` do not.
+fn missing_hint(section: &str, key: &str) -> String {
+    match section {
+        "model" | "cluster" => format!(
+            "set it, or start from a preset ({section}.preset = \"…\"; `strata presets` lists them)"
+        ),
+        _ => match key {
+            "parallel.global_batch" => {
+                "set it in [parallel] (e.g. global_batch = 512, sequences per step) or with --set parallel.global_batch=512"
+                    .to_string()
+            }
+            _ => format!("set it (e.g. --set {key}=…)"),
+        },
+    }
+}
+
 /// A key that neither the table nor its preset gives.
 fn missing(origin: &str, section: &'static str, key: &str) -> ScenarioError {
     ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") }
@@ -353,7 +401,15 @@ fn unknown_preset(origin: &str, section: &'static str, name: &str, known: &[&str
     }
 }
 
-fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+/// Whether resolving a scenario checks its parallel split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    Checked,
+    /// A search's base: the split is replaced, so only the rest must be valid.
+    Unchecked,
+}
+
+fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> Result<Scenario, ScenarioError> {
     let missing = |section, key: &str| missing(origin, section, key);
     let unknown = |section, name: &str, known: &[&str]| unknown_preset(origin, section, name, known);
 
@@ -416,7 +472,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         Some(dp) => dp,
         None => {
             let grid = tp as u64 * pp as u64;
-            if grid == 0 || !cluster.gpus().is_multiple_of(grid) {
+            let derivable = grid != 0 && cluster.gpus().is_multiple_of(grid);
+            if !derivable && split == Split::Unchecked {
+                // Any dp: the split is not checked, and the search replaces it.
+                1
+            } else if !derivable {
                 return Err(ScenarioError::Invalid {
                     origin: origin.to_string(),
                     message: format!(
@@ -425,8 +485,9 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
                     ),
                     config: None,
                 });
+            } else {
+                u32::try_from(cluster.gpus() / grid).unwrap_or(u32::MAX)
             }
-            u32::try_from(cluster.gpus() / grid).unwrap_or(u32::MAX)
         }
     };
     let vpp = rp.vpp.unwrap_or(d.vpp);
@@ -460,7 +521,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
     };
     let scenario =
         Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
-    validate(&scenario, origin)?;
+    match validate(&scenario, origin) {
+        // Only the split's rules broke (they are checked last, once all else holds).
+        Err(ScenarioError::Invalid { config: Some(_), .. }) if split == Split::Unchecked => {}
+        r => r?,
+    }
     Ok(scenario)
 }
 

@@ -14,6 +14,7 @@ use strata_models::parallel::Recompute;
 use strata_models::{Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
 
+use crate::cmd::search_ties;
 use crate::cmd::simulate::SimArgs;
 use crate::common::{self, ScenarioArgs};
 
@@ -49,7 +50,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut base = args.scenario.load()?;
+    // The search replaces the split: the scenario's own need not be valid.
+    let mut base = args.scenario.load_for_search()?;
+    if let Err(e) = base.parallel.validate(&base.model, &base.cluster) {
+        eprintln!(
+            "search: the scenario's own split is not valid, so it is not ranked ({e}); searching from its model, cluster and batch"
+        );
+    }
     if let Some(gpus) = args.gpus {
         let gpn = base.cluster.gpus_per_node as u64;
         if gpus == 0 || !gpus.is_multiple_of(gpn) {
@@ -159,10 +166,10 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}",
             "#", "split", "memory", "step (s)", "tokens/s", "MFU", "compute", "tp", "dp", "pp", "bubble", "optim"
         );
-        // Ranked candidates are simulated; one without a report has no row to show.
-        for (rank, (c, rep)) in
-            top_rows(r, top).iter().filter_map(|c| c.report.as_ref().map(|rep| (c, rep))).enumerate()
-        {
+        // Ranked candidates are simulated; one without a report has no row to show. Exact
+        // ties share a row (the CSV and the JSON keep every candidate).
+        for (rank, row) in search_ties::rows(r, top).iter().enumerate() {
+            let rep = row.report;
             let b = &rep.breakdown_s;
             let pct = |x: f64| 100.0 * x / rep.step_time_s;
             let peak = rep.peak_memory_bytes.iter().copied().max().unwrap_or(0);
@@ -170,7 +177,7 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
                 o,
                 "{:>3}  {:<44} {:>10} {:>9.3} {:>11} {:>5.1}%  {:>6.1}% {:>4.1}% {:>4.1}% {:>4.1}% {:>5.1}% {:>4.1}%",
                 rank + 1,
-                c.label,
+                row.label,
                 common::bytes(peak as f64),
                 rep.step_time_s,
                 common::count(rep.tokens_per_s),
