@@ -66,9 +66,14 @@ pub fn run(no_wait: bool) -> anyhow::Result<()> {
     let (inputs, loads) = compare::compare(&cfg, &mut wait, &mut log)?;
     let files = compare::write(out, &inputs)?;
     print!("{}", compare::table(&inputs.comparisons));
-    let names = std::iter::once("the calibration").chain(inputs.comparisons.plans.iter().map(|p| p.name.as_str()));
-    let all_loads: Vec<Option<f64>> = std::iter::once(calibration_load).chain(loads).collect();
-    for note in quiet::busy_notes(names, &all_loads) {
+    if let Some(l) = calibration_load.filter(|l| *l > quiet::LOADED) {
+        println!(
+            "note: the calibration ran on a busy machine (other processes took {:.0}% of the CPU): the profile, and so \
+             the predictions, are of a loaded machine",
+            100.0 * l
+        );
+    }
+    for note in quiet::busy_notes(inputs.comparisons.plans.iter().map(|p| p.name.as_str()), &loads) {
         println!("{note}");
     }
     println!("profile: {} (measured on this machine)", profile_path.display());

@@ -15,6 +15,8 @@ pub const LOADED: f64 = 0.1;
 pub const NO_WAIT_ENV: &str = "STRATA_NO_WAIT";
 /// The main job's whole budget for waiting, every wait together.
 pub const MAIN_JOB_LIMIT: Duration = Duration::from_secs(60);
+/// One look at the load: the share of the CPU others took over this long.
+const PROBE: Duration = Duration::from_secs(1);
 /// How often a wait says it is still waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
@@ -30,6 +32,7 @@ pub struct QuietWait {
     spent: Duration,
     enabled: bool,
     announced: bool,
+    told_spent: bool,
 }
 
 /// How a wait ended.
@@ -37,16 +40,23 @@ pub struct QuietWait {
 pub enum Waited {
     /// Other processes took under [`LOADED`] of the CPU over a second.
     Quiet,
-    /// The budget ran out (or waiting is off) while others took this share.
+    /// The budget ran out while others took this share.
     Busy(f64),
-    /// Not waited: waiting is off, or the load cannot be measured on this system.
+    /// Not waited: waiting is off, the budget was already spent, or the load cannot be
+    /// measured on this system.
     Skipped,
 }
 
 impl QuietWait {
     /// A budget of `limit` in all; `no_wait` (or [`NO_WAIT_ENV`]) turns waiting off.
     pub fn new(limit: Duration, no_wait: bool) -> QuietWait {
-        QuietWait { limit, spent: Duration::ZERO, enabled: !no_wait && !env_says_no_wait(), announced: false }
+        QuietWait {
+            limit,
+            spent: Duration::ZERO,
+            enabled: !no_wait && !env_says_no_wait(),
+            announced: false,
+            told_spent: false,
+        }
     }
 
     /// Seconds spent waiting so far.
@@ -55,9 +65,9 @@ impl QuietWait {
     }
 
     /// Waits until other processes leave the machine alone (under [`LOADED`] of its CPU
-    /// over a second), for at most what is left of the budget, before `what` (e.g. "calibrating").
-    /// The first wait says what it waits for and the limit; a progress line follows every
-    /// 10 s.
+    /// over a second), for at most what is left of the budget, before `what` (e.g.
+    /// "calibrating"). The first wait says what it waits for and the limit; a progress line
+    /// follows every 10 s. Once the budget is spent, it returns at once (saying so once).
     pub fn wait(&mut self, what: &str, log: &mut dyn FnMut(String)) -> Waited {
         if !self.enabled {
             if !self.announced {
@@ -69,14 +79,27 @@ impl QuietWait {
             }
             return Waited::Skipped;
         }
+        if self.spent >= self.limit {
+            if !self.told_spent {
+                self.told_spent = true;
+                log(format!(
+                    "the {:.0} s budget for waiting for a quiet machine is spent: no more waiting; what is measured \
+                     on a busy machine from now on is marked as such",
+                    self.limit.as_secs_f64()
+                ));
+            }
+            return Waited::Skipped;
+        }
         let start = Instant::now();
         let mut next_progress = PROGRESS_EVERY;
         let mut first = true;
         loop {
+            let probe = Instant::now();
             let Some(m) = CpuMeter::now() else { return Waited::Skipped };
-            std::thread::sleep(Duration::from_secs(1));
+            // The last probe may be shorter, so that the budget is never overrun.
+            std::thread::sleep(PROBE.min(self.limit.saturating_sub(self.spent)).max(Duration::from_millis(100)));
             let load = m.foreign_share().unwrap_or(0.0);
-            self.spent += Duration::from_secs(1);
+            self.spent += probe.elapsed();
             if load <= LOADED {
                 if !first {
                     log(format!("quiet now, after {:.0} s; {what}", start.elapsed().as_secs_f64()));
@@ -84,17 +107,18 @@ impl QuietWait {
                 return Waited::Quiet;
             }
             let left = self.limit.saturating_sub(self.spent);
+            if left.is_zero() {
+                self.told_spent = true;
+                log(format!(
+                    "the machine stayed busy ({:.0}% of the CPU elsewhere) until the {:.0} s budget for waiting ran \
+                     out; {what} anyway (marked as measured on a busy machine)",
+                    100.0 * load,
+                    self.limit.as_secs_f64()
+                ));
+                return Waited::Busy(load);
+            }
             if first {
                 first = false;
-                if left.is_zero() {
-                    log(format!(
-                        "other processes take {:.0}% of the CPU; the {:.0} s budget for waiting is spent — {what} \
-                         anyway (the result is marked as measured on a busy machine)",
-                        100.0 * load,
-                        self.limit.as_secs_f64()
-                    ));
-                    return Waited::Busy(load);
-                }
                 let how = if self.announced { "" } else { " (--no-wait or STRATA_NO_WAIT=1 skips this)" };
                 self.announced = true;
                 log(format!(
@@ -105,16 +129,7 @@ impl QuietWait {
                     left.as_secs_f64(),
                     self.limit.as_secs_f64()
                 ));
-            }
-            if left.is_zero() {
-                log(format!(
-                    "the machine stayed busy ({:.0}% of the CPU elsewhere) for the whole wait budget; {what} anyway \
-                     (the result is marked as measured on a busy machine)",
-                    100.0 * load
-                ));
-                return Waited::Busy(load);
-            }
-            if start.elapsed() >= next_progress {
+            } else if start.elapsed() >= next_progress {
                 next_progress += PROGRESS_EVERY;
                 log(format!(
                     "  still waiting: {:.0} s so far, other processes take {:.0}% of the CPU; at most {:.0} s left",
@@ -166,12 +181,23 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_budget_never_waits_more_than_the_probe() {
-        let mut w = QuietWait::new(Duration::ZERO, false);
+    fn the_budget_bounds_every_wait_together() {
+        // A busy machine or a quiet one: never more than the budget (plus the last probe's
+        // bookkeeping), however many waits ask.
+        let mut w = QuietWait::new(Duration::from_millis(2500), false);
+        let mut lines = Vec::new();
         let t = Instant::now();
-        let r = w.wait("calibrating", &mut |_| {});
-        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-        assert!(matches!(r, Waited::Quiet | Waited::Busy(_) | Waited::Skipped), "{r:?}");
+        for _ in 0..5 {
+            let r = w.wait("measuring", &mut |l| lines.push(l));
+            assert!(matches!(r, Waited::Quiet | Waited::Busy(_) | Waited::Skipped), "{r:?}");
+        }
+        assert!(t.elapsed() < Duration::from_millis(2500 * 5).min(Duration::from_secs(4)), "{:?}", t.elapsed());
+        assert!(w.spent() <= Duration::from_millis(2700), "{:?}", w.spent());
+        assert!(lines.iter().filter(|l| l.contains("waiting at most")).count() <= 5, "{lines:?}");
+        let mut none = QuietWait::new(Duration::ZERO, false);
+        let t = Instant::now();
+        assert_eq!(none.wait("calibrating", &mut |_| {}), Waited::Skipped);
+        assert!(t.elapsed() < Duration::from_millis(200));
     }
 
     #[test]

@@ -32,9 +32,9 @@ use std::time::Duration;
 
 use strata_models::Scenario;
 use strata_models::plan::{lower, verify};
+use strata_runtime::checkpoint::{self, CheckpointError, Start};
 use strata_runtime::comm::Communicator;
 use strata_runtime::comm::mpi::{MpiComm, init};
-use strata_runtime::checkpoint::{self, CheckpointError, Start};
 use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
 use strata_runtime::train::{
