@@ -300,6 +300,11 @@ pub fn compare(
                     100.0 * load.unwrap_or(0.0)
                 ));
                 if wait.wait("measuring it again", log) != Waited::Quiet {
+                    log(format!(
+                        "[{}/{n}] {}: keeping this measurement, marked as taken on a busy machine",
+                        i + 1,
+                        s.name
+                    ));
                     break Measured { load, ..m };
                 }
             };

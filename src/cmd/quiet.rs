@@ -111,7 +111,7 @@ impl QuietWait {
                 self.told_spent = true;
                 log(format!(
                     "the machine stayed busy ({:.0}% of the CPU elsewhere) until the {:.0} s budget for waiting ran \
-                     out; {what} anyway (marked as measured on a busy machine)",
+                     out; no more waiting (what is measured on a busy machine is marked as such)",
                     100.0 * load,
                     self.limit.as_secs_f64()
                 ));
