@@ -55,7 +55,7 @@ fn label(group: &[&Candidate]) -> String {
         .filter(|w| group.iter().all(|c| c.label.split_whitespace().any(|x| x == *w)))
         .collect();
     let mut parts = vec![shared.join(" ")];
-    let settings: [(&str, &str, fn(&Candidate) -> String); 12] = [
+    let settings: [Setting; 12] = [
         ("tp", "", |c| c.scenario.parallel.tp.to_string()),
         ("pp", "", |c| c.scenario.parallel.pp.to_string()),
         ("dp", "", |c| c.scenario.parallel.dp.to_string()),
@@ -86,6 +86,9 @@ fn label(group: &[&Candidate]) -> String {
     }
     format!("{} ({} tied)", parts.join(", "), group.len())
 }
+
+/// A setting of a split: its name in a row, its unit, and its value.
+type Setting = (&'static str, &'static str, fn(&Candidate) -> String);
 
 fn on_off(b: bool) -> String {
     if b { "on".into() } else { "off".into() }
