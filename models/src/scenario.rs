@@ -209,27 +209,6 @@ impl Scenario {
         Scenario::from_toml_with(text, origin, default_name, overrides, Split::Checked)
     }
 
-    /// As [`Scenario::load`], for a search: the model, the cluster, the batch and the
-    /// training settings are checked, the parallel split is not (the search replaces it;
-    /// [`ParallelConfig::validate`] tells whether the scenario's own one is valid).
-    pub fn load_for_search(path: &Path, overrides: &[String]) -> Result<Scenario, ScenarioError> {
-        let origin = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: origin.clone(), source })?;
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Scenario::from_toml_with(&text, &origin, &stem, overrides, Split::Unchecked)
-    }
-
-    /// As [`Scenario::from_toml`], for a search (see [`Scenario::load_for_search`]).
-    pub fn from_toml_for_search(
-        text: &str,
-        origin: &str,
-        default_name: &str,
-        overrides: &[String],
-    ) -> Result<Scenario, ScenarioError> {
-        Scenario::from_toml_with(text, origin, default_name, overrides, Split::Unchecked)
-    }
-
     fn from_toml_with(
         text: &str,
         origin: &str,
@@ -399,14 +378,6 @@ fn unknown_preset(origin: &str, section: &'static str, name: &str, known: &[&str
         name: name.to_string(),
         known: known.join(", "),
     }
-}
-
-/// Whether resolving a scenario checks its parallel split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Split {
-    Checked,
-    /// A search's base: the split is replaced, so only the rest must be valid.
-    Unchecked,
 }
 
 fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> Result<Scenario, ScenarioError> {
@@ -611,6 +582,9 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
         Err(ScenarioError::Invalid { origin: origin.to_string(), message: lines.join("\n"), config })
     }
 }
+
+mod search_base;
+use search_base::Split;
 
 #[cfg(test)]
 mod tests;
