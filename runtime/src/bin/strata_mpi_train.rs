@@ -158,8 +158,9 @@ fn checkpoint_verdict(a: &Args, s: &Scenario, data: &str, rank: u32) -> u8 {
     if rank == 0 {
         match prepare_checkpoints(a, s, data) {
             Ok(removed) => {
+                let why = if a.overwrite { "--overwrite" } else { "a partial checkpoint: no manifest" };
                 for d in removed {
-                    eprintln!("removed {} (a partial checkpoint: no manifest)", d.display());
+                    eprintln!("removed {} ({why})", d.display());
                 }
             }
             Err(e) => {
