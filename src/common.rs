@@ -23,11 +23,51 @@ impl ScenarioArgs {
     /// Reads, overrides and validates the scenario.
     pub fn load(&self) -> anyhow::Result<Scenario> {
         let scenario = match &self.scenario {
-            Some(path) => Scenario::load(path, &self.overrides)?,
+            Some(path) => {
+                refuse_json(path)?;
+                Scenario::load(path, &self.overrides)?
+            }
             None => Scenario::from_toml(DEFAULT_SCENARIO, "<embedded default>", "default", &self.overrides)?,
         };
         Ok(scenario)
     }
+
+    /// As [`ScenarioArgs::load`], for a search: the scenario's own parallel split need not
+    /// be valid (the search replaces it); model, cluster, batch and training must be.
+    pub fn load_for_search(&self) -> anyhow::Result<Scenario> {
+        let scenario = match &self.scenario {
+            Some(path) => {
+                refuse_json(path)?;
+                Scenario::load_for_search(path, &self.overrides)?
+            }
+            None => Scenario::from_toml_for_search(DEFAULT_SCENARIO, "<embedded default>", "default", &self.overrides)?,
+        };
+        Ok(scenario)
+    }
+}
+
+/// Refuses a JSON file (a saved plan, most likely) where a scenario TOML is expected, with
+/// what to do instead — rather than a TOML parse error that quotes the JSON.
+fn refuse_json(path: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    // An unreadable file is left to the scenario loader, which names the OS error.
+    let Ok(file) = std::fs::File::open(path) else { return Ok(()) };
+    if file.take(4096).read_to_end(&mut head).is_err() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&head);
+    // A TOML document never starts with `{` (a table header starts with `[`).
+    if !text.trim_start().starts_with('{') {
+        return Ok(());
+    }
+    let p = path.display();
+    let what = if text.contains("\"programs\"") || text.contains("\"grid\"") { "a plan (JSON)" } else { "JSON" };
+    anyhow::bail!(
+        "{p} looks like {what}, but this command takes a scenario (TOML). A plan embeds its scenario: check the plan \
+         with `strata verify {p}`, or give the scenario it was lowered from (e.g. `strata simulate \
+         scenarios/default.toml`; `strata plan SCENARIO --json > plan.json` makes a plan from one)"
+    )
 }
 
 /// Exit code of a process whose reader went away: 128 + SIGPIPE, what a tool killed by
@@ -102,6 +142,24 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
             || c.downcast_ref::<strata_runtime::checkpoint::CheckpointError>().is_some_and(|c| c.is_io())
     });
     if failed { 1 } else { 2 }
+}
+
+/// An error and its causes on one line, as `{:#}` prints them, but without a cause whose
+/// text the message before it already ends with (errors that quote their source, like
+/// "cannot read scenario x.toml: No such file or directory (os error 2)", would otherwise
+/// print the OS error twice).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if text.is_empty() {
+            text = c;
+        } else if !text.ends_with(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
 }
 
 /// Prints a value as pretty JSON on stdout.

@@ -31,6 +31,10 @@ use clap::{Parser, Subcommand};
     after_help = "Examples:\n  strata inspect scenarios/gpt3-175b-1024xa100.toml\n  strata inspect scenarios/gpt3-175b-1024xa100.toml --set parallel.tp=4 --set parallel.pp=16\n  strata plan scenarios/tiny-gpt-cpu.toml --rank 3\n  strata presets"
 )]
 struct Cli {
+    /// The main job only (`strata --no-wait`): never wait for a quiet machine before
+    /// measuring (also: STRATA_NO_WAIT=1). Without it the job waits at most 60 s in all.
+    #[arg(long)]
+    no_wait: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -68,8 +72,14 @@ enum Command {
 fn main() -> ExitCode {
     common::end_quietly_on_broken_pipe();
     let cli = Cli::parse();
+    if cli.no_wait && cli.command.is_some() {
+        eprintln!(
+            "error: --no-wait before a subcommand applies to the main job only; `strata compare` takes its own --no-wait"
+        );
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
-        None => cmd::main_job::run(),
+        None => cmd::main_job::run(cli.no_wait),
         Some(Command::Inspect(a)) => cmd::inspect::run(a),
         Some(Command::Plan(a)) => cmd::plan::run(a),
         Some(Command::Verify(a)) => cmd::verify::run(a),
@@ -87,7 +97,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", common::error_text(&e));
             ExitCode::from(common::exit_code(&e))
         }
     }

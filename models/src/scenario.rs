@@ -108,7 +108,7 @@ pub enum ScenarioError {
     Parse { origin: String, message: String },
     #[error("scenario {origin}: unknown {section}.preset = \"{name}\"; known presets: {known}")]
     UnknownPreset { origin: String, section: &'static str, name: String, known: String },
-    #[error("scenario {origin}: {key} is missing; set it, or start from a preset ({section}.preset = \"…\")")]
+    #[error("scenario {origin}: {key} is missing; {}", missing_hint(section, key))]
     Missing { origin: String, section: &'static str, key: String },
     #[error("bad override --set {spec}: {reason}")]
     BadOverride { spec: String, reason: String },
@@ -219,6 +219,16 @@ impl Scenario {
         default_name: &str,
         overrides: &[String],
     ) -> Result<Scenario, ScenarioError> {
+        Scenario::from_toml_with(text, origin, default_name, overrides, Split::Checked)
+    }
+
+    fn from_toml_with(
+        text: &str,
+        origin: &str,
+        default_name: &str,
+        overrides: &[String],
+        split: Split,
+    ) -> Result<Scenario, ScenarioError> {
         // A parse error quotes the offending line, which may be megabytes long: an excerpt.
         let parse = |message: String| ScenarioError::Parse { origin: origin.to_string(), message: short(&message) };
         // First pass on the text itself, so unknown keys and type errors carry a line.
@@ -233,7 +243,7 @@ impl Scenario {
                 reason: short(e.to_string().trim()),
             })?;
         }
-        resolve(raw, origin, default_name)
+        resolve(raw, origin, default_name, split)
     }
 
     /// Writes the scenario back as explicit TOML (no presets), loadable by [`Scenario::from_toml`].
@@ -329,48 +339,7 @@ pub fn load_cluster(path: &Path) -> Result<ClusterSpec, ScenarioError> {
     Ok(cluster)
 }
 
-/// Sets `a.b.c = value` in a TOML document.
-fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<(), ScenarioError> {
-    let bad = |reason: String| ScenarioError::BadOverride { spec: short(spec), reason: short(&reason) };
-    let (key, value) =
-        spec.split_once('=').ok_or_else(|| bad("expected KEY=VALUE, e.g. --set parallel.tp=4".into()))?;
-    let key = key.trim();
-    let value = value.trim();
-    let path: Vec<&str> = key.split('.').collect();
-    if path.iter().any(|p| p.is_empty()) {
-        return Err(bad(format!("key \"{key}\" has an empty part; write it as section.key, e.g. parallel.tp")));
-    }
-    // A TOML value if it parses as one (4, 1.5, true, "x", [1, 2]); otherwise a bare string.
-    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let (last, parents) = path.split_last().expect("split of a non-empty key");
-    let mut table = doc;
-    for part in parents {
-        let entry = table.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = entry.as_table_mut().ok_or_else(|| bad(format!("\"{part}\" is a value, not a table")))?;
-    }
-    table.insert(last.to_string(), parsed);
-    Ok(())
-}
-
-/// What an error may quote of the input: [`crate::limits::excerpt`].
-fn short(text: &str) -> String {
-    crate::limits::excerpt(text, crate::limits::EXCERPT_CHARS)
-}
-
-/// A key that neither the table nor its preset gives.
-fn missing(origin: &str, section: &'static str, key: &str) -> ScenarioError {
-    ScenarioError::Missing { origin: origin.to_string(), section, key: format!("{section}.{key}") }
-}
-
-/// A preset name not in the catalog.
-fn unknown_preset(origin: &str, section: &'static str, name: &str, known: &[&str]) -> ScenarioError {
-    ScenarioError::UnknownPreset { origin: origin.to_string(), section, name: short(name), known: known.join(", ") }
-}
-
-fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> Result<Scenario, ScenarioError> {
     let missing = |section, key: &str| missing(origin, section, key);
     let unknown = |section, name: &str, known: &[&str]| unknown_preset(origin, section, name, known);
 
@@ -434,7 +403,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
         Some(dp) => dp,
         None => {
             let grid = tp as u64 * pp as u64;
-            if grid == 0 || !cluster.gpus().is_multiple_of(grid) {
+            let derivable = grid != 0 && cluster.gpus().is_multiple_of(grid);
+            if !derivable && split == Split::Unchecked {
+                // Any dp: the split is not checked, and the search replaces it.
+                1
+            } else if !derivable {
                 return Err(ScenarioError::Invalid {
                     origin: origin.to_string(),
                     message: format!(
@@ -443,8 +416,9 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
                     ),
                     config: None,
                 });
+            } else {
+                u32::try_from(cluster.gpus() / grid).unwrap_or(u32::MAX)
             }
-            u32::try_from(cluster.gpus() / grid).unwrap_or(u32::MAX)
         }
     };
     let vpp = rp.vpp.unwrap_or(d.vpp);
@@ -482,7 +456,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str) -> Result<Scenari
     };
     let scenario =
         Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
-    validate(&scenario, origin)?;
+    match validate(&scenario, origin) {
+        // Only the split's rules broke (they are checked last, once all else holds).
+        Err(ScenarioError::Invalid { config: Some(_), .. }) if split == Split::Unchecked => {}
+        r => r?,
+    }
     Ok(scenario)
 }
 
@@ -581,6 +559,12 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
         Err(ScenarioError::Invalid { origin: origin.to_string(), message: lines.join("\n"), config })
     }
 }
+
+mod input;
+mod search_base;
+
+use input::{apply_override, missing, missing_hint, short, unknown_preset};
+use search_base::Split;
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,9 @@
 #    nats, and bit-for-bit the losses of the same split on threads;
 # 3. a 4-process job stopped after step 3 and resumed from its checkpoint gives the
 #    uninterrupted job's losses bit for bit;
-# 4. a rank that panics ends the 4-process job with an error naming it within 30 s.
+# 4. a fresh job into a used checkpoint directory exits 2 naming --resume/--overwrite;
+#    --overwrite starts afresh; a resume removes a partial step directory;
+# 5. a rank that panics ends the 4-process job with an error naming it within 30 s.
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
@@ -37,6 +39,29 @@ if ! diff <(tail -n +5 "$T/whole/loss.csv" | cut -d, -f1,2) <(tail -n +2 "$T/res
   echo "FAILED: the resumed MPI job's losses differ from the uninterrupted job's"
   exit 1
 fi
+echo "== MPI checkpoint directory: refuse a used one, --overwrite, partial step directories"
+set +e
+out=$(mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 3 --checkpoint-dir "$T/ck" 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 2 ] || ! grep -q "is not empty" <<<"$out" || ! grep -q -- "--overwrite" <<<"$out"; then
+  echo "$out"
+  echo "FAILED: a fresh MPI job into a used checkpoint directory must exit 2 naming --resume/--overwrite (exit $status)"
+  exit 1
+fi
+mkdir -p "$T/ck/step-000099" && touch "$T/ck/step-000099/rank-0.tmp"
+out=$(mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 7 --checkpoint-dir "$T/ck" --resume 2>&1)
+if [ -e "$T/ck/step-000099" ] || ! grep -q "removed .*step-000099" <<<"$out"; then
+  echo "$out"
+  echo "FAILED: a resumed MPI job must remove the partial step directory"
+  exit 1
+fi
+mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 2 --checkpoint-dir "$T/ck" --overwrite >/dev/null
+if [ "$(ls "$T/ck")" != "step-000002" ]; then
+  ls "$T/ck"
+  echo "FAILED: --overwrite must leave only the new run's checkpoint"
+  exit 1
+fi
 rm -rf "$T"
 
 echo "== MPI failure: rank 2 panics at step 1"
@@ -55,4 +80,4 @@ if ! grep -q "error on rank 0: rank 2 (TP(2)-PP(2)-DP(1)-rank(2)) failed" <<<"$o
   echo "FAILED: rank 0 did not name rank 2"
   exit 1
 fi
-echo "MPI checks: 5 passed, 0 failed"
+echo "MPI checks: 6 passed, 0 failed"

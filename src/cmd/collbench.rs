@@ -1,13 +1,22 @@
 //! `strata collbench`: nccl-tests in simulation — sweep message sizes for one collective
 //! over N ranks of a cluster and print time, algorithm and bus bandwidth per size, with the
 //! algorithm and protocol NCCL's tuning model picks.
+//!
+//! `--algo` / `--proto` force a choice as NCCL_ALGO / NCCL_PROTO do. Where NCCL could not
+//! run the forced one (NVLS on a GPU without NVLink SHARP, tree for an all-gather, …), the
+//! model falls back as NCCL would; collbench refuses that (exit 2, naming the sizes and
+//! what ran instead) unless `--allow-fallback`, which keeps the rows and says so.
+//!
+//! `--json` prints one object: `cluster`, `op`, `ranks`, `network`, the forced `algo` and
+//! `proto`, `fallbacks` (sizes that did not run what was forced), `units`, and `rows`
+//! (`size_bytes`, `time_us`, `algbw_GBps`, `busbw_GBps`, `algorithm`, `protocol`).
 
 use std::path::Path;
 
 use anyhow::{Context, bail};
 use strata_models::ClusterSpec;
 use strata_sim::net::NetworkKind;
-use strata_sim::net::collbench::{self, BenchOp};
+use strata_sim::net::collbench::{self, BenchOp, BenchRow};
 use strata_sim::net::nccl::{ALGOS, Algo, NcclEnv, PROTOS, Proto};
 
 use crate::common;
@@ -35,7 +44,8 @@ pub struct Args {
     /// Network model: fabric (NCCL's choice on the fat-tree, max-min sharing) or closed-form.
     #[arg(long, default_value = "fabric")]
     pub network: String,
-    /// Force an algorithm as NCCL_ALGO does: ring, tree, nvls, nvlstree, pat.
+    /// Force an algorithm as NCCL_ALGO does: ring, tree, nvls, nvls-tree, pat, collnet-direct,
+    /// collnet-chain (case and dashes do not matter: nvlstree, NVLS_TREE are nvls-tree).
     #[arg(long)]
     pub algo: Option<String>,
     /// Force a protocol as NCCL_PROTO does: LL, LL128, Simple.
@@ -44,6 +54,10 @@ pub struct Args {
     /// Disable NVLink SHARP (NCCL_NVLS_ENABLE=0).
     #[arg(long)]
     pub no_nvls: bool,
+    /// Where NCCL cannot run the forced --algo/--proto, show what it falls back to (with a
+    /// note) instead of refusing.
+    #[arg(long)]
+    pub allow_fallback: bool,
     /// Seed of the fabric's static-routing hashes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -85,22 +99,86 @@ fn cluster(args: &Args) -> anyhow::Result<ClusterSpec> {
     Ok(c)
 }
 
+/// A name as NCCL_ALGO / NCCL_PROTO read it: case, `-` and `_` do not matter.
+fn loose(name: &str) -> String {
+    name.chars().filter(|c| !matches!(c, '-' | '_')).collect::<String>().to_ascii_lowercase()
+}
+
+/// `--algo`: the names help prints, and the same without dashes (nvlstree).
+pub fn parse_algo(a: &str) -> anyhow::Result<Algo> {
+    ALGOS
+        .iter()
+        .copied()
+        .find(|x| loose(x.key()) == loose(a))
+        .with_context(|| format!("--algo {a:?} is not an NCCL algorithm; known: {}", ALGOS.map(Algo::key).join(", ")))
+}
+
+fn parse_proto(p: &str) -> anyhow::Result<Proto> {
+    PROTOS
+        .iter()
+        .copied()
+        .find(|x| loose(x.key()) == loose(p))
+        .with_context(|| format!("--proto {p:?} is not an NCCL protocol; known: {}", PROTOS.map(Proto::key).join(", ")))
+}
+
 fn env(args: &Args) -> anyhow::Result<NcclEnv> {
     let mut env = NcclEnv::default();
     if let Some(a) = &args.algo {
-        let algo = ALGOS.iter().copied().find(|x| x.key().eq_ignore_ascii_case(a)).with_context(|| {
-            format!("--algo {a:?} is not an NCCL algorithm; known: {}", ALGOS.map(Algo::key).join(", "))
-        })?;
-        env.algos = vec![algo];
+        env.algos = vec![parse_algo(a)?];
     }
     if let Some(p) = &args.proto {
-        let proto = PROTOS.iter().copied().find(|x| x.key().eq_ignore_ascii_case(p)).with_context(|| {
-            format!("--proto {p:?} is not an NCCL protocol; known: {}", PROTOS.map(Proto::key).join(", "))
-        })?;
-        env.protos = vec![proto];
+        env.protos = vec![parse_proto(p)?];
     }
     env.nvls_enable = !args.no_nvls;
     Ok(env)
+}
+
+/// When NCCL runs an algorithm (the rules of its tuner, in words), for a refusal's message.
+fn algo_rule(a: Algo) -> &'static str {
+    match a {
+        Algo::Nvls => {
+            "NVLS needs NVLink SHARP (NVSwitch nodes of H100 class or newer) and NCCL_NVLS_ENABLE (no --no-nvls)"
+        }
+        Algo::NvlsTree => {
+            "NVLSTree needs NVLink SHARP (H100-class NVSwitch nodes), NCCL_NVLS_ENABLE and more than one node"
+        }
+        Algo::Tree => "tree runs all-reduce only",
+        Algo::Pat => "PAT runs all-gather and reduce-scatter with one GPU per node",
+        Algo::CollNetDirect | Algo::CollNetChain => "CollNet needs in-network reduction (SHARP switches), which is off",
+        Algo::Ring => "ring runs every collective; only point-to-point operations (alltoall, sendrecv) do not use it",
+    }
+}
+
+/// The sizes (first and last) whose rows did not run what was forced, and what ran.
+fn fallbacks(args: &Args, rows: &[BenchRow]) -> anyhow::Result<Vec<String>> {
+    let algo = args.algo.as_deref().map(parse_algo).transpose()?;
+    let proto = args.proto.as_deref().map(parse_proto).transpose()?;
+    let mut out = Vec::new();
+    let mut add = |what: String, bad: Vec<&BenchRow>, rule: &str| {
+        if let (Some(first), Some(last)) = (bad.first(), bad.last()) {
+            let ran: std::collections::BTreeSet<String> =
+                bad.iter().map(|r| format!("{}/{}", r.algorithm, r.protocol)).collect();
+            out.push(format!(
+                "{what} is not possible for {} over {} ranks at {} of {} sizes ({}–{} bytes): {} ran instead ({rule})",
+                args.op,
+                args.ranks,
+                bad.len(),
+                rows.len(),
+                first.size_bytes,
+                last.size_bytes,
+                ran.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    };
+    if let Some(a) = algo {
+        let bad: Vec<&BenchRow> = rows.iter().filter(|r| r.algorithm != a.key()).collect();
+        add(format!("--algo {}", a.key()), bad, algo_rule(a));
+    }
+    if let Some(p) = proto {
+        let bad: Vec<&BenchRow> = rows.iter().filter(|r| r.protocol != p.key()).collect();
+        add(format!("--proto {}", p.key()), bad, "not enabled for this algorithm and size");
+    }
+    Ok(out)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -121,13 +199,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let c = cluster(&args)?;
     let rows = collbench::sweep_cluster(&c, args.seed, kind, &env(&args)?, op, args.ranks, min, max)?;
+    let fell_back = fallbacks(&args, &rows)?;
+    if !fell_back.is_empty() && !args.allow_fallback {
+        bail!("{}; drop the forced choice, or pass --allow-fallback to see what NCCL would run", fell_back.join("; "));
+    }
     if args.json {
-        return common::print_json(&rows);
+        return common::print_json(&serde_json::json!({
+            "cluster": {
+                "name": c.name,
+                "gpu": c.gpu.key(),
+                "nodes": c.nodes,
+                "gpus_per_node": c.gpus_per_node,
+                "nics_per_node": c.nics_per_node,
+                "nic_Gbps": c.nic_gbps,
+                "fabric": format!("{:?}", c.fabric),
+            },
+            "op": op.key(),
+            "ranks": args.ranks,
+            "network": args.network,
+            "algo": args.algo.as_deref().map(parse_algo).transpose()?.map(Algo::key),
+            "proto": args.proto.as_deref().map(parse_proto).transpose()?.map(Proto::key),
+            "nvls_enable": !args.no_nvls,
+            "fallbacks": fell_back,
+            "units": {
+                "size_bytes": "bytes (the whole buffer, as nccl-tests' size)",
+                "time_us": "microseconds",
+                "algbw_GBps": "GB/s, 1e9 bytes per second: size / time",
+                "busbw_GBps": "GB/s, 1e9 bytes per second: algbw × nccl-tests' bus factor",
+                "nic_Gbps": "Gb/s, 1e9 bits per second per NIC",
+            },
+            "rows": rows,
+        }));
     }
     println!(
         "# cluster {}: {} nodes × {} {}, {} NICs × {} Gb/s, {:?}",
         c.name, c.nodes, c.gpus_per_node, c.gpu, c.nics_per_node, c.nic_gbps, c.fabric
     );
+    for note in &fell_back {
+        println!("# note: {note}");
+    }
     print!("{}", collbench::format_table(op, args.ranks, &rows));
     Ok(())
 }

@@ -32,6 +32,7 @@ use strata_sim::search::{self, SearchOptions, SearchResult, SearchSpace};
 use strata_sim::{HardwareProfile, Mode, SimOptions};
 
 use crate::cmd::calibrate::{self, Effort};
+use crate::cmd::quiet::{self, QuietWait, Waited};
 use crate::cmd::simulate::SimArgs;
 use crate::common::{self, RunFailure, ScenarioArgs};
 
@@ -67,9 +68,16 @@ pub struct Args {
     pub json: bool,
     /// Measure a plan again (up to this many times) when other processes took more than
     /// a tenth of the machine's CPU while it trained, after waiting for the machine to be
-    /// quiet.
+    /// quiet (within --max-wait).
     #[arg(long, default_value_t = 0)]
     pub retries: u32,
+    /// Seconds this run may wait for a quiet machine, every wait together; then it measures
+    /// anyway and marks the plans measured on a busy machine.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub max_wait: u64,
+    /// Never wait for a quiet machine (also: STRATA_NO_WAIT=1).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 /// What one loop run is: plans, how to predict them, how long to measure.
@@ -88,7 +96,7 @@ pub struct LoopConfig {
 }
 
 /// Above this share of the machine's CPU taken by other processes, a measurement is loaded.
-pub const LOADED: f64 = 0.1;
+pub use crate::cmd::quiet::LOADED;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let base = args.scenario.load()?;
@@ -141,7 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         landscape,
         retries: args.retries,
     };
-    let (inputs, loads) = compare(&cfg, &mut log)?;
+    let mut wait = QuietWait::new(Duration::from_secs(args.max_wait), args.no_wait);
+    let (inputs, loads) = compare(&cfg, &mut wait, &mut log)?;
     let files = write(&args.out, &inputs)?;
     if args.json {
         return common::print_json(&serde_json::json!({
@@ -152,6 +161,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }));
     }
     print!("{}", table(&inputs.comparisons));
+    for note in quiet::busy_notes(inputs.comparisons.plans.iter().map(|p| p.name.as_str()), &loads) {
+        println!("{note}");
+    }
     println!("report: {}", files.html.display());
     Ok(())
 }
@@ -245,7 +257,14 @@ pub fn landscape_of(r: &SearchResult) -> SearchLandscape {
 /// of the machine's CPU that other processes took while it trained (`None` where not
 /// measurable). With several runs per plan the runs go round-robin over the plans, so a
 /// machine that drifts (a busy host) shifts every plan alike, not the last ones only.
-pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<(ReportInputs, Vec<Option<f64>>)> {
+/// A loaded measurement is taken again (up to `cfg.retries` times) only after `wait` found
+/// the machine quiet; with the wait's budget spent it stands, and the report's title says
+/// the plans were measured on a busy machine.
+pub fn compare(
+    cfg: &LoopConfig,
+    wait: &mut QuietWait,
+    log: &mut dyn FnMut(String),
+) -> anyhow::Result<(ReportInputs, Vec<Option<f64>>)> {
     let mut corpora: Vec<((u32, u64), Arc<Corpus>)> = Vec::new();
     let mut predicted = Vec::new();
     for s in &cfg.plans {
@@ -275,12 +294,19 @@ pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<
                 }
                 attempt += 1;
                 log(format!(
-                    "[{}/{n}] {}: other processes took {:.0}% of the CPU; waiting for a quiet machine to measure again",
+                    "[{}/{n}] {}: other processes took {:.0}% of the CPU while it trained",
                     i + 1,
                     s.name,
                     100.0 * load.unwrap_or(0.0)
                 ));
-                wait_quiet(Duration::from_secs(600));
+                if wait.wait("measuring it again", log) != Waited::Quiet {
+                    log(format!(
+                        "[{}/{n}] {}: keeping this measurement, marked as taken on a busy machine",
+                        i + 1,
+                        s.name
+                    ));
+                    break Measured { load, ..m };
+                }
             };
             if cfg.runs > 1 {
                 log(format!(
@@ -322,11 +348,15 @@ pub fn compare(cfg: &LoopConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<
         plans.push(p);
         loads.push(load);
     }
-    let inputs = ReportInputs {
-        title: cfg.title.clone(),
-        comparisons: ComparisonSet { plans },
-        landscape: cfg.landscape.clone(),
+    let title = match quiet::worst(&loads).filter(|l| *l > LOADED) {
+        Some(l) => format!(
+            "{} — measured on a busy machine (other processes took up to {:.0}% of the CPU)",
+            cfg.title,
+            100.0 * l
+        ),
+        None => cfg.title.clone(),
     };
+    let inputs = ReportInputs { title, comparisons: ComparisonSet { plans }, landscape: cfg.landscape.clone() };
     Ok((inputs, loads))
 }
 
@@ -342,19 +372,6 @@ struct Measured {
     seconds: Vec<f64>,
     trace: Trace,
     load: Option<f64>,
-}
-
-/// Waits until other processes leave the machine alone (under [`LOADED`] of its CPU over a
-/// second), at most `limit`.
-pub fn wait_quiet(limit: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        let Some(m) = CpuMeter::now() else { return };
-        std::thread::sleep(Duration::from_secs(1));
-        if m.foreign_share().is_none_or(|l| l <= LOADED) {
-            return;
-        }
-    }
 }
 
 /// One plan, lowered and simulated (every rank, with its timeline).

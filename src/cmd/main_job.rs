@@ -10,34 +10,47 @@
 //!
 //! Everything goes to `out/main/` (the profile, the report's inputs, the report in
 //! `out/main/report/report.html`). A few minutes on 2 cores.
+//!
+//! Measuring wants a quiet machine: before calibrating, and before measuring a loaded plan
+//! again, the job waits for other processes to leave the CPU alone — at most
+//! [`quiet::MAIN_JOB_LIMIT`] in all, saying so while it waits; `strata --no-wait` (or
+//! `STRATA_NO_WAIT=1`) never waits. What was measured on a busy machine is marked (the
+//! printed notes and the report's title).
 
 use std::path::Path;
 use std::time::Instant;
 
+use strata_runtime::calibrate::CpuMeter;
+
 use crate::cmd::calibrate::{self, Effort};
 use crate::cmd::compare::{self, LoopConfig};
-use crate::common::ScenarioArgs;
+use crate::cmd::quiet::{self, QuietWait};
+use crate::common::{self, ScenarioArgs};
 
 /// Where the main job writes.
 pub const OUT: &str = "out/main";
 /// Splits trained for real: the best of this many (tp, pp) cells.
 pub const PLANS: usize = 6;
 
-pub fn run() -> anyhow::Result<()> {
+/// Runs the main job; `no_wait` skips every wait for a quiet machine.
+pub fn run(no_wait: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     let base = ScenarioArgs::default().load()?;
     let out = Path::new(OUT);
-    std::fs::create_dir_all(out)?;
+    common::create_dir(out)?;
     let ranks = base.parallel.ranks() as u32;
     eprintln!(
         "strata: the main job — {} on {ranks} CPU ranks: calibrate this machine, search, train the best splits, report",
         base.model.name
     );
     let mut log = |line: String| eprintln!("{line}");
-    compare::wait_quiet(std::time::Duration::from_secs(60));
+    let mut wait = QuietWait::new(quiet::MAIN_JOB_LIMIT, no_wait);
+    wait.wait("calibrating", &mut log);
+    let meter = CpuMeter::now();
     let (profile, _) = calibrate::calibrate(&base, ranks, Effort::new(true), &mut log)?;
+    let calibration_load = meter.and_then(|m| m.foreign_share());
     let profile_path = out.join("profile.toml");
-    std::fs::write(&profile_path, calibrate::profile_text(&profile, &base, ranks))?;
+    common::write_file(&profile_path, calibrate::profile_text(&profile, &base, ranks))?;
     let (result, plans) = compare::search_top(&base, &profile, None, PLANS, &mut log)?;
     let cfg = LoopConfig {
         title: format!("{} on {ranks} CPU ranks (the main job)", base.model.name),
@@ -50,11 +63,25 @@ pub fn run() -> anyhow::Result<()> {
         landscape: Some(compare::landscape_of(&result)),
         retries: 1,
     };
-    let (inputs, _) = compare::compare(&cfg, &mut log)?;
+    let (inputs, loads) = compare::compare(&cfg, &mut wait, &mut log)?;
     let files = compare::write(out, &inputs)?;
     print!("{}", compare::table(&inputs.comparisons));
+    if let Some(l) = calibration_load.filter(|l| *l > quiet::LOADED) {
+        println!(
+            "note: the calibration ran on a busy machine (other processes took {:.0}% of the CPU): the profile, and so \
+             the predictions, are of a loaded machine",
+            100.0 * l
+        );
+    }
+    for note in quiet::busy_notes(inputs.comparisons.plans.iter().map(|p| p.name.as_str()), &loads) {
+        println!("{note}");
+    }
     println!("profile: {} (measured on this machine)", profile_path.display());
     println!("report:  {}", files.html.display());
-    println!("done in {:.0} s", start.elapsed().as_secs_f64());
+    println!(
+        "done in {:.0} s ({:.0} s of it waiting for a quiet machine)",
+        start.elapsed().as_secs_f64(),
+        wait.spent().as_secs_f64()
+    );
     Ok(())
 }

@@ -12,10 +12,10 @@ use std::time::Instant;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use strata_models::accounting::memory;
-use strata_models::scenario::ScenarioError;
 use strata_models::{Framework, Scenario, plan};
 use strata_sim::search::{self, Candidate, Progress, SearchOptions, SearchResult, SearchSpace};
 
+use crate::cmd::search_ties;
 use crate::cmd::simulate::SimArgs;
 use crate::common::{self, ScenarioArgs};
 
@@ -66,39 +66,18 @@ fn frameworks(arg: Option<&str>, base: &Scenario) -> anyhow::Result<Vec<Framewor
     }
 }
 
-/// The framework a rule id belongs to (`megatron-zero` → Megatron-LM).
-fn rule_framework(rule: &str) -> Option<Framework> {
-    Framework::EXTERNAL.into_iter().find(|f| rule.strip_prefix(f.key()).is_some_and(|r| r.starts_with('-')))
-}
-
-/// The base scenario. Its model, cluster and batch matter; its own split need not run under
-/// its framework (the search does not need it): a scenario refused only by its framework's
-/// rules is loaded for Strata's executor, then given its framework back.
-fn load_base(args: &ScenarioArgs) -> anyhow::Result<Scenario> {
-    let err = match args.load() {
-        Ok(s) => return Ok(s),
-        Err(e) => e,
-    };
-    let framework = match err.downcast_ref::<ScenarioError>() {
-        Some(ScenarioError::Invalid { config: Some(c), .. }) => {
-            let f = c.violations.first().and_then(|v| rule_framework(v.rule));
-            if f.is_some() && c.violations.iter().all(|v| rule_framework(v.rule) == f) { f } else { None }
-        }
-        _ => None,
-    };
-    let Some(framework) = framework else { return Err(err) };
-    let mut relaxed = args.clone();
-    relaxed.overrides.push("training.framework=\"strata\"".into());
-    let mut base = relaxed.load()?;
-    base.training.framework = framework;
-    Ok(base)
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut base = load_base(&args.scenario)?;
+    let mut base = args.scenario.load_for_search()?;
     let searched = frameworks(args.framework.as_deref(), &base)?;
     if let [f] = searched[..] {
         base.training.framework = f;
+    }
+    // The search replaces the split: the scenario's own need not be valid, nor runnable.
+    let own = base.parallel.validate(&base.model, &base.cluster).err().map(|e| e.to_string());
+    if let Some(e) = own.or_else(|| base.training.framework.check(&base).err().map(|e| e.to_string())) {
+        eprintln!(
+            "search: the scenario's own split is not valid, so it is not ranked ({e}); searching from its model, cluster and batch"
+        );
     }
     if let Some(gpus) = args.gpus {
         let gpn = base.cluster.gpus_per_node as u64;
@@ -249,10 +228,10 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}",
             "#", "split", "memory", "step (s)", "tokens/s", "MFU", "compute", "tp", "dp", "pp", "bubble", "optim"
         );
-        // Ranked candidates are simulated; one without a report has no row to show.
-        for (rank, (c, rep)) in
-            top_rows(r, top).iter().filter_map(|c| c.report.as_ref().map(|rep| (c, rep))).enumerate()
-        {
+        // Ranked candidates are simulated; one without a report has no row to show. Exact
+        // ties share a row (the CSV and the JSON keep every candidate).
+        for (rank, row) in search_ties::rows(r, top).iter().enumerate() {
+            let rep = row.report;
             let b = &rep.breakdown_s;
             let pct = |x: f64| 100.0 * x / rep.step_time_s;
             let peak = rep.peak_memory_bytes.iter().copied().max().unwrap_or(0);
@@ -260,7 +239,7 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
                 o,
                 "{:>3}  {:<44} {:>10} {:>9.3} {:>11} {:>5.1}%  {:>6.1}% {:>4.1}% {:>4.1}% {:>4.1}% {:>5.1}% {:>4.1}%",
                 rank + 1,
-                c.label,
+                row.label,
                 common::bytes(peak as f64),
                 rep.step_time_s,
                 common::count(rep.tokens_per_s),

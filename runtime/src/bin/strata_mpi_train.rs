@@ -2,13 +2,21 @@
 //!
 //! ```text
 //! mpirun -np 4 strata-mpi-train SCENARIO [--set KEY=VALUE]… [--steps K] [--timeout S]
-//!        [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume]] [--out DIR]
+//!        [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K]
+//!        [--resume [--allow-changed KEY]… | --overwrite]] [--out DIR]
 //!        [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]
 //! ```
 //!
 //! `--data`, the checkpoint flags and `--out` mean what they mean for `strata train`; across
 //! hosts, the checkpoint directory must be shared (every rank writes its own shard, rank 0
 //! the manifest), and `--out` is written by rank 0.
+//!
+//! The checkpoint directory gets the checks `strata train` makes ([`checkpoint::prepare`]):
+//! rank 0, before any rank trains, refuses a used directory unless `--resume` (continue
+//! it) or `--overwrite` (delete its checkpoints), removes partial step directories, and on
+//! a resume verifies the newest checkpoint (scenario, settings, every shard's checksum);
+//! every rank learns the verdict by a broadcast, and the job exits 2 (bad input) or 1 (an
+//! I/O failure) as one.
 //!
 //! Every process lowers the scenario (tp · pp · dp must equal the number of processes),
 //! runs its rank's program over MPI, and rank 0 prints the loss per step. With
@@ -24,6 +32,7 @@ use std::time::Duration;
 
 use strata_models::Scenario;
 use strata_models::plan::{lower, verify};
+use strata_runtime::checkpoint::{self, CheckpointError, Start};
 use strata_runtime::comm::Communicator;
 use strata_runtime::comm::mpi::{MpiComm, init};
 use strata_runtime::data::Corpus;
@@ -45,10 +54,12 @@ struct Args {
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: u32,
     resume: bool,
+    overwrite: bool,
+    allow_changed: Vec<String>,
     out: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume]] [--out DIR] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
+const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume [--allow-changed KEY]... | --overwrite]] [--out DIR] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -64,6 +75,8 @@ fn parse() -> Result<Args, String> {
         checkpoint_dir: None,
         checkpoint_every: 0,
         resume: false,
+        overwrite: false,
+        allow_changed: vec![],
         out: None,
     };
     while let Some(x) = it.next() {
@@ -83,6 +96,8 @@ fn parse() -> Result<Args, String> {
                     value("--checkpoint-every")?.parse().map_err(|e| format!("--checkpoint-every: {e}"))?
             }
             "--resume" => a.resume = true,
+            "--overwrite" => a.overwrite = true,
+            "--allow-changed" => a.allow_changed.push(value("--allow-changed")?),
             "--out" => a.out = Some(value("--out")?.into()),
             "--inject-panic" => {
                 let v = value("--inject-panic")?;
@@ -100,10 +115,62 @@ fn parse() -> Result<Args, String> {
     if a.resume && a.checkpoint_dir.is_none() {
         return Err(format!("--resume needs --checkpoint-dir; {USAGE}"));
     }
+    if a.overwrite && a.checkpoint_dir.is_none() {
+        return Err(format!("--overwrite needs --checkpoint-dir; {USAGE}"));
+    }
+    if a.overwrite && a.resume {
+        return Err("--overwrite deletes the checkpoints --resume would continue from; give one of them".into());
+    }
+    if !a.allow_changed.is_empty() && !a.resume {
+        return Err(format!("--allow-changed applies to a resume; add --resume; {USAGE}"));
+    }
     if a.data.is_some() && (a.check_single.is_some() || a.check_threads) {
         return Err("the checks compare runs on the synthetic corpus; drop --data".into());
     }
     Ok(a)
+}
+
+/// Rank 0's checks of the checkpoint directory before any rank trains (what
+/// `train_threads` does for the thread launcher); returns the partial step directories it
+/// removed.
+fn prepare_checkpoints(a: &Args, s: &Scenario, data: &str) -> Result<Vec<PathBuf>, CheckpointError> {
+    let Some(dir) = &a.checkpoint_dir else { return Ok(Vec::new()) };
+    let allowed = checkpoint::allowed_changes(s, &a.allow_changed)?;
+    let start = match (a.resume, a.overwrite) {
+        (true, _) => Start::Resume,
+        (false, true) => Start::Overwrite,
+        (false, false) => Start::Fresh,
+    };
+    let removed = checkpoint::prepare(dir, start)?;
+    if a.resume {
+        let (sdir, m) = checkpoint::latest(dir)?;
+        checkpoint::check_manifest(&sdir, &m, s, data, &allowed)?;
+        checkpoint::verify_all(&sdir, &m)?;
+    }
+    Ok(removed)
+}
+
+/// Rank 0's verdict on the checkpoint directory, shared with every rank: 0 (go), 1 (an I/O
+/// failure) or 2 (bad input), the exit code of the whole job.
+fn checkpoint_verdict(a: &Args, s: &Scenario, data: &str, rank: u32) -> u8 {
+    use mpi::traits::{Communicator as _, Root as _};
+    let mut code = 0u8;
+    if rank == 0 {
+        match prepare_checkpoints(a, s, data) {
+            Ok(removed) => {
+                let why = if a.overwrite { "--overwrite" } else { "a partial checkpoint: no manifest" };
+                for d in removed {
+                    eprintln!("removed {} ({why})", d.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                code = if e.is_io() { 1 } else { 2 };
+            }
+        }
+    }
+    mpi::topology::SimpleCommunicator::world().process_at_rank(0).broadcast_into(&mut code);
+    code
 }
 
 fn options(steps: u32, data: &str, timeout_s: u64) -> TrainOptions {
@@ -211,6 +278,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let verdict = checkpoint_verdict(&a, &s, &data, rank);
+    if verdict != 0 {
+        drop(comm);
+        drop(universe);
+        return ExitCode::from(verdict);
+    }
     let steps = a.steps.unwrap_or(s.training.steps);
     if rank == 0 {
         println!("{}: {size} MPI ranks ({}), {steps} steps", s.name, plan.grid);
@@ -225,8 +298,8 @@ fn main() -> ExitCode {
         every: a.checkpoint_every,
         resume: a.resume,
         keep: 2,
-        overwrite: false,
-        allow_changed: Vec::new(),
+        overwrite: a.overwrite,
+        allow_changed: a.allow_changed.clone(),
     });
     if a.out.is_some() {
         opts.exec.trace_step = steps.checked_sub(1);

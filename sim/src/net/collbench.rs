@@ -55,12 +55,18 @@ impl BenchOp {
     }
 }
 
-/// One line of a sweep.
+/// One line of a sweep. Bandwidths are GB/s (1e9 bytes per second, as nccl-tests prints
+/// them), which JSON spells `algbw_GBps` / `busbw_GBps` so that they cannot be read as the
+/// cluster's `nic_gbps` (gigabits per second).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BenchRow {
     pub size_bytes: u64,
     pub time_us: f64,
+    /// GB/s (bytes).
+    #[serde(rename = "algbw_GBps")]
     pub algbw_gbps: f64,
+    /// GB/s (bytes).
+    #[serde(rename = "busbw_GBps")]
     pub busbw_gbps: f64,
     pub algorithm: String,
     pub protocol: String,
@@ -189,6 +195,7 @@ mod tests {
         assert_eq!(rows.len(), 18);
         assert!(rows.windows(2).all(|w| w[1].busbw_gbps > w[0].busbw_gbps));
         let json = serde_json::to_string(&rows[0]).unwrap();
+        assert!(json.contains("\"busbw_GBps\"") && json.contains("\"algbw_GBps\""), "{json}");
         let back: BenchRow = serde_json::from_str(&json).unwrap();
         assert_eq!(back, rows[0]);
         let t = format_table(BenchOp::AllReduce, 8, &rows);
