@@ -58,7 +58,8 @@ fn inspect_json_has_the_figures() {
         "parallel.vpp=1",
     ]);
     let text = String::from_utf8_lossy(&over.stdout);
-    assert!(over.status.success() && text.contains("Does not fit: stage 0 needs"), "{text}");
+    assert!(over.status.code() == Some(3) && text.contains("Does not fit: stage 0 needs"), "{text}");
+    assert!(String::from_utf8_lossy(&over.stderr).contains("by the simulated plan"));
 }
 
 #[test]

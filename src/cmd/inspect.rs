@@ -5,9 +5,9 @@
 //! slack, from the GPU's built-in profile).
 
 use serde::Serialize;
-use strata_models::Scenario;
 use strata_models::accounting::states::{self, PerParam};
 use strata_models::accounting::{flops, memory, params};
+use strata_models::{Scenario, plan};
 
 use crate::common::{self, ScenarioArgs};
 
@@ -31,9 +31,21 @@ struct StageReport {
     framework_formula_bytes: f64,
     /// What Strata models beyond the formula.
     strata_extra: StrataExtra,
-    /// The plan's buffers plus the process overheads.
+    /// The plan's buffers plus the process overheads, analytically.
     total_bytes: f64,
+    /// The peak `strata simulate` reports for this stage (the lowered plan's buffers over
+    /// its simulated timeline, plus the same overheads); `None` when the plan could not be
+    /// simulated.
+    simulated_bytes: Option<u64>,
+    /// By the simulated peak where there is one, else the analytic total.
     fits: bool,
+}
+
+impl StageReport {
+    /// The bytes the verdict is decided by.
+    fn need(&self) -> f64 {
+        self.simulated_bytes.map_or(self.total_bytes, |b| b as f64)
+    }
 }
 
 /// What Strata models beyond the framework's formula, bytes.
@@ -85,6 +97,11 @@ struct Report<'a> {
     hardware_flops_per_step: f64,
     gpu_memory_bytes: u64,
     stages: Vec<StageReport>,
+    /// What `fits` is decided by: "simulated plan" (the verdict `strata simulate` gives) or
+    /// "analytic estimate" (the plan could not be simulated; `simulation_error` says why).
+    fits_by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    simulation_error: Option<String>,
     fits: bool,
 }
 
@@ -92,9 +109,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let s = args.scenario.load()?;
     let report = build(&s);
     if args.json {
-        return common::print_json(&report);
+        common::print_json(&report)?;
+    } else {
+        print!("{}", text(&report));
     }
-    print!("{}", text(&report));
+    if !report.fits {
+        let over = report.stages.iter().filter(|st| !st.fits).count();
+        return Err(common::OutOfMemoryVerdict(format!(
+            "the plan does not fit in GPU memory: {over} of {} stages over, by the {} (exit code 3)",
+            report.stages.len(),
+            report.fits_by
+        ))
+        .into());
+    }
     Ok(())
 }
 
@@ -104,6 +131,12 @@ fn build(s: &Scenario) -> Report<'_> {
     let hbm = s.cluster.gpu.spec().hbm_bytes;
     let stage_params = params::stage_params(&s.model, p);
     let mem = strata_sim::HardwareProfile::builtin(s.cluster.gpu).memory;
+    // The verdict `strata simulate` gives: the plan's own buffers over its timeline (one
+    // rank per stage is enough for memory), so that the two commands agree on "fits".
+    let simulated = plan::lower(s).map_err(|e| e.to_string()).and_then(|plan| {
+        let o = strata_sim::SimOptions { mode: strata_sim::Mode::Symmetric, ..Default::default() };
+        strata_sim::simulate(&plan, &o).map_err(|e| e.to_string())
+    });
     let stages: Vec<StageReport> = memory::stage_memory(s)
         .into_iter()
         .zip(&stage_params)
@@ -116,6 +149,8 @@ fn build(s: &Scenario) -> Report<'_> {
                 allocator_slack_bytes: buffers * mem.allocator_fragmentation,
             };
             let total = buffers - m.strata_extra_bytes() + extra.total();
+            let sim = simulated.as_ref().ok().and_then(|r| r.memory.iter().find(|x| x.stage == m.stage));
+            let simulated_bytes = sim.map(|x| x.peak_bytes);
             StageReport {
                 stage: m.stage,
                 layers: sp.layers,
@@ -124,7 +159,8 @@ fn build(s: &Scenario) -> Report<'_> {
                 memory: m,
                 strata_extra: extra,
                 total_bytes: total,
-                fits: total <= hbm as f64,
+                simulated_bytes,
+                fits: sim.map_or(total <= hbm as f64, |x| x.peak_bytes <= x.capacity_bytes),
             }
         })
         .collect();
@@ -139,6 +175,8 @@ fn build(s: &Scenario) -> Report<'_> {
         hardware_flops_per_step: f.hardware,
         gpu_memory_bytes: hbm,
         stages,
+        fits_by: if simulated.is_ok() { "simulated plan" } else { "analytic estimate" },
+        simulation_error: simulated.err(),
         fits,
     }
 }
@@ -262,32 +300,44 @@ fn text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10}  fits",
-        "stage", "transient", "CUDA context", "NCCL", "allocator", "total"
+        "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}  fits",
+        "stage", "transient", "CUDA context", "NCCL", "allocator", "total", "simulated"
     );
     for st in &r.stages {
         let x = &st.strata_extra;
         let _ = writeln!(
             o,
-            "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10}  {}",
+            "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}  {}",
             st.stage,
             common::bytes(x.transient_bytes),
             common::bytes(x.cuda_context_bytes),
             common::bytes(x.nccl_bytes),
             common::bytes(x.allocator_slack_bytes),
             common::bytes(st.total_bytes),
+            st.simulated_bytes.map_or("-".to_string(), |b| common::bytes(b as f64)),
             if st.fits { "yes" } else { "NO" }
         );
     }
+    match &r.simulation_error {
+        None => {
+            let _ = writeln!(
+                o,
+                "  fits: by the simulated plan's peak, the figure `strata simulate` reports (total is the analytic estimate)"
+            );
+        }
+        Some(e) => {
+            let _ = writeln!(o, "  fits: by the analytic estimate; the plan could not be simulated: {e}");
+        }
+    }
     // A job that does not fit has a stage that does not.
     if !r.fits
-        && let Some(worst) = r.stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes))
+        && let Some(worst) = r.stages.iter().filter(|st| !st.fits).max_by(|a, b| a.need().total_cmp(&b.need()))
     {
         let _ = writeln!(
             o,
             "\nDoes not fit: stage {} needs {} more than the GPU's {}. Try more pipeline stages, a higher ZeRO stage, recompute = \"selective\" or \"full\", or a smaller micro_batch.",
             worst.stage,
-            common::bytes(worst.total_bytes - r.gpu_memory_bytes as f64),
+            common::bytes(worst.need() - r.gpu_memory_bytes as f64),
             common::bytes(r.gpu_memory_bytes as f64)
         );
     }
