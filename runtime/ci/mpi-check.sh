@@ -51,7 +51,9 @@ if [ "$status" -ne 2 ] || ! grep -q "is not empty" <<<"$out" || ! grep -q -- "--
 fi
 mkdir -p "$T/ck/step-000099" && touch "$T/ck/step-000099/rank-0.tmp"
 out=$(mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 7 --checkpoint-dir "$T/ck" --resume 2>&1)
-if [ -e "$T/ck/step-000099" ] || ! grep -q "removed .*step-000099" <<<"$out"; then
+# mpirun interleaves the ranks' stdout and stderr at any byte, so the message's two halves
+# may arrive on different lines: look for each.
+if [ -e "$T/ck/step-000099" ] || ! grep -q "removed" <<<"$out" || ! grep -q "step-000099 (a partial" <<<"$out"; then
   echo "$out"
   echo "FAILED: a resumed MPI job must remove the partial step directory"
   exit 1
