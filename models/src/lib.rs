@@ -9,6 +9,7 @@
 pub mod accounting;
 pub mod cluster;
 pub mod export;
+pub mod faults;
 pub mod framework;
 pub mod hardware;
 pub mod limits;

@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{CLUSTER_PRESETS, ClusterSpec, Fabric, Routing};
+use crate::faults::Faults;
 use crate::framework::Framework;
 use crate::hardware::GpuKind;
 use crate::model::{Activation, Family, MODEL_PRESETS, ModelSpec};
@@ -97,6 +98,8 @@ pub struct Scenario {
     pub cluster: ClusterSpec,
     pub parallel: ParallelConfig,
     pub training: TrainingConfig,
+    /// What-ifs and failure processes (`[faults]`); fault-free by default.
+    pub faults: Faults,
 }
 
 /// What can go wrong reading a scenario. Every message says what to do.
@@ -131,6 +134,8 @@ struct RawScenario {
     parallel: RawParallel,
     #[serde(default)]
     training: RawTraining,
+    #[serde(default, skip_serializing_if = "Faults::is_empty")]
+    faults: Faults,
 }
 
 macro_rules! raw_table {
@@ -312,6 +317,7 @@ impl Scenario {
                 framework: Some(t.framework),
                 grad_reduce_in_bf16: Some(t.grad_reduce_in_bf16),
             },
+            faults: self.faults.clone(),
         };
         toml::to_string(&raw).expect("a resolved scenario always serialises")
     }
@@ -454,8 +460,8 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
         framework: rt.framework.unwrap_or(if single { Framework::Strata } else { td.framework }),
         grad_reduce_in_bf16: rt.grad_reduce_in_bf16.unwrap_or(td.grad_reduce_in_bf16),
     };
-    let scenario =
-        Scenario { name: raw.name.unwrap_or_else(|| default_name.to_string()), model, cluster, parallel, training };
+    let name = raw.name.unwrap_or_else(|| default_name.to_string());
+    let scenario = Scenario { name, model, cluster, parallel, training, faults: raw.faults };
     match validate(&scenario, origin) {
         // Only the split's rules broke (they are checked last, once all else holds).
         Err(ScenarioError::Invalid { config: Some(_), .. }) if split == Split::Unchecked => {}
