@@ -63,6 +63,8 @@ enum Command {
     Report(cmd::report::Args),
     /// Measure this machine (GEMMs, the model's pieces, the communicator, shared cores) and write the hardware profile the simulator reads.
     Calibrate(cmd::calibrate::Args),
+    /// The model's CUDA kernels: compile them with NVRTC (no GPU needed), or check each against the CPU reference on a GPU (--check).
+    Kernels(cmd::kernels::Args),
     /// Run plans both ways (simulated with a calibrated profile, and trained for real) and write the report's inputs and the report.
     Compare(cmd::compare::Args),
     /// Work with Chrome/Perfetto trace files: `strata trace merge PRED MEASURED -o OUT` puts the predicted and the measured trace of one plan in one file.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Some(Command::Simulate(a)) => cmd::simulate::run(a),
         Some(Command::Search(a)) => cmd::search::run(a),
         Some(Command::Calibrate(a)) => cmd::calibrate::run(a),
+        Some(Command::Kernels(a)) => cmd::kernels::run(a),
         Some(Command::Compare(a)) => cmd::compare::run(a),
         Some(Command::Trace(a)) => cmd::trace::run(a),
     };

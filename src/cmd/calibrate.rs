@@ -98,10 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         #[cfg(feature = "cuda")]
         "cuda" => return run_cuda(&args),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => bail!(
-            "strata was not built with CUDA: --backend cuda needs the `cuda` feature and a GPU; on this build, \
-             calibrate the CPU executor with --backend cpu"
-        ),
+        "cuda" => match super::gpu::require_gpus("strata calibrate")? {},
         other => bail!("--backend {other:?}: use cpu (or cuda, in a build with the `cuda` feature)"),
     }
     let s = args.scenario.load()?;
@@ -435,10 +432,7 @@ fn run_cuda(args: &Args) -> anyhow::Result<()> {
         );
     }
     let s = args.scenario.load()?;
-    let devices = cuda::devices().map_err(|e| RunFailure(e.to_string()))?;
-    if devices.is_empty() {
-        return Err(RunFailure("the CUDA driver sees no GPU on this machine".into()).into());
-    }
+    let devices = super::gpu::require_gpus("strata calibrate")?;
     let per_node = args.ranks.unwrap_or(s.cluster.gpus_per_node);
     let shapes = gemm_shapes(&s, per_node);
     let reps = if args.quick { 3 } else { 20 };

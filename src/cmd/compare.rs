@@ -40,6 +40,10 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (GPUs; the
+    /// CUDA executor is not built yet, so cuda says what this build and machine have).
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
+    pub backend: String,
     #[command(flatten)]
     pub sim: SimArgs,
     /// A split to run, as comma-separated parallel keys: `tp=2,pp=2,dp=2,schedule=1f1b,
@@ -99,6 +103,7 @@ pub struct LoopConfig {
 pub use crate::cmd::quiet::LOADED;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::gpu::executor_backend("strata compare", &args.backend)?;
     let base = args.scenario.load()?;
     calibrate::require_cpu(&base)?;
     if args.steps == 0 {

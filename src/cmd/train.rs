@@ -35,6 +35,10 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (GPUs; the
+    /// CUDA executor is not built yet, so cuda says what this build and machine have).
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
+    pub backend: String,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
     /// cluster to N ranks and derives dp = N / (tp · pp); when tp · pp does not divide N and
     /// neither was set with --set, the split becomes tp = pp = 1, dp = N (a note says so).
@@ -93,6 +97,7 @@ struct Report<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::gpu::executor_backend("strata train", &args.backend)?;
     let mut s = args.scenario.load()?;
     if let Some(n) = args.ranks.filter(|n| s.cluster.gpu == GpuKind::Cpu && u64::from(*n) != s.parallel.ranks()) {
         let mut sized = args.scenario.clone();

@@ -1,11 +1,16 @@
 //! The GPU side, behind the `cuda` feature: what the GPUs of this machine are (the CUDA
-//! driver's device attributes) and how fast cuBLAS runs a model's GEMMs on them — what
-//! `strata calibrate --backend cuda` measures. The CUDA executor itself (plans run on GPUs
-//! with NCCL) is not built yet.
+//! driver's device attributes), how fast cuBLAS runs a model's GEMMs on them — what
+//! `strata calibrate --backend cuda` measures — and the model's kernels (`kernels`: NVRTC
+//! sources; `check`: each against the CPU reference in `reference`, on a GPU). The CUDA
+//! executor itself (plans run on GPUs with NCCL) is not built yet.
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
 //! libraries are looked for first: cudarc itself would panic).
+
+pub mod check;
+pub mod kernels;
+pub mod reference;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
@@ -46,7 +51,7 @@ pub struct CudaError {
     pub cause: String,
 }
 
-fn fail(what: impl Into<String>) -> impl FnOnce(&dyn std::fmt::Debug) -> CudaError {
+pub(crate) fn fail(what: impl Into<String>) -> impl FnOnce(&dyn std::fmt::Debug) -> CudaError {
     let what = what.into();
     move |e| CudaError { what, cause: format!("{e:?}") }
 }

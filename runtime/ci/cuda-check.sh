@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The `cuda` build on a machine without a GPU (CI): every kernel compiles with NVRTC, and
+# every --backend cuda path exits 2 with its reason — never a panic.
+# Usage: cuda-check.sh STRATA_BINARY NVRTC_LIB_DIR
+set -euo pipefail
+bin="$1"; nvrtc="$2"
+out="$(mktemp -d)"; trap 'rm -rf "$out"' EXIT
+fail() { echo "cuda-check: $*" >&2; exit 1; }
+
+expect() { # expect CODE PATTERN -- command…
+  local code="$1" pattern="$2"; shift 3
+  set +e; "$@" >"$out/stdout" 2>"$out/stderr"; local rc=$?; set -e
+  [ "$rc" -eq "$code" ] || { cat "$out/stdout" "$out/stderr"; fail "exit $rc, expected $code: $*"; }
+  grep -q -- "$pattern" "$out/stdout" "$out/stderr" || { cat "$out/stdout" "$out/stderr"; fail "no \"$pattern\" in the output of: $*"; }
+  if grep -q "panicked" "$out/stderr"; then cat "$out/stderr"; fail "panicked: $*"; fi
+}
+
+LD_LIBRARY_PATH="$nvrtc" expect 0 "kernel files compiled for sm_90" -- "$bin" kernels
+LD_LIBRARY_PATH="$nvrtc" expect 0 '"ptx_bytes"' -- "$bin" kernels --arch sm_100 --json
+LD_LIBRARY_PATH="$nvrtc" expect 2 "use one of" -- "$bin" kernels --arch sm_70
+expect 2 "libnvrtc" -- env LD_LIBRARY_PATH= "$bin" kernels
+LD_LIBRARY_PATH="$nvrtc" expect 2 "no GPU found" -- "$bin" kernels --check
+expect 2 "no GPU found" -- "$bin" train scenarios/tiny-gpt-cpu.toml --backend cuda
+expect 2 "no GPU found" -- "$bin" compare scenarios/tiny-gpt-cpu.toml --backend cuda
+expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda
+echo "cuda-check: 8 of 8 passed"
