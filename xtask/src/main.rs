@@ -14,8 +14,11 @@
 //!   classified; fails on any panic, hang, nonsense figure or internal-reason refusal;
 //! - `validate` — predicted against measured on this machine: calibrate, run a dozen splits
 //!   both ways, print the step-time and memory errors and the ranking's Kendall τ
-//!   ([`validate`]).
+//!   ([`validate`]);
+//! - `device-check` — the cuda binary built and stripped for a lent GPU machine, and the one
+//!   command to run there ([`device`]).
 
+mod device;
 mod interop;
 mod validate;
 
@@ -33,9 +36,10 @@ fn main() -> anyhow::Result<()> {
         Some("validate") => validate::validate(),
         Some("interop") => interop::interop(),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("device-check") => device::device_check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified",
+                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified\n  device-check  build the cuda binary for a lent GPU machine and print the one command to run there (xtask/device/check.sh)",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")

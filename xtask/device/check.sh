@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one script a lent GPU machine runs (`cargo xtask device-check` prepares the binary and
+# prints how to launch it). No Rust and no network there: the CUDA libraries are those of
+# the machine's Python environment. Sized to finish in about 8 minutes; every step has its
+# own timeout, a failed step is reported and the next one still runs. Full logs under $OUT.
+# Usage: bash xtask/device/check.sh [BINARY]
+set -uo pipefail
+BIN="${1:-target/device/strata}"
+OUT="${OUT:-/tmp/strata-device}"
+mkdir -p "$OUT"
+NV="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))')"
+SHIM="$OUT/.lib"; mkdir -p "$SHIM"
+# cudarc looks for libnccl.so; the pip wheel ships only libnccl.so.2.
+for f in "$NV"/nccl/lib/libnccl.so.2; do [ -e "$f" ] && ln -sf "$f" "$SHIM/libnccl.so"; done
+LIBS="$(find "$NV" -maxdepth 3 -type d -name lib | sort | tr '\n' ':')"
+export LD_LIBRARY_PATH="$SHIM:$LIBS${LD_LIBRARY_PATH:-}"
+status() { printf '%-44s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+run() { # run NAME SECONDS command… (stdout to $OUT/NAME.out, stderr to $OUT/NAME.err)
+  local name="$1" secs="$2"; shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+  local rc=$?
+  status "$name" "exit $rc in $((SECONDS - t0)) s"
+  return $rc
+}
+: >"$OUT/summary.txt"
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+run devices 30 "$BIN" presets >/dev/null
+run kernels 240 "$BIN" kernels --check --json
+run calibrate 150 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --json
+run train-1rank 30 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda
+run pytorch-eager 180 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024
+python3 xtask/device/table.py "$OUT" | tee "$OUT/table.txt"

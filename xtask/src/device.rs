@@ -1,0 +1,40 @@
+//! `cargo xtask device-check`: prepares the one run a lent GPU machine gets. Builds the
+//! release binary with `--features cuda` here (the device has no Rust toolchain and no
+//! network), strips it into `target/device/strata` (small enough to carry), and prints the
+//! command to run there: `xtask/device/check.sh`, which checks every kernel against the CPU
+//! reference, calibrates cuBLAS, tries the CUDA executor, times GPT-2 124M in PyTorch eager
+//! and prints the table (`xtask/device/table.py`); logs under `$OUT`.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+pub fn device_check() -> anyhow::Result<()> {
+    crate::cargo(&["build", "--release", "--features", "cuda", "--bin", "strata"])?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("the workspace root")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), Into::into);
+    let built = target.join("release/strata");
+    let dir = root.join("target/device");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let carried = dir.join("strata");
+    let status = Command::new("strip")
+        .arg("-o")
+        .arg(&carried)
+        .arg(&built)
+        .status()
+        .context("running strip (binutils) on the binary")?;
+    if !status.success() {
+        bail!("strip {} failed ({status})", built.display());
+    }
+    let size = std::fs::metadata(&carried).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "device-check is ready: {} ({:.1} MiB, release, --features cuda).\n\n\
+         On the lent GPU machine, from the repository root, carrying target/device:\n\
+         \x20 bash xtask/device/check.sh target/device/strata\n\n\
+         (timeout about 540 s; it writes summary.txt, table.txt and every step's logs under $OUT)",
+        carried.display(),
+        size as f64 / (1u64 << 20) as f64
+    );
+    Ok(())
+}
