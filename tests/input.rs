@@ -101,3 +101,25 @@ fn errors_quote_excerpts_of_huge_input() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A build without the `cuda` feature (this test binary's) says so for every GPU path, exit 2.
+#[test]
+#[cfg(not(feature = "cuda"))]
+fn gpu_paths_say_the_build_has_no_cuda() {
+    for args in [
+        &["kernels"][..],
+        &["kernels", "--check"],
+        &["train", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
+        &["compare", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
+        &["calibrate", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
+    ] {
+        let o = run(args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains("built without CUDA") && e.contains("--features cuda"), "{args:?}: {e}");
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+    }
+    let o = run(&["train", "scenarios/tiny-gpt-cpu.toml", "--backend", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--backend \"tpu\""), "{}", stderr(&o));
+}

@@ -98,7 +98,9 @@ pub struct Scenario {
     pub cluster: ClusterSpec,
     pub parallel: ParallelConfig,
     pub training: TrainingConfig,
-    /// What-ifs and failure processes (`[faults]`); fault-free by default.
+    /// What-ifs and failure processes (`[faults]`); fault-free by default (and absent from
+    /// plan files written before it existed).
+    #[serde(default, skip_serializing_if = "Faults::is_empty")]
     pub faults: Faults,
 }
 
