@@ -20,8 +20,56 @@
 //!   `TrainSchedule` and only then reduces the data-parallel gradients
 //!   (`_exec_reduce_grads` after the flush), so no gradient reduction overlaps the backward.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::Framework;
 use crate::scenario::Scenario;
+
+/// One framework mechanic, for `cargo xtask validate --published`'s before/after columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mechanic {
+    /// DeepSpeed ZeRO-3's per-module gathers and their prefetch limits.
+    Zero3Modules,
+    /// DeepSpeed ZeRO-3's per-module host time.
+    Zero3Host,
+    /// DeepSpeed PipelineEngine's gradient reduction after the flush.
+    PipeFlushReduce,
+    /// FSDP2's per-unit gradient reduction under torchtitan.
+    FsdpUnits,
+}
+
+impl Mechanic {
+    pub const ALL: [Mechanic; 4] =
+        [Mechanic::Zero3Modules, Mechanic::Zero3Host, Mechanic::PipeFlushReduce, Mechanic::FsdpUnits];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Mechanic::Zero3Modules => "zero3-modules",
+            Mechanic::Zero3Host => "zero3-host",
+            Mechanic::PipeFlushReduce => "pipe-flush-reduce",
+            Mechanic::FsdpUnits => "fsdp-units",
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+
+    /// Whether this mechanic is modelled (always, unless a validation run turned it off).
+    pub fn on(self) -> bool {
+        DISABLED.load(Ordering::Relaxed) & self.bit() == 0
+    }
+}
+
+/// Mechanics turned off, one bit each. Only `cargo xtask validate --published` sets it (to
+/// show what each mechanic changes); every other caller sees all of them on. A process-wide
+/// switch, not a scenario key, so no scenario file can depend on it.
+static DISABLED: AtomicU32 = AtomicU32::new(0);
+
+/// Turns the given mechanics off (and all others on) for the rest of the process.
+pub fn set_disabled(off: &[Mechanic]) {
+    DISABLED.store(off.iter().map(|m| m.bit()).fold(0, |a, b| a | b), Ordering::Relaxed);
+}
 
 /// ZeRO-3 parameter-fetch limits and costs, all in elements except the host time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +112,10 @@ impl Framework {
     /// How this framework gathers ZeRO-3 parameters.
     pub fn zero3_gathering(self) -> Gathering {
         match self {
-            Framework::DeepSpeed => Gathering::PerModule(DEEPSPEED_ZERO3),
+            Framework::DeepSpeed if Mechanic::Zero3Modules.on() => {
+                let host = if Mechanic::Zero3Host.on() { DEEPSPEED_ZERO3.host_ns_per_module } else { 0 };
+                Gathering::PerModule(Zero3Mechanics { host_ns_per_module: host, ..DEEPSPEED_ZERO3 })
+            }
             _ => Gathering::PerUnit,
         }
     }
@@ -72,13 +123,13 @@ impl Framework {
     /// Whether gradients are reduced one unit at a time (FSDP2's per-`fully_shard`
     /// reduce-scatter) rather than in `grad_bucket_mb` buckets.
     pub fn reduces_per_unit(self, s: &Scenario) -> bool {
-        self == Framework::Torchtitan && s.parallel.zero >= 2
+        self == Framework::Torchtitan && s.parallel.zero >= 2 && Mechanic::FsdpUnits.on()
     }
 
     /// Whether the data-parallel gradient reduction waits for the pipeline to flush
     /// (DeepSpeed's PipelineEngine): no overlap with the backward.
     pub fn reduces_after_flush(self, s: &Scenario) -> bool {
-        self == Framework::DeepSpeed && s.parallel.pp > 1
+        self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeFlushReduce.on()
     }
 }
 
