@@ -194,5 +194,7 @@ impl Framework {
     }
 }
 
+pub mod mechanics;
+
 #[cfg(test)]
 mod tests;

@@ -141,6 +141,8 @@ pub struct ProfileTimer {
     model: Option<ComputeModel>,
     step_overhead_ns: u64,
     loop_ns: u64,
+    /// Host time per cost id beside the device time (DeepSpeed ZeRO-3's module hooks).
+    host_ns: Vec<u64>,
 }
 
 impl ProfileTimer {
@@ -159,6 +161,7 @@ impl ProfileTimer {
             model: model.has_piece_rates().then_some(model),
             step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
             loop_ns,
+            host_ns: plan.host_ns.clone(),
         }
     }
 }
@@ -170,7 +173,8 @@ impl ComputeTimer for ProfileTimer {
             Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
         };
-        ns + extra + self.loop_ns
+        let host = self.host_ns.get(op.cost as usize).copied().unwrap_or(0);
+        ns + extra + self.loop_ns + host
     }
 }
 

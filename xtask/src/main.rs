@@ -16,11 +16,15 @@
 //!   both ways, print the step-time and memory errors and the ranking's Kendall τ
 //!   ([`validate`]);
 //! - `device-check` — the cuda binary built and stripped for a lent GPU machine, and the one
-//!   command to run there ([`device`]).
+//!   command to run there ([`device`]);
+//! - `validate --published [--json]` — the simulator against published training runs: the
+//!   fit and check sets of `xtask/data/published.toml`, MAPE per group, and what each
+//!   framework mechanic changes on the check set ([`validate_published`]).
 
 mod device;
 mod interop;
 mod validate;
+mod validate_published;
 
 use std::process::Command;
 use std::time::Instant;
@@ -33,13 +37,16 @@ fn main() -> anyhow::Result<()> {
         Some("ci") => ci(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("bench-one") => bench_one(args.get(1).map(String::as_str).unwrap_or_default()),
+        Some("validate") if args.get(1).map(String::as_str) == Some("--published") => {
+            validate_published::validate_published(args.iter().any(|a| a == "--json"))
+        }
         Some("validate") => validate::validate(),
         Some("interop") => interop::interop(),
         Some("fuzz") => fuzz(&args[1..]),
         Some("device-check") => device::device_check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified\n  device-check  build the cuda binary for a lent GPU machine and print the one command to run there (xtask/device/check.sh)",
+                "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  validate --published [--json]\n                simulate the published runs of xtask/data/published.toml (fit and check sets): per-row predicted vs published, MAPE per group, and the check set with each framework mechanic off\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified\n  device-check  build the cuda binary for a lent GPU machine and print the one command to run there (xtask/device/check.sh)",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
             bail!("no command given")

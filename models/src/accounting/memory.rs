@@ -292,10 +292,24 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t;
             }
             if p.zero >= 3 {
-                // One layer's weights gathered whole (plus the next one prefetched).
-                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp) as f64;
-                let prefetch = if p.overlap_param_gather { 2.0 } else { 1.0 };
-                transient_bytes += prefetch * layer * state_bytes_per_param(dtype).0 as f64;
+                use crate::framework::mechanics::Gathering;
+                let gathered = match s.training.framework.zero3_gathering() {
+                    // DeepSpeed: the modules of a piece and those its fetch prefetched.
+                    Gathering::PerModule(mech) => {
+                        let pieces: Vec<Vec<u64>> = [crate::plan::Piece::Attn, crate::plan::Piece::Mlp]
+                            .into_iter()
+                            .map(|piece| crate::plan::lower::piece_modules(m, p.tp, piece, mech.persistence_threshold))
+                            .collect();
+                        mech.pass_peak(&pieces, sp.layers.max(1) as usize) as f64
+                    }
+                    // One layer's weights gathered whole (plus the next one prefetched).
+                    Gathering::PerUnit => {
+                        let layer = crate::accounting::params::layer_params(m).per_rank(p.tp) as f64;
+                        let prefetch = if p.overlap_param_gather { 2.0 } else { 1.0 };
+                        prefetch * layer
+                    }
+                };
+                transient_bytes += gathered * state_bytes_per_param(dtype).0 as f64;
             }
             if p.zero >= 2 {
                 // The full gradient of the largest unit, before its reduce-scatter, in the

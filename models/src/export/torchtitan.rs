@@ -122,14 +122,12 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
         2 => (1, p.dp, Some("never")),
         _ => (1, p.dp, Some("always")),
     };
-    if p.zero != 3 {
+    // FSDP2 (zero 2/3) reduce-scatters per unit, as the plan does under torchtitan, so the
+    // bucket size plays no part there; DDP keeps torch's own.
+    if p.zero == 0 {
         drop(
             format!("parallel.grad_bucket_mb = {}", p.grad_bucket_mb),
-            if p.zero == 0 {
-                "torchtitan's DDP keeps torch's bucket size (25 MiB); its TOML has no bucket key"
-            } else {
-                "FSDP2 reduce-scatters each layer's gradients as one unit; torchtitan has no bucket key"
-            },
+            "torchtitan's DDP keeps torch's bucket size (25 MiB); its TOML has no bucket key",
         );
     }
     if !p.overlap_grad_reduce {

@@ -43,6 +43,10 @@ pub struct Plan {
     pub scenario: Scenario,
     pub grid: RankGrid,
     pub costs: Vec<ComputeCost>,
+    /// Host nanoseconds a compute op of each cost id adds beside its device time
+    /// (DeepSpeed ZeRO-3's per-module hooks); empty when the framework adds none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ns: Vec<u64>,
     /// Gradient buckets per stage (outer) in emission order.
     pub buckets: Vec<Vec<Bucket>>,
     /// Distinct programs; the first `pp` are the stages' programs.
@@ -82,6 +86,11 @@ impl Plan {
 
     pub fn cost(&self, id: CostId) -> &ComputeCost {
         &self.costs[id as usize]
+    }
+
+    /// Host nanoseconds an op of cost `id` adds (0 when the framework adds none).
+    pub fn host_ns(&self, id: CostId) -> u64 {
+        self.host_ns.get(id as usize).copied().unwrap_or(0)
     }
 
     /// Total ops over all distinct programs.

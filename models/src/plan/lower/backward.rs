@@ -8,6 +8,7 @@ use crate::accounting::memory::{layer_activation_bytes, layer_activation_parts};
 use crate::parallel::Recompute;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
+use crate::plan::lower::modules::{Pass, Walk};
 use crate::plan::lowered::Unit;
 
 impl<'p, 'a> StageLowering<'p, 'a> {
@@ -177,8 +178,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                         Some(self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, prev));
                 }
             }
+            let walk = if p.recompute == Recompute::Full { Walk::BackwardRecomputed } else { Walk::Backward };
+            let (mdeps, mbufs) = self.fetch_modules(chunk, layer, piece, mb, walk);
+            wait.extend(mdeps);
             let mut b = bufs.clone();
             b.extend(scores);
+            b.extend(&mbufs);
             let op = self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b);
             if let Some(sb) = scores {
                 self.e.free(Stream::Compute, &[op], sb);
@@ -188,10 +193,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             } else {
                 None
             };
+            let mut last = op;
             if !split {
                 // The weight gradient overlaps the reduction of the input gradient.
-                self.piece_weight(piece, layer, mb, chunk, act, saved);
+                last = self.piece_weight(piece, layer, mb, chunk, act, saved);
             }
+            // DeepSpeed releases a module after its backward (its weight gradient included).
+            self.release_modules(layer, piece, mb, Pass::Backward, last);
             prev = self.compute(
                 norm,
                 Phase::BackwardInput,

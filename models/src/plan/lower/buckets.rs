@@ -1,7 +1,8 @@
 //! Gradient-bucket packing: each chunk's units in backward order, packed greedily into
 //! buckets of at most `grad_bucket_mb` of gradients (Megatron-LM's and DeepSpeed's
 //! buckets). The word embedding is always a bucket of its own, and under ZeRO-3 every unit
-//! is, since it is gathered and reduced alone.
+//! is, since it is gathered and reduced alone; so is every unit under torchtitan's FSDP2
+//! (ZeRO-2/3), which reduce-scatters each `fully_shard` unit as one collective.
 
 use crate::accounting::memory::state_bytes_per_param;
 use crate::plan::lower::unit_params;
@@ -48,7 +49,7 @@ pub(super) fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
         };
         for u in units {
             let params = unit_params(s, u);
-            let alone = u == Unit::WordEmbedding || p.zero >= 3;
+            let alone = u == Unit::WordEmbedding || p.zero >= 3 || s.training.framework.reduces_per_unit(s);
             if alone || (current_params + params) * grad_bytes > cap {
                 flush(&mut current, &mut current_params, &mut index, &mut out);
             }

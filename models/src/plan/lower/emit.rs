@@ -68,12 +68,22 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         deps: &[OpId],
         bufs: &[BufId],
     ) -> OpId {
-        let cost = self.pl.cost(piece, phase);
+        // A selective recomputation of the attention core runs no hooked module.
+        let selective_core =
+            phase == Phase::Recompute && self.s().parallel.recompute != crate::parallel::Recompute::Full;
+        let cost = match self.pl.host_cost(piece, phase) {
+            Some(c) if !selective_core => c,
+            _ => self.pl.cost(piece, phase),
+        };
         let op = ComputeOp { piece, phase, mb, chunk, layer, cost };
         let mut deps = deps.to_vec();
         deps.append(&mut self.pending_sync);
         let id = self.e.op(Stream::Compute, &deps, bufs, OpKind::Compute(op));
         self.last_compute = Some(id);
+        self.recent_compute.push_back(id);
+        if self.recent_compute.len() > 2 {
+            self.recent_compute.pop_front();
+        }
         id
     }
 

@@ -7,6 +7,7 @@
 use crate::accounting::memory::{has_dropout, head_buffer_bytes, layer_activation_bytes};
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
+use crate::plan::lower::modules::{Pass, Walk};
 use crate::plan::lowered::Unit;
 
 impl<'p, 'a> StageLowering<'p, 'a> {
@@ -128,7 +129,19 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             if self.sp {
                 wait.push(self.tp_coll(TpSite::Gather, gather_piece, phase, mb, chunk, layer, prev));
             }
-            let op = self.compute(gather_piece, phase, mb, chunk, layer, &wait, &bufs);
+            let (walk, pass) = if phase == Phase::Forward {
+                (Walk::Forward, Pass::Forward)
+            } else {
+                (Walk::Recompute, Pass::Backward)
+            };
+            let (mdeps, mbufs) = self.fetch_modules(chunk, layer, gather_piece, mb, walk);
+            wait.extend(mdeps);
+            let mut b = bufs.clone();
+            b.extend(&mbufs);
+            let op = self.compute(gather_piece, phase, mb, chunk, layer, &wait, &b);
+            if pass == Pass::Forward {
+                self.release_modules(layer, gather_piece, mb, pass, op);
+            }
             let mut wait = Vec::new();
             if self.tp {
                 wait.push(self.tp_coll(TpSite::Reduce, gather_piece, phase, mb, chunk, layer, op));

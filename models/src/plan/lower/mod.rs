@@ -41,6 +41,7 @@ mod backward;
 mod buckets;
 mod emit;
 mod forward;
+mod modules;
 mod step;
 mod units;
 mod zero;
@@ -59,6 +60,8 @@ use crate::scenario::{Scenario, ScenarioError};
 
 use buckets::stage_buckets;
 use emit::Emitter;
+use modules::ModuleState;
+pub use modules::piece_modules;
 pub use units::unit_params;
 use zero::BucketState;
 
@@ -70,6 +73,10 @@ pub struct Planner<'a> {
     costs: Vec<ComputeCost>,
     cost_ids: BTreeMap<(Piece, Phase), CostId>,
     buckets: Vec<Vec<Bucket>>,
+    /// Host nanoseconds per cost id (DeepSpeed ZeRO-3's per-module hooks), empty if none.
+    host_ns: Vec<u64>,
+    /// (piece, phase) → the cost id of that piece with its modules' host time.
+    host_cost_ids: BTreeMap<(Piece, Phase), CostId>,
 }
 
 impl<'a> Planner<'a> {
@@ -92,7 +99,26 @@ impl<'a> Planner<'a> {
             let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
             costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.dtype).1));
         }
-        Ok(Planner { s, grid, costs, cost_ids, buckets })
+        // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
+        // runs it (forward, recomputation, backward), charged to the piece as a copy of its
+        // cost with the host time beside it.
+        let mut host_ns = Vec::new();
+        let mut host_cost_ids = BTreeMap::new();
+        if let (3, crate::framework::mechanics::Gathering::PerModule(mech)) =
+            (p.zero, s.training.framework.zero3_gathering())
+        {
+            host_ns = vec![0; costs.len()];
+            for piece in [Attn, Mlp] {
+                let hooked = piece_modules(&s.model, p.tp, piece, 0).len() as u64;
+                for phase in [Phase::Forward, Phase::BackwardInput, Phase::Recompute] {
+                    let base = cost_ids[&(piece, phase)];
+                    host_cost_ids.insert((piece, phase), costs.len() as CostId);
+                    costs.push(costs[base as usize].clone());
+                    host_ns.push(hooked * mech.host_ns_per_module);
+                }
+            }
+        }
+        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids })
     }
 
     pub fn grid(&self) -> RankGrid {
@@ -114,6 +140,7 @@ impl<'a> Planner<'a> {
             scenario: self.s.clone(),
             grid: self.grid,
             costs: self.costs,
+            host_ns: self.host_ns,
             buckets: self.buckets,
             programs,
             rank_programs: BTreeMap::new(),
@@ -122,6 +149,11 @@ impl<'a> Planner<'a> {
 
     fn cost(&self, piece: Piece, phase: Phase) -> CostId {
         self.cost_ids[&(piece, phase)]
+    }
+
+    /// The cost of a piece with its modules' host time, where the framework charges one.
+    fn host_cost(&self, piece: Piece, phase: Phase) -> Option<CostId> {
+        self.host_cost_ids.get(&(piece, phase)).copied()
     }
 
     fn optimizer_cost(&self, stage: u32) -> CostId {
@@ -177,6 +209,10 @@ struct StageLowering<'p, 'a> {
     /// ZeRO-3 gathers issued ahead: (bucket, mb, phase) → (gather op, buffer).
     prefetched: BTreeMap<(usize, u32, Phase), (OpId, BufId)>,
     last_compute: Option<OpId>,
+    /// The last two compute ops, oldest first (when DeepSpeed's host reaches a module's hook).
+    recent_compute: VecDeque<OpId>,
+    /// DeepSpeed ZeRO-3's per-module gathers in flight.
+    modules: ModuleState,
     /// Params, grads and optimizer state of each chunk, in that order (`params_buf`,
     /// `grads_buf`).
     persistent: Vec<BufId>,
@@ -215,6 +251,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             pending_sync: Vec::new(),
             prefetched: BTreeMap::new(),
             last_compute: None,
+            recent_compute: VecDeque::new(),
+            modules: ModuleState::default(),
             persistent: Vec::new(),
             persistent_alloc: BTreeMap::new(),
         }

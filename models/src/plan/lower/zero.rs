@@ -40,12 +40,17 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn params_for(&mut self, chunk: u32, units: &[Unit], mb: u32, phase: Phase) -> (Vec<OpId>, Vec<BufId>) {
         let mut deps = Vec::new();
         let mut bufs = Vec::new();
+        let per_module = self.per_module();
         for u in units {
             let Some(&b) = self.unit_bucket.get(&(chunk, *u)) else { continue };
             if let Some(op) = self.param_ready.remove(&b) {
                 deps.push(op);
             }
-            if self.zero() >= 3 {
+            // DeepSpeed gathers a layer module by module (`fetch_modules`) and never gathers
+            // parameters at or under its persistence threshold (the final norm).
+            let persistent = per_module
+                .is_some_and(|m| matches!(u, Unit::Layer(_)) || self.buckets()[b].params <= m.persistence_threshold);
+            if self.zero() >= 3 && !persistent {
                 let (op, buf) = match self.prefetched.remove(&(b, mb, phase)) {
                     Some(x) => x,
                     None => self.gather_unit(b, mb, phase),
@@ -61,7 +66,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     /// gradient reduce-scatter on the in-order data-parallel stream, so the gather overlaps
     /// this layer's backward instead of waiting behind its reduction.
     pub(super) fn prefetch(&mut self, chunk: u32, unit: Unit, mb: u32, phase: Phase) {
-        if self.zero() < 3 || !self.s().parallel.overlap_param_gather {
+        if self.zero() < 3 || !self.s().parallel.overlap_param_gather || self.per_module().is_some() {
             return;
         }
         if let Some(&b) = self.unit_bucket.get(&(chunk, unit))
@@ -137,7 +142,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let last = mb + 1 == self.s().parallel.microbatches();
         let zero = self.zero();
         if zero >= 2 || last {
-            if !self.s().parallel.overlap_grad_reduce && zero < 2 {
+            // DeepSpeed's PipelineEngine reduces after the pipeline flush, whatever the
+            // overlap setting says.
+            let after_flush = self.s().training.framework.reduces_after_flush(self.s());
+            if (!self.s().parallel.overlap_grad_reduce || after_flush) && zero < 2 {
                 self.deferred_grad_reduce.push((b, mb, deps));
             } else {
                 let op = self.grad_reduce(b, mb, &deps, full);

@@ -1,0 +1,183 @@
+//! Framework mechanics the plan mirrors: how each framework moves a sharded model's
+//! parameters and gradients at run time, beyond which splits it accepts
+//! ([`super::Framework::violations`]).
+//!
+//! - **DeepSpeed ZeRO-3** (`runtime/zero/partitioned_param_coordinator.py`, `stage3.py`):
+//!   a forward (and backward) pre-hook on every sub-module fetches that module's own
+//!   flattened parameters with one all-gather; on fetching module *i* the coordinator
+//!   prefetches the modules that follow in its recorded trace while the elements it has
+//!   queued are below `min(stage3_prefetch_bucket_size, stage3_max_live_parameters − live)`
+//!   (so it may overshoot by one module); a module's parameters are released after it runs;
+//!   parameters of at most `stage3_param_persistence_threshold` elements are kept whole on
+//!   every rank and never gathered. Defaults from `runtime/zero/config.py` (element counts).
+//!   Each hooked module also costs host time (the Python hooks, the coordinator's
+//!   bookkeeping, the all-gather launch and its event wait), which the plan charges to the
+//!   module's compute.
+//! - **torchtitan FSDP2** (`fully_shard` per transformer block, embeddings, and
+//!   [norm, output]): one all-gather and one reduce-scatter per unit, whatever
+//!   `grad_bucket_mb` says; resharded after forward under ZeRO-3.
+//! - **DeepSpeed's PipelineEngine** (`runtime/pipe/engine.py`): runs the whole 1F1B
+//!   `TrainSchedule` and only then reduces the data-parallel gradients
+//!   (`_exec_reduce_grads` after the flush), so no gradient reduction overlaps the backward.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::Framework;
+use crate::scenario::Scenario;
+
+/// One framework mechanic, for `cargo xtask validate --published`'s before/after columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mechanic {
+    /// DeepSpeed ZeRO-3's per-module gathers and their prefetch limits.
+    Zero3Modules,
+    /// DeepSpeed ZeRO-3's per-module host time.
+    Zero3Host,
+    /// DeepSpeed PipelineEngine's gradient reduction after the flush.
+    PipeFlushReduce,
+    /// FSDP2's per-unit gradient reduction under torchtitan.
+    FsdpUnits,
+}
+
+impl Mechanic {
+    pub const ALL: [Mechanic; 4] =
+        [Mechanic::Zero3Modules, Mechanic::Zero3Host, Mechanic::PipeFlushReduce, Mechanic::FsdpUnits];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Mechanic::Zero3Modules => "zero3-modules",
+            Mechanic::Zero3Host => "zero3-host",
+            Mechanic::PipeFlushReduce => "pipe-flush-reduce",
+            Mechanic::FsdpUnits => "fsdp-units",
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+
+    /// Whether this mechanic is modelled (always, unless a validation run turned it off).
+    pub fn on(self) -> bool {
+        DISABLED.load(Ordering::Relaxed) & self.bit() == 0
+    }
+}
+
+/// Mechanics turned off, one bit each. Only `cargo xtask validate --published` sets it (to
+/// show what each mechanic changes); every other caller sees all of them on. A process-wide
+/// switch, not a scenario key, so no scenario file can depend on it.
+static DISABLED: AtomicU32 = AtomicU32::new(0);
+
+/// Turns the given mechanics off (and all others on) for the rest of the process.
+pub fn set_disabled(off: &[Mechanic]) {
+    DISABLED.store(off.iter().map(|m| m.bit()).fold(0, |a, b| a | b), Ordering::Relaxed);
+}
+
+/// ZeRO-3 parameter-fetch limits and costs, all in elements except the host time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Zero3Mechanics {
+    /// `stage3_prefetch_bucket_size`: elements the coordinator prefetches ahead at most.
+    pub prefetch_bucket: u64,
+    /// `stage3_max_live_parameters`: gathered elements alive at once (prefetch stops at it).
+    pub max_live: u64,
+    /// `stage3_param_persistence_threshold`: parameters this small stay whole, never gathered.
+    pub persistence_threshold: u64,
+    /// Host nanoseconds per hooked module per pass (pre- and post-hook, fetch, release).
+    pub host_ns_per_module: u64,
+}
+
+/// DeepSpeed's documented defaults (`runtime/zero/config.py`: 5e7, 1e9, 1e5 elements).
+///
+/// The host time per module is a first-principles estimate, not a fit to any run: the pre-
+/// and post-hook walk a handful of Python calls each (trace step, queue pops, status checks,
+/// `all_gather_coalesced` launch, event record and wait, release and re-partition), each a
+/// few microseconds, ≈ 100 µs in all. DeepSpeed#1174 (0.3.16, BERT-5B on 8 A100: forward
+/// 480 ms under ZeRO-3 vs 60 ms under ZeRO-2, all-gathers over NVLink ≈ 45 ms of it) bounds
+/// it from above at ≈ 1.5 ms per module for that old coordinator, which PR #1453 rewrote.
+pub const DEEPSPEED_ZERO3: Zero3Mechanics = Zero3Mechanics {
+    prefetch_bucket: 50_000_000,
+    max_live: 1_000_000_000,
+    persistence_threshold: 100_000,
+    host_ns_per_module: 100_000,
+};
+
+/// How a framework gathers and reduces ZeRO units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gathering {
+    /// One gather per unit (a layer, an embedding piece): FSDP2, Strata's executor.
+    PerUnit,
+    /// One gather per sub-module of a unit, with DeepSpeed's prefetch limits.
+    PerModule(Zero3Mechanics),
+}
+
+impl Framework {
+    /// How this framework gathers ZeRO-3 parameters.
+    pub fn zero3_gathering(self) -> Gathering {
+        match self {
+            Framework::DeepSpeed if Mechanic::Zero3Modules.on() => {
+                let host = if Mechanic::Zero3Host.on() { DEEPSPEED_ZERO3.host_ns_per_module } else { 0 };
+                Gathering::PerModule(Zero3Mechanics { host_ns_per_module: host, ..DEEPSPEED_ZERO3 })
+            }
+            _ => Gathering::PerUnit,
+        }
+    }
+
+    /// Whether gradients are reduced one unit at a time (FSDP2's per-`fully_shard`
+    /// reduce-scatter) rather than in `grad_bucket_mb` buckets.
+    pub fn reduces_per_unit(self, s: &Scenario) -> bool {
+        self == Framework::Torchtitan && s.parallel.zero >= 2 && Mechanic::FsdpUnits.on()
+    }
+
+    /// Whether the data-parallel gradient reduction waits for the pipeline to flush
+    /// (DeepSpeed's PipelineEngine): no overlap with the backward.
+    pub fn reduces_after_flush(self, s: &Scenario) -> bool {
+        self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeFlushReduce.on()
+    }
+}
+
+impl Zero3Mechanics {
+    /// Most gathered elements alive at once over a pass of `layers` layers whose pieces
+    /// run the modules `pieces` (element counts, in forward order), under the coordinator's
+    /// rule: fetch a piece's modules, prefetch the ones after them while the queued
+    /// elements are under `min(prefetch_bucket, max_live − live)`, release the piece's
+    /// modules once it has run. Both directions (forward, and backward in reverse) count.
+    pub fn pass_peak(&self, pieces: &[Vec<u64>], layers: usize) -> u64 {
+        let forward: Vec<Vec<u64>> = (0..layers).flat_map(|_| pieces.iter().cloned()).collect();
+        let mut backward: Vec<Vec<u64>> = forward.iter().rev().cloned().collect();
+        for p in &mut backward {
+            p.reverse();
+        }
+        self.trace_peak(&forward).max(self.trace_peak(&backward))
+    }
+
+    fn trace_peak(&self, pieces: &[Vec<u64>]) -> u64 {
+        // (piece, module) of every module in trace order.
+        let order: Vec<(usize, usize)> =
+            pieces.iter().enumerate().flat_map(|(p, ms)| (0..ms.len()).map(move |m| (p, m))).collect();
+        let mut live = std::collections::BTreeSet::new();
+        let (mut live_elems, mut peak) = (0u64, 0u64);
+        for (k, ms) in pieces.iter().enumerate() {
+            for (m, e) in ms.iter().enumerate() {
+                if live.insert((k, m)) {
+                    live_elems += e;
+                }
+            }
+            peak = peak.max(live_elems);
+            let budget = self.prefetch_bucket.min(self.max_live.saturating_sub(live_elems));
+            let mut queued = 0;
+            for &(p, m) in order.iter().filter(|(p, _)| *p > k) {
+                if queued >= budget {
+                    break;
+                }
+                if live.insert((p, m)) {
+                    live_elems += pieces[p][m];
+                    queued += pieces[p][m];
+                }
+            }
+            peak = peak.max(live_elems);
+            for (m, e) in ms.iter().enumerate() {
+                live.remove(&(k, m));
+                live_elems -= e;
+            }
+        }
+        peak
+    }
+}
