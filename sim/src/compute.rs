@@ -25,6 +25,17 @@
 //! (plan/cost.rs), so the core is costed as memory-bound s² traffic plus short-k GEMMs —
 //! which is why it dominates at long sequences without fused attention.
 //!
+//! **Fused attention** (a core whose plan marks it `fused`, on a profile with
+//! `[compute.attention]`): one kernel that keeps the scores on chip, so its time is its
+//! FLOPs at the kernel's fitted rate, not the memory-bound score GEMMs above:
+//!
+//!   T_core = F / (P · η_dir · x / (x + x_½,dir + causal · x_c))
+//!
+//! with F the plan's core GEMM FLOPs (4·b·a·s²·d forward, 2.5× that backward, where the
+//! kernel recomputes QKᵀ), halved under a causal mask, and x = s (s/2 causal) the keys a
+//! query sees on average. η, x_½ and x_c are fitted to FlashAttention's published kernel
+//! benchmarks (sim/data/gpu_microbench.csv, `cargo run --example fit_h100`).
+//!
 //! **Element-wise** work moves `mem_bytes` at η_mem of the HBM bandwidth.
 //!
 //! **Measured profiles** (`strata calibrate`) refine this where they have data, in order:
@@ -43,7 +54,7 @@ use std::collections::BTreeMap;
 use strata_models::Dtype;
 use strata_models::plan::{ComputeCost, Gemm, Phase, Piece};
 
-use crate::profile::HardwareProfile;
+use crate::profile::{AttentionParams, HardwareProfile};
 
 /// The compute model of one GPU kind for one training dtype.
 #[derive(Clone, Debug)]
@@ -56,6 +67,8 @@ pub struct ComputeModel {
     mem_bytes_per_s: f64,
     kernel_s: f64,
     elem_bytes: f64,
+    /// The fused attention kernel's fit, and the peak its efficiencies are fractions of.
+    attention: Option<(AttentionParams, f64)>,
     /// Measured seconds of one GEMM of shape (m, n, k).
     measured_gemm_s: BTreeMap<(u64, u64, u64), f64>,
     /// Measured (GEMM scale, bytes/s, fixed seconds) of a piece.
@@ -82,6 +95,7 @@ impl ComputeModel {
             mem_bytes_per_s: c.hbm_gb_per_s * 1e9 * c.elementwise_bw_efficiency,
             kernel_s: c.kernel_overhead_us * 1e-6,
             elem_bytes: dtype.bytes() as f64,
+            attention: c.attention.clone().map(|a| (a, profile.peak_flops_per_s(dtype))),
             measured_gemm_s: c
                 .gemms
                 .iter()
@@ -136,6 +150,33 @@ impl ComputeModel {
         compute.max(operands / self.mem_bytes_per_s)
     }
 
+    /// Seconds for all GEMMs of an op: a fused attention core at the profile's fitted kernel
+    /// rate when it has one, every other GEMM (and every core otherwise) as [`Self::gemm_s`].
+    pub fn gemms_s(&self, c: &ComputeCost) -> f64 {
+        let (Some(a), Some((fit, peak))) = (c.attention.filter(|a| a.fused), &self.attention) else {
+            return c.gemms.iter().map(|g| self.gemm_s(g)).sum();
+        };
+        let is_core = |g: &Gemm| {
+            g.batch == a.batch_heads
+                && g.m == a.seq_q
+                && ((g.n == a.seq_k && g.k == a.head_dim) || (g.n == a.head_dim && g.k == a.seq_k))
+        };
+        let (core, rest): (Vec<&Gemm>, Vec<&Gemm>) = c.gemms.iter().partition(|g| is_core(g));
+        let others: f64 = rest.iter().map(|g| self.gemm_s(g)).sum();
+        if core.is_empty() {
+            return others;
+        }
+        // Forward lists QKᵀ and P·V; backward five GEMMs (QKᵀ recomputed, dV, dP, dQ, dK).
+        let backward = core.len() > 2;
+        let (eff, half) =
+            if backward { (fit.bwd_efficiency, fit.bwd_seq_half) } else { (fit.fwd_efficiency, fit.fwd_seq_half) };
+        let flops: f64 = core.iter().map(|g| g.flops() as f64).sum();
+        let seq = a.seq_k as f64;
+        let (work, keys, extra) = if a.causal { (0.5, seq / 2.0, fit.causal_seq_extra) } else { (1.0, seq, 0.0) };
+        let rate = peak * eff * keys / (keys + half + extra);
+        others + work * flops / rate
+    }
+
     /// Seconds for the element-wise traffic of `bytes`.
     pub fn memory_s(&self, bytes: u64) -> f64 {
         bytes as f64 / self.mem_bytes_per_s
@@ -143,8 +184,7 @@ impl ComputeModel {
 
     /// Seconds for one op of this cost, before any slowdown.
     pub fn cost_s(&self, c: &ComputeCost) -> f64 {
-        let gemms: f64 = c.gemms.iter().map(|g| self.gemm_s(g)).sum();
-        gemms + self.memory_s(c.mem_bytes) + c.kernels as f64 * self.kernel_s
+        self.gemms_s(c) + self.memory_s(c.mem_bytes) + c.kernels as f64 * self.kernel_s
     }
 
     /// Nanoseconds for one op of this cost, rounded up.
@@ -168,8 +208,7 @@ impl ComputeModel {
         let Some(&(scale, bytes_per_s, fixed_s)) = self.measured_piece.get(&(piece, phase)) else {
             return self.cost_s(c);
         };
-        let gemms: f64 = c.gemms.iter().map(|g| self.gemm_s(g)).sum();
-        scale * gemms + c.mem_bytes as f64 / bytes_per_s + fixed_s
+        scale * self.gemms_s(c) + c.mem_bytes as f64 / bytes_per_s + fixed_s
     }
 
     /// Whether the profile measured pieces or ops (op times then depend on the piece).
@@ -256,6 +295,30 @@ mod tests {
         assert!((m.op_cost_s(Piece::Mlp, Phase::Forward, &c) - 777e-6).abs() < 1e-15);
         assert!((m.op_cost_s(Piece::Mlp, Phase::Recompute, &c) - 777e-6).abs() < 1e-15);
         assert!((m.op_cost_s(Piece::Attn, Phase::Forward, &c) - want).abs() < 1e-15);
+    }
+
+    #[test]
+    fn a_fused_core_runs_at_the_fitted_kernel_rate() {
+        use strata_models::plan::AttnShape;
+        let p = HardwareProfile::builtin(GpuKind::H100Sxm);
+        let a = p.compute.attention.clone().unwrap();
+        let m = ComputeModel::new(&p, Dtype::Bf16);
+        let (bh, s, d) = (8, 8192, 128);
+        let core = |fused| AttnShape { batch_heads: bh, seq_q: s, seq_k: s, head_dim: d, causal: true, fused };
+        let qkv = Gemm { m: s, n: 1280, k: 8192, batch: 1 };
+        let gemms = vec![qkv, Gemm { m: s, n: s, k: d, batch: bh }, Gemm { m: s, n: d, k: s, batch: bh }];
+        let c = ComputeCost { flops: 0, gemms, attention: Some(core(true)), mem_bytes: 0, kernels: 0 };
+        // Causal: half of 4·bh·s²·d at P·η·(s/2)/(s/2 + x_½ + x_c).
+        let x = s as f64 / 2.0;
+        let rate = 989.4e12 * a.fwd_efficiency * x / (x + a.fwd_seq_half + a.causal_seq_extra);
+        let want = m.gemm_s(&qkv) + 0.5 * 4.0 * (bh * s * s * d) as f64 / rate;
+        assert!((m.gemms_s(&c) / want - 1.0).abs() < 1e-12);
+        // Unfused, or on a profile without a kernel fit (A100), the core is its GEMMs.
+        let unfused = ComputeCost { attention: Some(core(false)), ..c.clone() };
+        let gemm_sum: f64 = c.gemms.iter().map(|g| m.gemm_s(g)).sum();
+        assert_eq!(m.gemms_s(&unfused), gemm_sum);
+        let a100 = a100();
+        assert_eq!(a100.gemms_s(&c), c.gemms.iter().map(|g| a100.gemm_s(g)).sum::<f64>());
     }
 
     #[test]

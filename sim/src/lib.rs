@@ -15,6 +15,7 @@ pub mod compute;
 pub mod engine;
 pub mod error;
 pub mod memory;
+pub mod microbench;
 pub mod mode;
 pub mod net;
 pub mod profile;

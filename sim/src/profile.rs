@@ -82,6 +82,27 @@ pub struct ComputeParams {
     /// and cost takes the measured time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ops: Vec<MeasuredOp>,
+    /// The fused attention kernel's throughput, fitted to its published benchmarks; absent,
+    /// a fused core is costed as its GEMMs (the A100 profiles, fitted without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionParams>,
+}
+
+/// Throughput of a fused (FlashAttention-style) attention kernel as a fraction of the
+/// 16-bit peak: rate = P · η · x / (x + x_½), with x the keys a query attends to on average
+/// (s, or s/2 under a causal mask, whose diagonal blocks cost `causal_seq_extra` more keys
+/// of fixed work). FLOPs are the plan's core GEMM FLOPs (4·b·a·s²·d forward, 2.5× that
+/// backward), halved under a causal mask — the convention of the kernels' benchmarks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionParams {
+    /// Which kernel's benchmarks the numbers come from, one line.
+    pub kernel: String,
+    pub fwd_efficiency: f64,
+    pub fwd_seq_half: f64,
+    pub bwd_efficiency: f64,
+    pub bwd_seq_half: f64,
+    pub causal_seq_extra: f64,
 }
 
 /// One compute op as measured (median time): its piece and phase and the cost that
@@ -374,6 +395,21 @@ impl HardwareProfile {
                 m.cuda_context_mib, m.nccl_buffer_mib, m.allocator_fragmentation
             ));
         }
+        if let Some(a) = &c.attention {
+            let frac = |v: f64| v > 0.0 && v <= 1.0;
+            let keys = |v: f64| v >= 0.0 && v.is_finite();
+            if !(frac(a.fwd_efficiency)
+                && frac(a.bwd_efficiency)
+                && keys(a.fwd_seq_half)
+                && keys(a.bwd_seq_half)
+                && keys(a.causal_seq_extra))
+            {
+                bad.push(format!(
+                    "compute.attention = {a:?}: the efficiencies are fractions of the peak in (0, 1] and the \
+                     sequence lengths not negative"
+                ));
+            }
+        }
         self.check_measured(&mut bad);
         if bad.is_empty() { Ok(()) } else { Err(bad.join("\n")) }
     }
@@ -522,7 +558,11 @@ mod tests {
         let mut p = HardwareProfile::builtin(GpuKind::A100_80gb);
         p.compute.gemm_efficiency = 1.5;
         p.overlap.dp_slowdown = 0.5;
+        let mut h100 = HardwareProfile::builtin(GpuKind::H100Sxm).compute.attention.unwrap();
+        h100.causal_seq_extra = -1.0;
+        p.compute.attention = Some(h100);
         let e = p.check().unwrap_err();
         assert!(e.contains("compute.gemm_efficiency = 1.5") && e.contains("overlap.dp_slowdown = 0.5"), "{e}");
+        assert!(e.contains("compute.attention") && e.contains("causal_seq_extra: -1.0"), "{e}");
     }
 }

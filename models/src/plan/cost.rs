@@ -9,6 +9,12 @@
 //! - `Mlp` fwd: FC1 (T × f_t·(1|2) × h), FC2 (T × h × f_t); likewise backward;
 //! - `Logits` fwd: T × V_t × h; backward likewise; the embedding lookup has no GEMM.
 //!
+//! Llama pieces: GQA narrows the K/V projections to kv_t (QKV n = h_t + 2kv_t) while the
+//! core keeps a_t query heads (K/V are shared, not copied); SwiGLU's gate and up matrices
+//! run as one GEMM of width 2f_t (Megatron-LM's fused `linear_fc1`; the same FLOPs as two);
+//! RMSNorm has a weight and no bias; RoPE reads and writes the local q and k
+//! (2·T·(h_t + kv_t)·e bytes) after the projection, and its backward rotates dq and dk.
+//!
 //! FLOPs count GEMMs only (2·m·n·k), the Megatron-LM papers' convention, so the FLOPs of a
 //! plan's compute ops summed over all ranks equal [`crate::accounting::flops::step_flops`].
 //! Element-wise work (norms, softmax, dropout, activations, residual adds, optimizer) is
@@ -44,6 +50,10 @@ struct Dims {
     e: u64,
     swiglu: bool,
     dropout: bool,
+    /// Rotary positions: q and k are rotated after the QKV projection (Llama).
+    rope: bool,
+    /// Parameters of one norm: 2h for LayerNorm (weight, bias), h for RMSNorm.
+    norm_params: u64,
 }
 
 fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
@@ -67,6 +77,8 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
         e: dtype.bytes(),
         swiglu: m.activation == Activation::Swiglu,
         dropout: crate::accounting::memory::has_dropout(m),
+        rope: !m.learned_positions(),
+        norm_params: m.norm_params(),
     }
 }
 
@@ -90,7 +102,8 @@ pub fn piece_cost(
     let rh = x.rows * x.h;
     let qkv_n = x.q_t + 2 * x.kv_t;
     let fc1_n = x.f_t * if x.swiglu { 2 } else { 1 };
-    let core = AttnShape { batch_heads: x.b * x.a_t, seq_q: x.s, seq_k: x.s, head_dim: x.d, causal: true };
+    let core =
+        AttnShape { batch_heads: x.b * x.a_t, seq_q: x.s, seq_k: x.s, head_dim: x.d, causal: true, fused: flash };
     let core_gemms = |backward: bool| {
         let bh = x.b * x.a_t;
         let g = |m, n, k| Gemm { m, n, k, batch: bh };
@@ -107,7 +120,11 @@ pub fn piece_cost(
     let scores = x.b * x.a_t * x.s * x.s;
     // Softmax reads scores and writes probabilities; dropout writes a mask and its output.
     let softmax_fwd_bytes = if flash { 0 } else { scores * (2 * x.e + mask * (1 + 2 * x.e)) };
-    let norm_bytes = 2 * rh * x.e + 2 * x.h * x.e;
+    let norm_bytes = 2 * rh * x.e + x.norm_params * x.e;
+    // RoPE reads and writes the local q and k heads (one fused kernel), forward and again
+    // for their gradients in backward; the attention recomputation starts after it.
+    let rope_bytes = if x.rope { 2 * x.tokens * (x.q_t + x.kv_t) * x.e } else { 0 };
+    let rope_kernels = u32::from(x.rope);
     match (piece, phase) {
         (Piece::Attn, Phase::Recompute) => cost(core_gemms(false), Some(core), softmax_fwd_bytes, 4),
         (Piece::Embed, Phase::Forward) => cost(vec![], None, 3 * x.tokens * x.h * x.e, 2),
@@ -122,7 +139,7 @@ pub fn piece_cost(
             let mut g = vec![gemm(x.tokens, qkv_n, x.h)];
             g.extend(core_gemms(false));
             g.push(gemm(x.tokens, x.h, x.q_t));
-            cost(g, Some(core), 2 * x.tokens * qkv_n * x.e + softmax_fwd_bytes, 7)
+            cost(g, Some(core), 2 * x.tokens * qkv_n * x.e + softmax_fwd_bytes + rope_bytes, 7 + rope_kernels)
         }
         (Piece::Attn, Phase::BackwardInput) => {
             let mut g = vec![gemm(x.tokens, x.q_t, x.h)];
@@ -130,8 +147,8 @@ pub fn piece_cost(
             g.push(gemm(x.tokens, x.h, qkv_n));
             // Softmax backward reads P and dP and writes dS; dropout backward reads its mask.
             let softmax_bwd = if flash { 0 } else { scores * (3 * x.e + mask * (1 + 2 * x.e)) };
-            let bytes = softmax_bwd + 2 * x.tokens * qkv_n * x.e;
-            cost(g, Some(core), bytes, 8)
+            let bytes = softmax_bwd + 2 * x.tokens * qkv_n * x.e + rope_bytes;
+            cost(g, Some(core), bytes, 8 + rope_kernels)
         }
         (Piece::Attn, _) => {
             let g = vec![gemm(x.h, qkv_n, x.tokens), gemm(x.q_t, x.h, x.tokens)];
@@ -173,6 +190,91 @@ pub fn optimizer_cost(params: u64, grad_bytes: u64) -> ComputeCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn llama70b_tp8() -> (ModelSpec, ParallelConfig) {
+        let m = ModelSpec::preset("llama3-70b").unwrap();
+        (m, ParallelConfig { tp: 8, micro_batch: 1, sequence_parallel: true, ..Default::default() })
+    }
+
+    #[test]
+    fn gqa_attention_matches_its_closed_form() {
+        // Llama 3 70B: h 8192, 64 query heads, 8 kv heads of d 128; tp 8, b 1, s 8192.
+        let (m, p) = llama70b_tp8();
+        let (t, s, h, d) = (8u64, 8192u64, 8192u64, 128u64);
+        let (a_t, kv_t) = (64 / t, 8 * d / t);
+        let tokens = s;
+        let c = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Attn, Phase::Forward);
+        // QKV: n = h/t + 2·kv/t = 1024 + 256, not 3h/t as without GQA.
+        assert_eq!(c.gemms[0], Gemm { m: tokens, n: h / t + 2 * kv_t, k: h, batch: 1 });
+        assert_eq!(c.gemms[0].n, 1280);
+        let core_flops = 4 * a_t * s * s * d;
+        let want = 2 * tokens * h * (h / t + 2 * kv_t) + core_flops + 2 * tokens * h * (h / t);
+        assert_eq!(c.flops, want);
+        let a = c.attention.unwrap();
+        assert_eq!((a.batch_heads, a.seq_q, a.head_dim, a.causal, a.fused), (a_t, s, d, true, true));
+        // Fused: no score traffic; QKV write + read and RoPE over q and k only.
+        let rope = 2 * tokens * (h / t + kv_t) * 2;
+        assert_eq!(c.mem_bytes, 2 * tokens * (h / t + 2 * kv_t) * 2 + rope);
+        // Backward recomputes QKᵀ inside the fused kernel: 2.5× the core's forward FLOPs.
+        let b = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Attn, Phase::BackwardInput);
+        let core_b: u64 = b.gemms.iter().filter(|g| g.batch == a_t).map(Gemm::flops).sum();
+        assert_eq!(2 * core_b, 5 * core_flops);
+        // Unfused, the scores move through memory and the plan says so.
+        let u = piece_cost(&m, &p, Dtype::Bf16, false, Piece::Attn, Phase::Forward);
+        assert!(!u.attention.unwrap().fused && u.mem_bytes > c.mem_bytes + a_t * s * s);
+    }
+
+    #[test]
+    fn swiglu_is_three_gemms_of_h_by_f() {
+        let (m, p) = llama70b_tp8();
+        let (t, s, h, f) = (8u64, 8192u64, 8192u64, 28672u64);
+        let fwd = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Mlp, Phase::Forward);
+        // gate and up fused (n = 2f/t), down (k = f/t): 3 · 2·T·h·f/t FLOPs.
+        assert_eq!(fwd.gemms, vec![gemm(s, 2 * f / t, h), gemm(s, h, f / t)]);
+        assert_eq!(fwd.flops, 3 * 2 * s * h * f / t);
+        // SiLU(gate)·up reads two f/t-wide tensors and writes one.
+        assert_eq!(fwd.mem_bytes, 3 * s * (f / t) * 2);
+        let bi = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Mlp, Phase::BackwardInput);
+        let bw = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Mlp, Phase::BackwardWeight);
+        assert_eq!(bi.flops + bw.flops, 2 * fwd.flops);
+    }
+
+    #[test]
+    fn a_128k_vocabulary_output_layer_and_loss_follow_their_shapes() {
+        // Untied output layer of Llama 3 (V = 128,256), vocab-parallel over tp 8.
+        let (m, p) = llama70b_tp8();
+        let (t, s, h) = (8u64, 8192u64, 8192u64);
+        let v_t = 128_256u64.div_ceil(t);
+        let f = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Logits, Phase::Forward);
+        assert_eq!(f.gemms, vec![gemm(s, v_t, h)]);
+        assert_eq!(f.flops, 2 * s * v_t * h);
+        // fp32 logits written and read by the loss: 8 bytes per local logit.
+        assert_eq!(f.mem_bytes, 2 * s * v_t * 4);
+        let bi = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Logits, Phase::BackwardInput);
+        assert_eq!((bi.gemms[0], bi.mem_bytes), (gemm(s, h, v_t), s * v_t * (4 + 2)));
+        let bw = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Logits, Phase::BackwardWeight);
+        assert_eq!(bw.gemms, vec![gemm(v_t, h, s)]);
+        // The loss itself moves per-token scalars (max, sum, target logit) across tp ranks.
+        let l = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Loss, Phase::Forward);
+        assert_eq!((l.flops, l.mem_bytes), (0, s * 3 * 4 * t));
+        // The output layer is the largest GEMM of the stage: V_t·h > 3·(h·f/t) / 2 here.
+        assert!(f.flops > piece_cost(&m, &p, Dtype::Bf16, true, Piece::Mlp, Phase::Forward).flops / 2);
+    }
+
+    #[test]
+    fn rope_and_rmsnorm_are_llama_only() {
+        let (llama, p) = llama70b_tp8();
+        let mut gpt = ModelSpec::preset("gpt3-175b").unwrap();
+        gpt.seq_len = 2048;
+        let rows = 8192 / 8;
+        let n = piece_cost(&llama, &p, Dtype::Bf16, true, Piece::AttnIn, Phase::Forward);
+        assert_eq!(n.mem_bytes, 2 * rows * 8192 * 2 + 8192 * 2, "RMSNorm: weight, no bias");
+        let g = piece_cost(&gpt, &p, Dtype::Bf16, true, Piece::AttnIn, Phase::Forward);
+        assert_eq!(g.mem_bytes, 2 * (2048 / 8) * 12288 * 2 + 2 * 12288 * 2, "LayerNorm: weight and bias");
+        // GPT: no RoPE bytes or kernel in the attention piece.
+        let a = piece_cost(&gpt, &p, Dtype::Bf16, true, Piece::Attn, Phase::Forward);
+        assert_eq!((a.mem_bytes, a.kernels), (2 * 2048 * (3 * 12288 / 8) * 2, 7));
+    }
 
     #[test]
     fn layer_gemm_flops_match_the_accounting() {

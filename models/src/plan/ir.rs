@@ -155,7 +155,10 @@ impl Gemm {
 /// The attention core of one piece: softmax(Q·Kᵀ/√d)·V over `batch_heads` independent
 /// (seq_q × seq_k) problems. Informational: its GEMMs are in `ComputeCost::gemms` and the
 /// bytes of its softmax, masking and dropout in `ComputeCost::mem_bytes`, so a cost model
-/// that uses only those counts everything once.
+/// that uses only those counts everything once. With `fused` (FlashAttention-style kernels)
+/// the core runs as one kernel that never stores the scores; a hardware profile with a
+/// fitted attention kernel then costs it from this shape instead of from the GEMMs
+/// (sim/src/compute.rs). Absent in plan files written before the flag (read as unfused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttnShape {
     pub batch_heads: u64,
@@ -163,6 +166,8 @@ pub struct AttnShape {
     pub seq_k: u64,
     pub head_dim: u64,
     pub causal: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused: bool,
 }
 
 /// What a compute op costs, in hardware-independent terms.
