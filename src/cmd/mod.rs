@@ -5,6 +5,7 @@ pub mod collbench;
 pub mod compare;
 pub mod export;
 pub mod inspect;
+pub mod jobs;
 pub mod main_job;
 pub mod plan;
 pub mod presets;
