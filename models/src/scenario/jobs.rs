@@ -66,13 +66,13 @@ pub enum JobsError {
     #[error("{origin}: job {job}: {message}")]
     Job { origin: String, job: String, message: String },
     #[error("{origin}: job {job}, placed on {nodes} nodes (its cluster): {source}")]
-    Scenario { origin: String, job: String, nodes: usize, source: ScenarioError },
+    Scenario { origin: String, job: String, nodes: usize, source: Box<ScenarioError> },
     #[error("{0}")]
-    Cluster(ScenarioError),
+    Cluster(Box<ScenarioError>),
     #[error("bad override --set {spec}: unknown job \"{name}\"; the jobs are {known}")]
     UnknownJob { spec: String, name: String, known: String },
     #[error(transparent)]
-    Override(ScenarioError),
+    Override(Box<ScenarioError>),
 }
 
 /// Whether TOML text is a multi-job file (it has `[[job]]` tables) rather than a scenario.
@@ -196,23 +196,25 @@ fn job_name(t: &toml::Table, index: usize, origin: &str) -> Result<String, JobsE
 /// Applies one `--set`: `job.NAME.KEY=V` to a job, anything else to the file.
 fn apply(doc: &mut toml::Table, jobs: &mut [toml::Table], names: &[String], spec: &str) -> Result<(), JobsError> {
     let Some(rest) = spec.trim_start().strip_prefix("job.") else {
-        return apply_override(doc, spec).map_err(JobsError::Override);
+        return apply_override(doc, spec).map_err(|e| JobsError::Override(Box::new(e)));
     };
     let (name, key) = rest.split_once('.').unwrap_or((rest, ""));
     let Some(i) = names.iter().position(|n| n == name) else {
         return Err(JobsError::UnknownJob { spec: short(spec), name: short(name), known: names.join(", ") });
     };
-    apply_override(&mut jobs[i], key).map_err(JobsError::Override)
+    apply_override(&mut jobs[i], key).map_err(|e| JobsError::Override(Box::new(e)))
 }
 
 fn shared_cluster(table: &toml::Table, origin: &str) -> Result<ClusterSpec, JobsError> {
     use serde::Deserialize;
     let origin = format!("{origin} [cluster]");
     let raw = RawCluster::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
-        JobsError::Cluster(ScenarioError::Parse { origin: origin.clone(), message: short(&e.to_string()) })
+        JobsError::Cluster(Box::new(ScenarioError::Parse { origin: origin.clone(), message: short(&e.to_string()) }))
     })?;
-    let cluster = resolve_cluster(raw, &origin).map_err(JobsError::Cluster)?;
-    cluster.check().map_err(|message| JobsError::Cluster(ScenarioError::Invalid { origin, message, config: None }))?;
+    let cluster = resolve_cluster(raw, &origin).map_err(|e| JobsError::Cluster(Box::new(e)))?;
+    cluster
+        .check()
+        .map_err(|message| JobsError::Cluster(Box::new(ScenarioError::Invalid { origin, message, config: None })))?;
     Ok(cluster)
 }
 
@@ -272,7 +274,7 @@ fn job(
     doc.insert("name".into(), toml::Value::String(name.clone()));
     let text = toml::to_string(&doc).map_err(|e| bad(format!("cannot assemble its scenario: {e}")))?;
     let scenario = Scenario::from_toml(&text, &format!("of job {name}"), &name, &[]).map_err(|source| {
-        JobsError::Scenario { origin: origin.into(), job: name.clone(), nodes: nodes.len(), source }
+        JobsError::Scenario { origin: origin.into(), job: name.clone(), nodes: nodes.len(), source: Box::new(source) }
     })?;
     Ok(Job { name, nodes, scenario, note })
 }
