@@ -79,6 +79,10 @@ pub const MAX_STEPS: u64 = 10_000_000;
 pub const MAX_LAYER_PASSES: u64 = 1 << 16;
 /// Valid candidates one search keeps (the rest are counted under `search-budget`).
 pub const MAX_SEARCH_CANDIDATES: u64 = 1 << 18;
+/// `[[job]]` tables in one multi-job file (`scenario::jobs`).
+pub const MAX_JOBS: usize = 64;
+/// Characters of a job's name.
+pub const MAX_JOB_NAME: usize = 64;
 
 /// Collects "key = value is over the limit of max" lines.
 #[derive(Default)]

@@ -569,6 +569,8 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
 }
 
 mod input;
+pub mod jobs;
+mod placement;
 mod search_base;
 
 use input::{apply_override, missing, missing_hint, short, unknown_preset};

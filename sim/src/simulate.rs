@@ -238,7 +238,13 @@ pub fn simulate_timed(
     Ok(SimReport { mode_note, ..report })
 }
 
-fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {
+pub(crate) fn report(
+    plan: &Plan,
+    options: &SimOptions,
+    profile: &HardwareProfile,
+    network: &str,
+    out: Outcome,
+) -> SimReport {
     let s = &plan.scenario;
     let g = plan.grid;
     let gpus = g.ranks() as u64;

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod export;
 pub mod gpu;
 pub mod inspect;
+pub mod jobs;
 pub mod kernels;
 pub mod main_job;
 pub mod plan;

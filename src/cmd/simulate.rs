@@ -45,6 +45,9 @@ impl SimArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  strata simulate scenarios/gpt3-175b-1024xa100.toml\n  strata simulate scenarios/llama3-70b-256xh100.toml --full --trace out/llama.json\n  strata simulate scenarios/two-jobs-fat-tree.toml\n  strata simulate scenarios/two-jobs-fat-tree.toml --set cluster.routing=adaptive --set 'job.a.nodes=\"0-7\"' --set 'job.b.nodes=\"8-15\"'\n\nA multi-job file (one with [[job]] tables, each a scenario placed on nodes of the file's shared [cluster]) runs every job at once on one fabric in full mode, then each alone on the same nodes, and reports each job's step time alone and together and its slowdown. --set reaches the shared cluster as cluster.KEY=VALUE and a job as job.NAME.KEY=VALUE."
+)]
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
@@ -69,6 +72,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.scenario.scenario
+        && super::jobs::is_jobs_file(path)
+    {
+        return super::jobs::run(&args, path);
+    }
     let s = args.scenario.load()?;
     let plan = plan::lower(&s)?;
     let seed = args.sim.seed.unwrap_or(s.training.seed);

@@ -56,8 +56,11 @@ use crate::memory::Timeline;
 use crate::net::{CommKind, CommRequest, Network};
 use crate::program::{OpInfo, ProgramTable};
 
+mod jobs;
 mod rendezvous;
 mod thread;
+
+pub use jobs::{JobRun, SharedNetwork, run_jobs};
 
 use thread::Task;
 
@@ -222,23 +225,7 @@ pub fn run(
     let mode = if plan.rank_programs.is_empty() { cfg.mode } else { Mode::Full };
     let mut e = Engine::new(plan, tables, &table_program, EngineConfig { mode, ..cfg }, net)?;
     e.execute()?;
-    let mut actors = Vec::with_capacity(e.actors.len());
-    let mut makespan_ns = 0;
-    for a in e.actors.drain(..) {
-        let finish_ns = a.end_ns.iter().copied().max().unwrap_or(0);
-        makespan_ns = makespan_ns.max(finish_ns);
-        actors.push(ActorRun {
-            rank: a.rank,
-            stage: a.stage,
-            table: a.table as usize,
-            start_ns: a.start_ns,
-            end_ns: a.end_ns,
-            xfer_ns: a.xfer_ns,
-            finish_ns,
-            memory: a.memory,
-        });
-    }
-    Ok(Outcome { tables: std::mem::take(&mut e.tables), table_program, actors, makespan_ns, events: e.events, mode })
+    Ok(e.outcome(table_program))
 }
 
 impl<'a> Engine<'a> {
@@ -361,23 +348,8 @@ impl<'a> Engine<'a> {
     fn network_step(&mut self, t: u64) {
         debug_assert!(t >= self.now, "network completion at {t} before now {}", self.now);
         self.now = self.now.max(t);
-        for id in self.net.advance(t) {
-            self.events += 1;
-            let rec = self.comms.get_mut(id as usize).map(|r| std::mem::replace(r, CommRec::Empty));
-            match rec {
-                Some(CommRec::One { class, actor, op, finish_ns }) => self.transfer_done(actor, op, class, finish_ns),
-                Some(CommRec::Many { class, members, finish_ns }) => {
-                    for (a, op) in members {
-                        self.transfer_done(a, op, class, finish_ns);
-                    }
-                }
-                Some(CommRec::P2p { send, recv, finish_ns }) => {
-                    self.transfer_done(send.0, send.1, 2, 0);
-                    self.transfer_done(recv.0, recv.1, 2, finish_ns);
-                }
-                Some(CommRec::Empty) | None => debug_assert!(false, "unknown communication {id}"),
-            }
-        }
+        let done = self.net.advance(t);
+        self.deliver(done);
     }
 
     fn timer(&mut self, actor: u32, epoch: u32) {
