@@ -76,7 +76,11 @@ fn a_rank_killed_at_step_7_restarts_from_step_5_bit_for_bit() {
     // stopped before it took the last loss reports of step 6 (or 5): the stop races them.
     let done = a[0]["steps_done"].as_u64().unwrap();
     assert!(a[0]["start_step"] == 0 && (5..=7).contains(&done), "{a:?}");
-    assert_eq!(a[0]["steps_lost"].as_u64(), Some(done - 5), "the steps past the step-5 checkpoint are recomputed: {a:?}");
+    assert_eq!(
+        a[0]["steps_lost"].as_u64(),
+        Some(done - 5),
+        "the steps past the step-5 checkpoint are recomputed: {a:?}"
+    );
     assert_eq!(a[0]["failure"]["rank"].as_u64(), Some(3), "{a:?}");
     assert_eq!(a[0]["failure"]["cause"], "killed", "{a:?}");
     assert_eq!(a[0]["injected"][0], "kill:rank=3,step=7");

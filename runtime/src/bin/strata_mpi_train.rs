@@ -268,7 +268,7 @@ fn main() -> ExitCode {
             Some(d) if a.resume => checkpoint::latest(d).map_or(0, |(_, m)| m.step),
             _ => 0,
         };
-        inject::check(&a.inject, size as u32, start, a.steps.unwrap_or(s.training.steps)).map_err(|e| e.to_string())?;
+        inject::check(&a.inject, size, start, a.steps.unwrap_or(s.training.steps)).map_err(|e| e.to_string())?;
         let (corpus, data) = match &a.data {
             Some(path) => {
                 let c = Corpus::from_text_file(path, s.model.seq_len as usize).map_err(|e| e.to_string())?;

@@ -35,8 +35,8 @@ use crate::checkpoint::{self, CheckpointError, Start};
 use crate::data::Corpus;
 use crate::train::{Progress, StepRecord, TrainError, TrainOptions, TrainResult, train_threads};
 pub use inject::{InjectError, Injection};
-pub use record::{Attempt, Failure, Goodput};
 use record::total;
+pub use record::{Attempt, Failure, Goodput};
 
 /// The most restarts `--restarts N` takes.
 pub const MAX_RESTARTS: u32 = 1000;
