@@ -10,13 +10,17 @@
 #    uninterrupted job's losses bit for bit;
 # 4. a fresh job into a used checkpoint directory exits 2 naming --resume/--overwrite;
 #    --overwrite starts afresh; a resume removes a partial step directory;
-# 5. a rank that panics ends the 4-process job with an error naming it within 30 s.
+# 5. a job whose rank 2 is killed at step 5, under strata-mpi-restart --restarts 1, is
+#    relaunched from the step-3 checkpoint and gives the uninterrupted job's losses bit
+#    for bit;
+# 6. a rank that panics ends the 4-process job with an error naming it within 30 s.
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 cargo test --release -p strata-runtime --features mpi --lib comm::mpi
-cargo build --release -p strata-runtime --features mpi --bin strata-mpi-train
+cargo build --release -p strata-runtime --features mpi --bin strata-mpi-train --bin strata-mpi-restart
 BIN=target/release/strata-mpi-train
+RESTART=target/release/strata-mpi-restart
 S=scenarios/tiny-gpt-cpu.toml
 FOUR=(--set cluster.gpus_per_node=4 --set training.dtype=fp32)
 
@@ -64,6 +68,26 @@ if [ "$(ls "$T/ck")" != "step-000002" ]; then
   echo "FAILED: --overwrite must leave only the new run's checkpoint"
   exit 1
 fi
+
+echo "== MPI restart: rank 2 killed at step 5, relaunched from the step-3 checkpoint"
+mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 8 --out "$T/whole8" >/dev/null
+set +e
+out=$(timeout 300 "$RESTART" --restarts 1 -- mpirun -np 4 "$BIN" "$S" "${FOUR[@]}" --set parallel.dp=1 --steps 8 \
+  --checkpoint-dir "$T/rck" --checkpoint-every 3 --inject kill:rank=2,step=5 --timeout 10 --out "$T/restarted" 2>&1)
+status=$?
+set -e
+# The wrapper's lines are its own writes, but mpirun's output may split them: grep each part.
+if [ "$status" -ne 0 ] || ! grep -q "attempt 0 exited with status" <<<"$out" || ! grep -q "restart 1 of 1" <<<"$out" \
+  || ! grep -q "done after 1 restart" <<<"$out"; then
+  echo "$out"
+  echo "FAILED: the killed MPI job must be relaunched once and finish (exit $status)"
+  exit 1
+fi
+# The relaunched attempt ran steps 3..7: they must equal the uninterrupted job's, all digits.
+if ! diff <(tail -n +5 "$T/whole8/loss.csv" | cut -d, -f1,2) <(tail -n +2 "$T/restarted/loss.csv" | cut -d, -f1,2); then
+  echo "FAILED: the relaunched MPI job's losses differ from the uninterrupted job's"
+  exit 1
+fi
 rm -rf "$T"
 
 echo "== MPI failure: rank 2 panics at step 1"
@@ -82,4 +106,4 @@ if ! grep -q "error on rank 0: rank 2 (TP(2)-PP(2)-DP(1)-rank(2)) failed" <<<"$o
   echo "FAILED: rank 0 did not name rank 2"
   exit 1
 fi
-echo "MPI checks: 6 passed, 0 failed"
+echo "MPI checks: 7 passed, 0 failed"

@@ -174,7 +174,7 @@ pub fn run(c: &BenchConfig, mut report: impl FnMut(&BenchRow)) -> Result<Vec<Ben
             data_name: data,
             checkpoint: None,
             exec: ExecConfig { recv_timeout: Duration::from_secs(600), trace_step: None },
-            fault: None,
+            faults: Vec::new(),
         };
         let result = train_threads(Arc::new(plan), Arc::new(corpus), &opts, None).map_err(|e| e.to_string())?;
         // The first step warms caches and allocations; the faster of the next two is the

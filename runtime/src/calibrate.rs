@@ -192,7 +192,7 @@ pub fn time_jobs(scenarios: &[Scenario], cores: u32, steps: u32) -> Result<JobSa
             data_name: "calibration".into(),
             checkpoint: None,
             exec: ExecConfig { recv_timeout: Duration::from_secs(600), trace_step: steps.checked_sub(1) },
-            fault: None,
+            faults: Vec::new(),
         };
         let jobs: Vec<_> = (0..copies)
             .map(|_| {

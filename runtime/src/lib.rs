@@ -20,6 +20,8 @@
 //! - [`train`]: a whole job — [`train::train_threads`] (ranks as threads) or
 //!   [`train::run_rank`] per MPI process — returning the loss curve, the measured trace
 //!   and peak memory per rank ([`train::TrainResult`]);
+//! - [`supervise`]: a run that survives a dead rank — restarts every rank from the last
+//!   complete checkpoint, injected faults (`kill:`, `hang:`, `slow:`), measured goodput;
 //! - [`checkpoint`]: per-rank shards with a manifest, atomic writes, bit-identical resume;
 //! - [`bench`](mod@bench): the training-speed benchmark against the GEMM kernel's own rate;
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
@@ -33,7 +35,7 @@
 //! let plan = Arc::new(strata_models::plan::lower(&scenario)?);
 //! let (corpus, name, _entropy) = train::synthetic_corpus(scenario.model.vocab, scenario.training.seed)?;
 //! let opts = TrainOptions { steps, data_name: name, checkpoint: None,
-//!                           exec: ExecConfig { trace_step: Some(steps - 1), ..Default::default() }, fault: None };
+//!                           exec: ExecConfig { trace_step: Some(steps - 1), ..Default::default() }, faults: vec![] };
 //! let r = train::train_threads(plan, Arc::new(corpus), &opts, None)?;
 //! r.losses();   r.trace /* Option<strata_models::trace::Trace>, source Measured */;   r.memory /* per rank */
 //! ```
@@ -97,6 +99,7 @@ pub mod optim;
 pub mod params;
 pub mod reference;
 pub mod shard;
+pub mod supervise;
 pub mod tensor;
 pub mod train;
 

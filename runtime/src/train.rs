@@ -50,8 +50,8 @@ pub struct CheckpointOptions {
     pub keep: usize,
 }
 
-/// Faults a test injects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Faults a test or `strata train --inject` injects (see [`crate::supervise::inject`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Fault {
     /// Rank `rank` panics at the start of step `step`.
     Panic { rank: u32, step: u32 },
@@ -61,6 +61,8 @@ pub enum Fault {
     Exit { rank: u32, step: u32 },
     /// Rank `rank`'s checkpoint write after step `step` is killed halfway.
     KillCheckpointWrite { rank: u32, step: u32 },
+    /// Rank `rank` computes `factor` (≥ 1) times slower all run ([`RankExec::slow_compute`]).
+    Slow { rank: u32, factor: f64 },
 }
 
 /// Everything about a run that is not in the scenario.
@@ -72,7 +74,8 @@ pub struct TrainOptions {
     pub data_name: String,
     pub checkpoint: Option<CheckpointOptions>,
     pub exec: ExecConfig,
-    pub fault: Option<Fault>,
+    /// Injected faults (none in a real run).
+    pub faults: Vec<Fault>,
 }
 
 /// One step as rank 0 saw it.
@@ -241,6 +244,13 @@ pub fn run_rank(
 ) -> Result<Option<TrainResult>, TrainError> {
     let rank = comm.rank();
     let mut exec = RankExec::new(plan.clone(), rank, Mailbox::new(comm), corpus, opts.exec.clone())?;
+    for f in &opts.faults {
+        if let Fault::Slow { rank: r, factor } = *f
+            && r == rank
+        {
+            exec.slow_compute(factor);
+        }
+    }
     let run = std::panic::AssertUnwindSafe(|| run_steps(&mut exec, &plan, opts, progress));
     let out = std::panic::catch_unwind(run)
         .unwrap_or_else(|panic| Err(rank_failed(&plan, rank, format!("panicked: {}", panic_text(panic.as_ref())))));
@@ -284,22 +294,24 @@ fn run_steps(
     let (mut spans, mut samples, mut cpu) = (Vec::new(), Vec::new(), None);
     let err = |e: ExecError| from_exec(plan, rank, e);
     for step in start_step..opts.steps {
-        match opts.fault {
-            Some(Fault::Panic { rank: r, step: k }) if r == rank && k == step => {
-                panic!("injected fault: rank {rank} panics at step {step}")
-            }
-            Some(Fault::Exit { rank: r, step: k }) if r == rank && k == step => {
-                return Err(TrainError::RankExited { rank });
-            }
-            Some(Fault::Silent { rank: r, step: k }) if r == rank && k == step => {
-                // Say nothing until the job is over (the others notice by their timeouts).
-                loop {
-                    if let Err(e) = exec.mailbox.poll(POLL) {
-                        return Err(err(e.into()));
+        for f in &opts.faults {
+            match *f {
+                Fault::Panic { rank: r, step: k } if r == rank && k == step => {
+                    panic!("injected fault: rank {rank} panics at step {step}")
+                }
+                Fault::Exit { rank: r, step: k } if r == rank && k == step => {
+                    return Err(TrainError::RankExited { rank });
+                }
+                Fault::Silent { rank: r, step: k } if r == rank && k == step => {
+                    // Say nothing until the job is over (the others notice by their timeouts).
+                    loop {
+                        if let Err(e) = exec.mailbox.poll(POLL) {
+                            return Err(err(e.into()));
+                        }
                     }
                 }
+                _ => {}
             }
-            _ => {}
         }
         let t0 = Instant::now();
         let report = exec.step(step).map_err(err)?;
@@ -388,7 +400,7 @@ fn checkpoint_step(
     timeout: Duration,
 ) -> Result<(), TrainError> {
     let rank = exec.rank();
-    let kill = opts.fault == Some(Fault::KillCheckpointWrite { rank, step: done_steps - 1 });
+    let kill = opts.faults.contains(&Fault::KillCheckpointWrite { rank, step: done_steps - 1 });
     let entry = checkpoint::write_shard(exec, &ck.dir, done_steps, kill)?;
     let tag = Tag::Control { step: done_steps, what: SHARD };
     let err = |e: ExecError| from_exec(plan, rank, e);

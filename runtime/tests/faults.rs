@@ -13,7 +13,7 @@ const BOUND: Duration = Duration::from_secs(30);
 
 fn run_with(fault: Fault, timeout_s: u64) -> (TrainError, Duration) {
     let mut opts = common::options(4);
-    opts.fault = Some(fault);
+    opts.faults = vec![fault];
     opts.exec.recv_timeout = Duration::from_secs(timeout_s);
     let t = Instant::now();
     let e = common::train(SPLIT, &opts).expect_err("the job must fail");

@@ -57,7 +57,7 @@ fn a_checkpoint_write_killed_midway_leaves_the_previous_one_loadable() {
     let d = dir("killed");
     // Checkpoints after steps 2 and 4; rank 3's write after step 4 dies halfway.
     let mut opts = with_ckpt(6, &d, 2, false);
-    opts.fault = Some(Fault::KillCheckpointWrite { rank: 3, step: 3 });
+    opts.faults = vec![Fault::KillCheckpointWrite { rank: 3, step: 3 }];
     let e = common::train(SPLIT, &opts).unwrap_err().to_string();
     assert!(e.contains("rank 3") && e.contains("killed midway"), "{e}");
     assert!(d.join("step-000004/rank-00003.tmp").exists(), "the torn write is left behind");

@@ -404,7 +404,7 @@ fn measure_run(s: &Scenario, cfg: &LoopConfig, corpus: Arc<Corpus>, plan: &Plan)
         data_name: "synthetic".into(),
         checkpoint: None,
         exec: ExecConfig { recv_timeout: Duration::from_secs(300), trace_step: Some(steps - 1) },
-        fault: None,
+        faults: Vec::new(),
     };
     let r = train_threads(Arc::new(plan.clone()), corpus, &opts, None)
         .map_err(|e| RunFailure(format!("training {}: {e}", s.name)))?;

@@ -7,9 +7,15 @@
 //! loss any model can reach) is printed, or the bytes of `--data FILE`.
 //!
 //! On a CPU cluster `--ranks N` sizes the local cluster to N ranks ([`size_cluster`]).
+//! The ranks run under the supervisor (`strata_runtime::supervise`): with `--restarts N` a
+//! failed attempt is restarted from the last complete checkpoint, up to N times, and
+//! `--inject` injects faults (`kill:`, `hang:`, `slow:`) to prove it. Every run reports
+//! its attempts and its measured goodput.
+//!
 //! Exit codes: 2 for bad input (a scenario, a checkpoint that cannot be used, a refused
-//! checkpoint directory or changed setting), 1 for a run that failed (a rank died, the
-//! loss or a gradient became NaN or infinite, a write failed).
+//! checkpoint directory or changed setting, an `--inject` that does not fit the job), 1 for
+//! a run that failed (a rank died with no restarts left, the loss or a gradient became NaN
+//! or infinite, a write failed).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -24,14 +30,19 @@ use strata_models::scenario::Dtype;
 use strata_runtime::checkpoint;
 use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
+use strata_runtime::supervise::{
+    Attempt, Goodput, Injection, SuperviseError, SuperviseOptions, SupervisedRun, train_supervised,
+};
 use strata_runtime::train::{
-    CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, synthetic_corpus, train_threads,
-    write_outputs,
+    CheckpointOptions, RankMemory, StepRecord, TrainError, TrainOptions, TrainResult, synthetic_corpus, write_outputs,
 };
 
 use crate::common::{self, RunFailure, ScenarioArgs};
 
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  strata train scenarios/tiny-gpt-cpu.toml --ranks 8 --out out/train\n  strata train scenarios/tiny-gpt-cpu.toml --steps 20 --checkpoint-dir ck --checkpoint-every 5\n  strata train scenarios/tiny-gpt-cpu.toml --steps 40 --checkpoint-dir ck --resume\n  strata train scenarios/tiny-gpt-cpu.toml --steps 12 --checkpoint-dir ck --checkpoint-every 5 --restarts 2 --inject kill:rank=3,step=7 --timeout 2\n  strata train scenarios/tiny-gpt-cpu.toml --steps 4 --inject slow:rank=1,factor=2 --out out/slow\n\nA run under --restarts N survives a dead rank: the failure is named (the rank and why: killed, panic, stall past --timeout), partial checkpoint directories are removed, and every rank restarts from the newest complete checkpoint (verified first), up to N times; the loss curve equals the uninterrupted run's bit for bit. Every run prints its measured goodput: the time in steps that count over the wall time."
+)]
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
@@ -80,6 +91,21 @@ pub struct Args {
     /// Stop the job when no rank made progress for this many seconds (a dead peer).
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
+    /// Restart a failed attempt up to N times, every rank from the newest complete
+    /// checkpoint (from step 0 when none was written yet). Needs --checkpoint-dir: without
+    /// one, the run refuses to start rather than redo every step after each failure (set
+    /// --checkpoint-every K so that a failure loses at most K steps). A divergence, a bad
+    /// setup or an unusable checkpoint is not restarted: it would recur.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub restarts: u32,
+    /// Inject a fault (repeatable): kill:rank=R,step=S (rank R vanishes at the start of
+    /// step S, as a killed process does), hang:rank=R,step=S (it stops talking; noticed
+    /// after --timeout), slow:rank=R,factor=F (its compute is F times slower, 1 ≤ F ≤ 100:
+    /// it sleeps (F − 1) × each compute op's duration, and its partners wait). A kill or
+    /// hang fires in the first attempt only (one per run); a slow rank stays slow after a
+    /// restart.
+    #[arg(long, value_name = "SPEC")]
+    pub inject: Vec<String>,
     /// Print the result as JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -94,6 +120,15 @@ struct Report<'a> {
     start_step: u32,
     steps: &'a [StepRecord],
     memory: &'a [RankMemory],
+    attempts: &'a [Attempt],
+    goodput: &'a Goodput,
+}
+
+/// `supervisor.json` in --out: every attempt and the goodput.
+#[derive(Serialize)]
+struct Supervision<'a> {
+    attempts: &'a [Attempt],
+    goodput: &'a Goodput,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -127,6 +162,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.training.dtype = Dtype::Fp32;
     }
     let steps = args.steps.unwrap_or(s.training.steps);
+    let inject = args.inject.iter().map(|i| Injection::parse(i)).collect::<Result<Vec<_>, _>>()?;
+    let sup = SuperviseOptions { restarts: args.restarts, inject };
     let plan = lower(&s)?;
     verify(&plan).context("the plan of this scenario does not verify")?;
     let seq = s.model.seq_len as usize;
@@ -162,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             allow_changed: args.allow_changed.clone(),
         }),
         exec: ExecConfig { recv_timeout: Duration::from_secs(args.timeout.max(1)), trace_step: steps.checked_sub(1) },
-        fault: None,
+        faults: Vec::new(),
     };
     let bar = progress_bar(steps as u64, args.json);
     let (cb_bar, quiet) = (bar.clone(), args.json);
@@ -174,27 +211,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     let plan = Arc::new(plan);
-    let result = train_threads(plan.clone(), Arc::new(corpus), &opts, Some(progress));
+    let log_bar = bar.clone();
+    let mut log = move |line: &str| log_bar.suspend(|| eprintln!("supervisor: {line}"));
+    let run = train_supervised(plan.clone(), Arc::new(corpus), &opts, &sup, Some(progress), &mut log);
     bar.finish_and_clear();
-    let result = result.map_err(|e| match e {
-        TrainError::RankFailed { .. } | TrainError::RankExited { .. } => anyhow::Error::new(RunFailure(e.to_string())),
-        TrainError::Diverged { .. } => {
-            let last = match args.checkpoint_dir.as_deref().map(checkpoint::latest) {
-                Some(Ok((p, _))) => format!("; the last good checkpoint is {}", p.display()),
-                Some(Err(_)) => "; no checkpoint was written before it".to_string(),
-                None => String::new(),
-            };
-            anyhow::Error::new(RunFailure(format!("{e}{last}")))
-        }
-        TrainError::Checkpoint(c) if c.is_io() => anyhow::Error::new(RunFailure(c.to_string())),
-        other => anyhow::Error::new(other),
-    })?;
+    let SupervisedRun { result, attempts, goodput } = run.map_err(|e| failure(e, args.checkpoint_dir.as_deref()))?;
     if let Some(dir) = &args.out {
         write_outputs(dir, &plan, &result)
             .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
         if let Some(trace) = &result.trace {
             common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(&plan, trace))?;
         }
+        let sup = Supervision { attempts: &attempts, goodput: &goodput };
+        common::write_file(&dir.join("supervisor.json"), serde_json::to_string_pretty(&sup)?)?;
     }
     let report = Report {
         scenario: &s.name,
@@ -204,12 +233,67 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         start_step: result.start_step,
         steps: &result.steps,
         memory: &result.memory,
+        attempts: &attempts,
+        goodput: &goodput,
     };
     if args.json {
         return common::print_json(&report);
     }
     summary(&result, args.out.as_deref());
+    attempts_summary(&attempts, &goodput);
     Ok(())
+}
+
+/// The exit status of a run that did not finish: 1 for a run that failed, 2 for bad input.
+fn failure(e: SuperviseError, checkpoint_dir: Option<&Path>) -> anyhow::Error {
+    let (e, gave_up) = match e {
+        SuperviseError::Failed { error, attempts, restarts } => {
+            let gave_up = if attempts.len() as u32 > restarts && restarts > 0 {
+                format!("; gave up after {restarts} restart(s)")
+            } else {
+                String::new()
+            };
+            (error, gave_up)
+        }
+        other => return anyhow::Error::new(other),
+    };
+    match e {
+        TrainError::RankFailed { .. } | TrainError::RankExited { .. } => {
+            anyhow::Error::new(RunFailure(format!("{e}{gave_up}")))
+        }
+        TrainError::Diverged { .. } => {
+            let last = match checkpoint_dir.map(checkpoint::latest) {
+                Some(Ok((p, _))) => format!("; the last good checkpoint is {}", p.display()),
+                Some(Err(_)) => "; no checkpoint was written before it".to_string(),
+                None => String::new(),
+            };
+            anyhow::Error::new(RunFailure(format!("{e}{last}")))
+        }
+        TrainError::Checkpoint(c) if c.is_io() => anyhow::Error::new(RunFailure(format!("{c}{gave_up}"))),
+        other => anyhow::Error::new(other),
+    }
+}
+
+fn attempts_summary(attempts: &[Attempt], goodput: &Goodput) {
+    if attempts.len() > 1 {
+        println!("Attempts:");
+        for a in attempts {
+            let why = a.failure.as_ref().map_or("completed".to_string(), |f| {
+                let rank = f.rank.map_or(String::new(), |r| format!(" (rank {r})"));
+                format!("failed: {}{rank}", f.cause)
+            });
+            println!(
+                "  attempt {}: steps {}..{} in {:.2} s, {why}; {} step(s) lost{}",
+                a.attempt,
+                a.start_step,
+                a.start_step + a.steps_done,
+                a.seconds,
+                a.steps_lost,
+                a.restart_seconds.map_or(String::new(), |r| format!(", {r:.2} s to restart"))
+            );
+        }
+    }
+    println!("{}", goodput.line());
 }
 
 fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {

@@ -4,8 +4,13 @@
 //! mpirun -np 4 strata-mpi-train SCENARIO [--set KEY=VALUE]… [--steps K] [--timeout S]
 //!        [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K]
 //!        [--resume [--allow-changed KEY]… | --overwrite]] [--out DIR]
-//!        [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]
+//!        [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP] [--inject SPEC]…
 //! ```
+//!
+//! `--inject` takes the specs of `strata train --inject` (`kill:rank=R,step=S`: that
+//! process exits at the start of step S without a word, as a killed one does, and the
+//! launcher ends the job; `hang:…`; `slow:…`). `strata-mpi-restart` relaunches a failed
+//! job from its checkpoint.
 //!
 //! `--data`, the checkpoint flags and `--out` mean what they mean for `strata train`; across
 //! hosts, the checkpoint directory must be shared (every rank writes its own shard, rank 0
@@ -37,8 +42,10 @@ use strata_runtime::comm::Communicator;
 use strata_runtime::comm::mpi::{MpiComm, init};
 use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
+use strata_runtime::supervise::inject::{self, Injection};
 use strata_runtime::train::{
-    CheckpointOptions, Fault, StepRecord, TrainOptions, run_rank, synthetic_corpus, train_threads, write_outputs,
+    CheckpointOptions, Fault, StepRecord, TrainError, TrainOptions, run_rank, synthetic_corpus, train_threads,
+    write_outputs,
 };
 
 struct Args {
@@ -50,6 +57,7 @@ struct Args {
     check_threads: bool,
     /// Fault injection: (rank, step) that panics.
     panic_at: Option<(u32, u32)>,
+    inject: Vec<Injection>,
     data: Option<PathBuf>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: u32,
@@ -59,7 +67,7 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume [--allow-changed KEY]... | --overwrite]] [--out DIR] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP]";
+const USAGE: &str = "usage: mpirun -np N strata-mpi-train SCENARIO [--set KEY=VALUE]... [--steps K] [--timeout SECONDS] [--data FILE] [--checkpoint-dir DIR [--checkpoint-every K] [--resume [--allow-changed KEY]... | --overwrite]] [--out DIR] [--check-single TOL] [--check-threads] [--inject-panic RANK:STEP] [--inject SPEC]...";
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -71,6 +79,7 @@ fn parse() -> Result<Args, String> {
         check_single: None,
         check_threads: false,
         panic_at: None,
+        inject: vec![],
         data: None,
         checkpoint_dir: None,
         checkpoint_every: 0,
@@ -105,6 +114,7 @@ fn parse() -> Result<Args, String> {
                 let num = |x: &str| x.parse::<u32>().map_err(|e| format!("--inject-panic {v}: {e}"));
                 a.panic_at = Some((num(r)?, num(k)?));
             }
+            "--inject" => a.inject.push(Injection::parse(&value("--inject")?).map_err(|e| e.to_string())?),
             s if s.starts_with("--") => return Err(format!("unknown option {s}; {USAGE}")),
             s => a.scenario = s.to_string(),
         }
@@ -179,7 +189,7 @@ fn options(steps: u32, data: &str, timeout_s: u64) -> TrainOptions {
         data_name: data.to_string(),
         checkpoint: None,
         exec: ExecConfig { recv_timeout: Duration::from_secs(timeout_s), trace_step: None },
-        fault: None,
+        faults: Vec::new(),
     }
 }
 
@@ -254,6 +264,11 @@ fn main() -> ExitCode {
         }
         let plan = lower(&s).map_err(|e| e.to_string())?;
         verify(&plan).map_err(|e| e.to_string())?;
+        let start = match &a.checkpoint_dir {
+            Some(d) if a.resume => checkpoint::latest(d).map_or(0, |(_, m)| m.step),
+            _ => 0,
+        };
+        inject::check(&a.inject, size, start, a.steps.unwrap_or(s.training.steps)).map_err(|e| e.to_string())?;
         let (corpus, data) = match &a.data {
             Some(path) => {
                 let c = Corpus::from_text_file(path, s.model.seq_len as usize).map_err(|e| e.to_string())?;
@@ -292,7 +307,8 @@ fn main() -> ExitCode {
         |r: &StepRecord| println!("step {:>4}  loss {:.6}  {:>9.0} tokens/s", r.step, r.loss, r.tokens_per_s);
     let progress: Option<&mut dyn FnMut(&StepRecord)> = if rank == 0 { Some(&mut print) } else { None };
     let mut opts = options(steps, &data, a.timeout_s);
-    opts.fault = a.panic_at.map(|(rank, step)| Fault::Panic { rank, step });
+    opts.faults = a.panic_at.map(|(rank, step)| Fault::Panic { rank, step }).into_iter().collect();
+    opts.faults.extend(a.inject.iter().map(Injection::fault));
     opts.checkpoint = a.checkpoint_dir.clone().map(|dir| CheckpointOptions {
         dir,
         every: a.checkpoint_every,
@@ -308,6 +324,8 @@ fn main() -> ExitCode {
     let out = run_rank(plan.clone(), Box::new(comm), Arc::new(corpus), &opts, progress);
     let result = match out {
         Ok(r) => r,
+        // An injected kill: the process vanishes without a word; the launcher ends the job.
+        Err(TrainError::RankExited { .. }) => std::process::exit(137),
         Err(e) => {
             // One write, so that the lines of ranks failing at once do not interleave.
             let line = format!("error on rank {rank}: {e}\n");

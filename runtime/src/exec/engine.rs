@@ -310,11 +310,29 @@ impl RankExec {
         ExecError::Stalled { rank: self.rank, step: self.step, secs: idle.as_secs_f64(), waiting: waiting.join("; ") }
     }
 
+    /// A slow rank (fault injection) owes (factor − 1) × each compute op's duration. Owed
+    /// time is slept once it reaches `SLOW_SLEEP_MIN` (1 ms), and a sleep that overran is
+    /// credited: the OS wakes a sleeper tens of µs late (more on a busy machine), far more
+    /// than a small model's op takes, so sleeping after every op would slow the rank by far
+    /// more than the factor. Over a step the rank's compute time is the factor × its own.
+    fn slow_down(&mut self, op: Duration) {
+        self.slow_debt_s += op.as_secs_f64() * (self.compute_slowdown - 1.0);
+        if self.slow_debt_s >= super::SLOW_SLEEP_MIN.as_secs_f64() {
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(self.slow_debt_s));
+            self.slow_debt_s -= t.elapsed().as_secs_f64();
+        }
+    }
+
     /// Starts an op: runs it (`None`: done) or posts it (`Some`: in flight).
     fn start(&mut self, id: OpId, op: &Op) -> Result<Option<Flight>, ExecError> {
         Ok(match &op.kind {
             OpKind::Compute(c) => {
+                let t0 = Instant::now();
                 self.compute(c, &op.bufs)?;
+                if self.compute_slowdown > 1.0 {
+                    self.slow_down(t0.elapsed());
+                }
                 None
             }
             OpKind::Alloc(a) => {

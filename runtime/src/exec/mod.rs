@@ -244,7 +244,15 @@ pub struct RankExec {
     last_total: u64,
     /// The rank's program compiled for the shared execution semantics.
     graph: Arc<ProgramGraph>,
+    /// Fault injection of a slow rank: each compute op is followed by a sleep of
+    /// (factor − 1) × its measured duration (1: none; see [`RankExec::slow_compute`]).
+    compute_slowdown: f64,
+    /// The sleep a slow rank still owes, seconds (negative: it overslept).
+    slow_debt_s: f64,
 }
+
+/// A slow rank sleeps once it owes this much (see `RankExec::slow_down`).
+const SLOW_SLEEP_MIN: Duration = Duration::from_millis(1);
 
 impl RankExec {
     /// Builds rank `rank` of `plan`: its layouts, buckets and freshly initialised state
@@ -361,9 +369,20 @@ impl RankExec {
             peaks: MemoryPeaks::default(),
             last_total: u64::MAX,
             graph,
+            compute_slowdown: 1.0,
+            slow_debt_s: 0.0,
             plan,
             rank,
         })
+    }
+
+    /// Makes this rank's compute `factor` times slower (fault injection of a straggler):
+    /// after its compute ops it sleeps (factor − 1) × their measured duration, holding its
+    /// compute stream, so that partners that wait on its results wait longer. The sleep
+    /// is inside the ops' spans in a measured trace. `factor` ≥ 1 (the caller checks).
+    pub fn slow_compute(&mut self, factor: f64) {
+        debug_assert!(factor >= 1.0 && factor.is_finite(), "slowdown {factor}");
+        self.compute_slowdown = factor;
     }
 
     pub fn rank(&self) -> u32 {

@@ -66,7 +66,7 @@ pub fn options(steps: u32) -> TrainOptions {
         data_name: "markov(V=256, seed=8)".into(),
         checkpoint: None,
         exec: ExecConfig { recv_timeout: Duration::from_secs(60), trace_step: Some(steps.saturating_sub(1)) },
-        fault: None,
+        faults: Vec::new(),
     }
 }
 
