@@ -16,3 +16,4 @@ pub mod simulate;
 pub mod trace;
 pub mod train;
 pub mod verify;
+pub mod whatif;
