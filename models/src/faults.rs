@@ -47,6 +47,17 @@ impl Faults {
     pub fn step_is_fault_free(&self) -> bool {
         self.slow.is_empty() && self.degrade.is_empty() && self.down.is_empty()
     }
+
+    /// The step what-ifs within their limits on a cluster of `gpus` GPUs
+    /// ([`whatif::check`]; link names are checked when the simulator wires the fabric).
+    pub fn check_step(&self, gpus: u64) -> Result<(), String> {
+        whatif::check(&self.slow, &self.degrade, &self.down, gpus)
+    }
+
+    /// The compute factor of `rank` (1 when it is not slow).
+    pub fn slow_factor(&self, rank: u32) -> f64 {
+        self.slow.iter().find(|s| s.rank == rank).map_or(1.0, |s| s.factor)
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,10 @@
 //! | `parallel.grad_bucket_mb` | > 0 | 1,048,576 | 1 TiB, finite |
 //! | `training.steps`, `training.warmup_steps` | 1 / 0 | 10,000,000 | |
 //! | `training.lr`, `weight_decay`, `grad_clip` | | | finite |
+//! | `faults.slow` rank | 0 | GPUs − 1 | a rank of the cluster |
+//! | `faults.slow` factor | > 0 | 100 | a rank 100× slower is dead: a failure, not a straggler |
+//! | `faults.degrade` factor | > 0 | 1 | a fraction of the link's bandwidth (down: `faults.down`) |
+//! | entries of `faults.slow`, `degrade`, `down` | 0 | 4,096 | each; link names ≤ 64 characters, checked against the wired fabric |
 //!
 //! **Work budget.** Plan, simulate and search cost time and memory in proportion to the ops
 //! of the lowered plan, about one op group per layer and microbatch on every stage:

@@ -538,6 +538,9 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
     if !(t.lr > 0.0 && t.lr.is_finite()) {
         lines.push(format!("training.lr = {}: the learning rate must be a positive number", t.lr));
     }
+    if let Err(e) = s.faults.check_step(s.cluster.gpus()) {
+        lines.push(e);
+    }
     if let Err(e) = crate::limits::check_training(t) {
         lines.push(e);
     } else if !(t.weight_decay >= 0.0 && t.grad_clip >= 0.0) {

@@ -48,7 +48,7 @@ const COMPUTE: usize = 0;
 const TP: usize = 1;
 const DP: usize = 2;
 const PP: usize = 3;
-const BUBBLE: usize = 4;
+pub(crate) const BUBBLE: usize = 4;
 const OPTIMIZER: usize = 5;
 
 /// Nanoseconds by cause; sums to `run.finish_ns`.

@@ -23,6 +23,18 @@ pub enum SimError {
     #[error(transparent)]
     Network(#[from] NetError),
     #[error(
+        "symmetric mode runs one rank per pipeline stage, so it cannot see a slow rank or a degraded or \
+         downed link ({what}); use --mode full or --mode auto"
+    )]
+    WhatIfSymmetric { what: String },
+    #[error(
+        "what-ifs (slow ranks, degraded or downed links) need full mode, which simulates every rank; \
+         {ranks} ranks is over its limit of {limit}: simulate a smaller cluster with the same split"
+    )]
+    WhatIfTooLarge { ranks: u32, limit: u32 },
+    #[error("the fabric is disconnected by the what-ifs: {0}")]
+    Disconnected(String),
+    #[error(
         "the simulated step is not physical: {0}; the scenario is past what the simulator models \
          (see docs/limits.md)"
     )]

@@ -24,10 +24,15 @@
 //! oversubscription or static routing without — and full mode elsewhere, up to
 //! [`crate::simulate::FULL_MODE_RANKS_MAX`] ranks. Past that, symmetric mode runs and the
 //! report says it is approximate.
+//!
+//! Step what-ifs (a slow rank, a degraded or downed link, `[faults]`) make the ranks of a
+//! stage differ, so a run with any of them is full mode ([`with_what_ifs`]): `Auto` says
+//! so in the note, a forced `Symmetric` is refused.
 
 use strata_models::{ClusterSpec, Fabric, Routing};
 
 use crate::engine::Mode;
+use crate::error::SimError;
 
 /// Why symmetric mode is not exact on a cluster, or `None` where it is.
 pub fn symmetric_inexact(c: &ClusterSpec) -> Option<String> {
@@ -75,6 +80,22 @@ pub fn resolve(asked: Mode, c: &ClusterSpec, ranks: u32, full_limit: u32, fabric
     }
 }
 
+/// The mode a run with step what-ifs (`[faults]` slow, degrade, down; described by `what`)
+/// uses: full, since they make the ranks of a stage differ; a forced symmetric mode and a
+/// plan past full mode's limit are refused.
+pub fn with_what_ifs(asked: Mode, what: &str, ranks: u32, full_limit: u32) -> Result<(Mode, Option<String>), SimError> {
+    if asked == Mode::Symmetric {
+        return Err(SimError::WhatIfSymmetric { what: what.to_string() });
+    }
+    if ranks > full_limit {
+        return Err(SimError::WhatIfTooLarge { ranks, limit: full_limit });
+    }
+    let note = (asked == Mode::Auto).then(|| {
+        format!("full mode: the what-ifs ({what}) make the ranks of a stage differ, which symmetric mode cannot see")
+    });
+    Ok((Mode::Full, note))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +131,17 @@ mod tests {
             assert_eq!(mode, Mode::Full, "{f:?} {o} {r:?}");
             assert!(why.is_some_and(|w| w.contains("not exact")));
         }
+    }
+
+    #[test]
+    fn what_ifs_run_full_mode_and_refuse_a_forced_symmetric() {
+        let (mode, note) = with_what_ifs(Mode::Auto, "rank 3 ×1.3", 1024, 4096).unwrap();
+        assert_eq!(mode, Mode::Full);
+        assert!(note.is_some_and(|n| n.contains("rank 3 ×1.3")));
+        assert_eq!(with_what_ifs(Mode::Full, "x", 1024, 4096).unwrap(), (Mode::Full, None));
+        let e = with_what_ifs(Mode::Symmetric, "x", 1024, 4096).unwrap_err().to_string();
+        assert!(e.contains("symmetric mode") && e.contains("--mode full"), "{e}");
+        assert!(with_what_ifs(Mode::Auto, "x", 16384, 4096).unwrap_err().to_string().contains("16384 ranks"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use strata_models::plan::{ComputeCost, ComputeOp, OpKind, Piece, Plan};
 use strata_models::trace::{MemSample, Span, Trace, TraceSource};
 use strata_models::{Dtype, Recompute, Scenario};
 
-use crate::breakdown::{Breakdown, breakdown_ns, to_seconds};
+use crate::breakdown::{BUBBLE, Breakdown, breakdown_ns, to_seconds};
 use crate::compute::ComputeModel;
 use crate::engine::{self, EngineConfig, Mode, Outcome};
 pub use crate::error::SimError;
@@ -79,6 +79,10 @@ pub struct SimReport {
     pub breakdown_s: Breakdown,
     pub last_rank: u32,
     pub last_stage: u32,
+    /// With step what-ifs: the rank that waited on its peers longest (the breakdown's
+    /// bubble) and its breakdown, so the report shows who waited for the straggler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub most_waiting: Option<RankBreakdown>,
     /// Per pipeline stage: the most any rank of the stage holds.
     pub peak_memory_bytes: Vec<u64>,
     pub memory: Vec<StageMemory>,
@@ -91,6 +95,14 @@ pub struct SimReport {
     pub trace: Option<Trace>,
 }
 
+/// One rank's breakdown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankBreakdown {
+    pub rank: u32,
+    pub stage: u32,
+    pub breakdown_s: Breakdown,
+}
+
 /// The default network model of a scenario's cluster for a hardware profile: the measured
 /// network when the profile carries one (a host calibrated with `strata calibrate`), else the
 /// fat-tree fabric (NCCL's algorithms as flows, max-min link sharing).
@@ -99,7 +111,8 @@ pub fn default_network(
     profile: &HardwareProfile,
     seed: u64,
 ) -> Result<Box<dyn Network>, SimError> {
-    Ok(net::build_for(&scenario.cluster, seed, Some(NetworkKind::default_for(profile)), profile)?)
+    let links = net::faults::LinkFaults::of(&scenario.faults);
+    Ok(net::build_faulted(&scenario.cluster, seed, Some(NetworkKind::default_for(profile)), profile, &links)?)
 }
 
 /// The profile a simulation uses: the given one, or the built-in one of the cluster's GPU.
@@ -187,13 +200,18 @@ pub fn simulate_timed(
     profile: &HardwareProfile,
 ) -> Result<SimReport, SimError> {
     let g = plan.grid;
-    let (mode, mode_note) = crate::mode::resolve(
-        options.mode,
-        &plan.scenario.cluster,
-        g.ranks(),
-        FULL_MODE_RANKS_MAX,
-        net.name() == "fabric",
-    );
+    let faults = &plan.scenario.faults;
+    let (mode, mode_note) = if faults.step_is_fault_free() {
+        crate::mode::resolve(
+            options.mode,
+            &plan.scenario.cluster,
+            g.ranks(),
+            FULL_MODE_RANKS_MAX,
+            net.name() == "fabric",
+        )
+    } else {
+        crate::mode::with_what_ifs(options.mode, &what_ifs(faults), g.ranks(), FULL_MODE_RANKS_MAX)?
+    };
     let options = &SimOptions { mode, ..options.clone() };
     let symmetric = mode == Mode::Symmetric && plan.rank_programs.is_empty();
     if !symmetric && g.ranks() > FULL_MODE_RANKS_MAX {
@@ -225,8 +243,12 @@ pub fn simulate_timed(
         record_memory: options.trace,
         one_thread_per_rank: profile.execution.one_thread_per_rank,
         shared_cores: profile.execution.shared_cores,
+        slow: faults.slow.iter().map(|s| (s.rank, s.factor)).collect(),
     };
     let outcome = engine::run(plan, tables, used, cfg, net)?;
+    if let Some(why) = net.broken() {
+        return Err(SimError::Disconnected(why));
+    }
     if outcome.makespan_ns >= crate::sanity::HORIZON_NS {
         return Err(SimError::Insane(format!(
             "the step would end at {} ns, past the clock's horizon of 2^62 ns",
@@ -238,13 +260,20 @@ pub fn simulate_timed(
     Ok(SimReport { mode_note, ..report })
 }
 
-pub(crate) fn report(
-    plan: &Plan,
-    options: &SimOptions,
-    profile: &HardwareProfile,
-    network: &str,
-    out: Outcome,
-) -> SimReport {
+/// The step what-ifs in a few words: "rank 17 compute ×1.3, leaf2-spine7 at 0.5, spine3 down".
+pub fn what_ifs(f: &strata_models::faults::Faults) -> String {
+    let mut parts: Vec<String> = f.slow.iter().map(|s| format!("rank {} compute ×{}", s.rank, s.factor)).collect();
+    parts.extend(f.degrade.iter().map(|d| format!("{} at {}", d.link, d.factor)));
+    parts.extend(f.down.iter().map(|d| format!("{d} down")));
+    if parts.len() > 6 {
+        let more = parts.len() - 6;
+        parts.truncate(6);
+        parts.push(format!("{more} more"));
+    }
+    parts.join(", ")
+}
+
+pub(crate) fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {
     let s = &plan.scenario;
     let g = plan.grid;
     let gpus = g.ranks() as u64;
@@ -271,6 +300,7 @@ pub(crate) fn report(
     let la = &out.actors[last];
     let program = &plan.programs[out.table_program[la.table]];
     let breakdown_s = to_seconds(breakdown_ns(la, &out.tables[la.table], program));
+    let most_waiting = (!s.faults.step_is_fault_free()).then(|| most_waiting(plan, &out)).flatten();
     let mut stages: Vec<Option<StageMemory>> = vec![None; g.pp as usize];
     for a in &out.actors {
         let program = &plan.programs[out.table_program[a.table]];
@@ -300,6 +330,7 @@ pub(crate) fn report(
         breakdown_s,
         last_rank: la.rank,
         last_stage: la.stage,
+        most_waiting,
         peak_memory_bytes: memory.iter().map(|m| m.peak_bytes).collect(),
         fits: out_of_memory.is_empty(),
         memory,
@@ -307,6 +338,19 @@ pub(crate) fn report(
         events: out.events,
         trace,
     }
+}
+
+/// The rank with the longest wait on its peers (the lowest rank among equals).
+fn most_waiting(plan: &Plan, out: &Outcome) -> Option<RankBreakdown> {
+    let mut best: Option<(u64, usize, [u64; 6])> = None;
+    for (i, a) in out.actors.iter().enumerate() {
+        let ns = breakdown_ns(a, &out.tables[a.table], &plan.programs[out.table_program[a.table]]);
+        if best.is_none_or(|b| ns[BUBBLE] > b.0) {
+            best = Some((ns[BUBBLE], i, ns));
+        }
+    }
+    let (_, i, ns) = best?;
+    Some(RankBreakdown { rank: out.actors[i].rank, stage: out.actors[i].stage, breakdown_s: to_seconds(ns) })
 }
 
 fn trace(out: &Outcome, seed: u64) -> Trace {

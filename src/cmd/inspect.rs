@@ -133,7 +133,10 @@ fn build(s: &Scenario) -> Report<'_> {
     let mem = strata_sim::HardwareProfile::builtin(s.cluster.gpu).memory;
     // The verdict `strata simulate` gives: the plan's own buffers over its timeline (one
     // rank per stage is enough for memory), so that the two commands agree on "fits".
-    let simulated = plan::lower(s).map_err(|e| e.to_string()).and_then(|plan| {
+    // Step what-ifs change time, not memory: the memory run is the fault-free one.
+    let mut fault_free = s.clone();
+    (fault_free.faults.slow, fault_free.faults.degrade, fault_free.faults.down) = (vec![], vec![], vec![]);
+    let simulated = plan::lower(&fault_free).map_err(|e| e.to_string()).and_then(|plan| {
         let o = strata_sim::SimOptions { mode: strata_sim::Mode::Symmetric, ..Default::default() };
         strata_sim::simulate(&plan, &o).map_err(|e| e.to_string())
     });

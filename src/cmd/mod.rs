@@ -19,3 +19,4 @@ pub mod simulate;
 pub mod trace;
 pub mod train;
 pub mod verify;
+pub mod whatif;

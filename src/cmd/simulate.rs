@@ -46,7 +46,7 @@ impl SimArgs {
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata simulate scenarios/gpt3-175b-1024xa100.toml\n  strata simulate scenarios/llama3-70b-256xh100.toml --full --trace out/llama.json\n  strata simulate scenarios/two-jobs-fat-tree.toml\n  strata simulate scenarios/two-jobs-fat-tree.toml --set cluster.routing=adaptive --set 'job.a.nodes=\"0-7\"' --set 'job.b.nodes=\"8-15\"'\n\nA multi-job file (one with [[job]] tables, each a scenario placed on nodes of the file's shared [cluster]) runs every job at once on one fabric in full mode, then each alone on the same nodes, and reports each job's step time alone and together and its slowdown. --set reaches the shared cluster as cluster.KEY=VALUE and a job as job.NAME.KEY=VALUE."
+    after_help = "Examples:\n  strata simulate scenarios/gpt3-175b-1024xa100.toml --trace out/trace.json\n  strata simulate scenarios/gpt3-175b-1024xa100.toml --slow rank=17:1.3\n  strata simulate scenarios/gpt3-175b-1024xa100.toml --list-links spine3\n  strata simulate scenarios/gpt3-175b-1024xa100.toml --set cluster.routing=static --down spine3 --degrade link=leaf0-spine1:0.5\n  strata simulate scenarios/two-jobs-fat-tree.toml\n  strata simulate scenarios/two-jobs-fat-tree.toml --set cluster.routing=adaptive --set 'job.a.nodes=\"0-7\"' --set 'job.b.nodes=\"8-15\"'\n\nWhat-ifs (--slow, --degrade, --down, or a [faults] table in the scenario) run full mode: every rank is simulated, and synchronous training waits for the slowest. A rank, link or factor that does not exist or is out of range exits with code 2 naming it. A multi-job file (one with [[job]] tables, each a scenario placed on nodes of the file's shared [cluster]) runs every job at once on one fabric in full mode, then each alone on the same nodes, and reports each job's step time alone and together and its slowdown. --set reaches the shared cluster as cluster.KEY=VALUE and a job as job.NAME.KEY=VALUE."
 )]
 pub struct Args {
     #[command(flatten)]
@@ -69,17 +69,29 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub what_if: crate::cmd::whatif::WhatIfArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.scenario.scenario
         && super::jobs::is_jobs_file(path)
     {
+        if args.what_if.any() {
+            anyhow::bail!(
+                "{}: --slow, --degrade, --down and --list-links apply to one scenario, not to a multi-job file; simulate a job's scenario with them",
+                path.display()
+            );
+        }
         return super::jobs::run(&args, path);
     }
-    let s = args.scenario.load()?;
-    let plan = plan::lower(&s)?;
+    let mut s = args.scenario.load()?;
     let seed = args.sim.seed.unwrap_or(s.training.seed);
+    if let Some(filter) = &args.what_if.list_links {
+        return crate::cmd::whatif::list(&s, seed, filter, args.what_if.limit, args.json);
+    }
+    args.what_if.apply(&mut s)?;
+    let plan = plan::lower(&s)?;
     let options = SimOptions {
         mode: if args.full { Mode::Full } else { args.mode.into() },
         seed,
@@ -88,7 +100,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         jitter: 0.0,
     };
     let profile = strata_sim::simulate::profile_of(&plan, &options);
-    let mut network = net::build_for(&s.cluster, seed, args.sim.network_kind(), &profile)?;
+    let links = net::faults::LinkFaults::of(&s.faults);
+    let mut network = net::build_faulted(&s.cluster, seed, args.sim.network_kind(), &profile, &links)?;
     let report = strata_sim::simulate_with(&plan, &options, network.as_mut())?;
     if let (Some(path), Some(trace)) = (&args.trace, &report.trace) {
         let json = strata_reports::chrome_trace_json(&plan, trace);
@@ -164,6 +177,10 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     if let Some(note) = &r.mode_note {
         let _ = writeln!(o, "  ({note})");
     }
+    let what_ifs = !s.faults.step_is_fault_free();
+    if what_ifs {
+        let _ = writeln!(o, "what-ifs: {}\n", strata_sim::simulate::what_ifs(&s.faults));
+    }
     let _ = writeln!(o, "step time        {:>10.4} s", r.step_time_s);
     let _ = writeln!(o, "throughput       {:>10} tokens/s", common::count(r.tokens_per_s));
     // CPU ranks run at GFLOP/s; say so rather than print 0.0 TFLOP/s.
@@ -178,10 +195,18 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         ("tensor-parallel exposed", b.tp_exposed),
         ("data-parallel exposed", b.dp_exposed),
         ("pipeline transfers exposed", b.pp_exposed),
-        ("pipeline bubble", b.bubble),
+        (if what_ifs { "bubble, waiting on peers" } else { "pipeline bubble" }, b.bubble),
         ("optimizer", b.optimizer),
     ] {
         let _ = writeln!(o, "  {name:<27} {v:>10.4} s {:>6.1}%", 100.0 * v / r.step_time_s.max(f64::MIN_POSITIVE));
+    }
+    if let Some(w) = &r.most_waiting {
+        let b = &w.breakdown_s;
+        let _ = writeln!(
+            o,
+            "the rank that waited longest on its peers: rank {} (stage {}): waiting {:.4} s, compute {:.4} s, exposed TP {:.4} / DP {:.4} / PP {:.4} s",
+            w.rank, w.stage, b.bubble, b.compute, b.tp_exposed, b.dp_exposed, b.pp_exposed
+        );
     }
     let _ = writeln!(o, "\nmemory per GPU (peak of buffers + CUDA context + NCCL + allocator slack):");
     for m in &r.memory {

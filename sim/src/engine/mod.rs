@@ -25,6 +25,9 @@
 //! one request with `multiplicity` = dp (the dp identical TP groups of the stage run at
 //! once), its DP collective `multiplicity` = tp, its pipeline transfers tp·dp.
 //!
+//! **Stragglers** ([`EngineConfig::slow`], full mode): a slow rank's compute ops take
+//! factor × their costed time; everything that waits for them waits longer.
+//!
 //! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
 //! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
 //! bandwidth); a running compute op is re-timed whenever that factor changes.
@@ -90,15 +93,8 @@ pub struct EngineConfig {
     pub one_thread_per_rank: bool,
     /// Cores shared by all ranks' compute (processor sharing); 0: a device per rank.
     pub shared_cores: f64,
-}
-
-/// Where a transfer's compute slowdown comes from: 0 tp, 1 dp, 2 pp.
-fn class_of(stream: Stream) -> usize {
-    match stream {
-        Stream::Tp => 0,
-        Stream::Pp => 2,
-        Stream::Compute | Stream::Dp => 1,
-    }
+    /// Straggler what-ifs: (rank, factor) stretches every compute op of the rank (full mode).
+    pub slow: Vec<(u32, f64)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -160,6 +156,8 @@ struct Actor {
     queued: bool,
     /// One thread per rank: which of its three kinds of task the thread turns to next.
     turn: Turn,
+    /// Its compute factor (a straggler what-if; 1 otherwise).
+    slow: f64,
 }
 
 /// A communication in flight; `finish_ns` is each member's finish work (one thread per rank).
@@ -206,13 +204,6 @@ struct Engine<'a> {
 }
 
 const KINDS: [GroupKind; 4] = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
-
-fn dir(peer: Peer) -> usize {
-    match peer {
-        Peer::Next => 0,
-        Peer::Prev => 1,
-    }
-}
 
 /// Runs one step of `plan`. `tables[i]` compiles `plan.programs[table_program[i]]`.
 pub fn run(
@@ -265,6 +256,7 @@ impl<'a> Engine<'a> {
                 noticed: VecDeque::new(),
                 queued: false,
                 turn: Turn::Compute,
+                slow: cfg.slow.iter().find(|s| s.0 == rank).map_or(1.0, |s| s.1),
             });
         }
         let partner = pair_messages(&map, |a| &plan.programs[plan.program_index(map.rank(a))]).map_err(|e| {
@@ -473,7 +465,7 @@ impl<'a> Engine<'a> {
     }
 
     fn start_compute(&mut self, ai: u32, op: u32, ns: u64) {
-        let mut work_ns = ns as f64;
+        let mut work_ns = ns as f64 * self.actors[ai as usize].slow;
         if self.cfg.jitter > 0.0 {
             work_ns *= 1.0 + self.cfg.jitter * self.rng.random_range(-1.0..1.0);
         }

@@ -10,9 +10,9 @@
 //! tp (a DP collective for tp).
 
 use strata_models::plan::exec::{Arrival, OpState};
-use strata_models::plan::{CollKind, GroupKind, Stream};
+use strata_models::plan::{CollKind, GroupKind, Peer, Stream};
 
-use super::{CommRec, Engine, class_of, dir};
+use super::{CommRec, Engine};
 use crate::net::{CommKind, CommRequest};
 use crate::program::OpInfo;
 
@@ -123,5 +123,21 @@ impl Engine<'_> {
         self.record(id, CommRec::P2p { send, recv, finish_ns });
         self.comm_on(send.0, 2);
         self.comm_on(recv.0, 2);
+    }
+}
+
+/// Where a transfer's compute slowdown comes from: 0 tp, 1 dp, 2 pp.
+fn class_of(stream: Stream) -> usize {
+    match stream {
+        Stream::Tp => 0,
+        Stream::Pp => 2,
+        Stream::Compute | Stream::Dp => 1,
+    }
+}
+
+fn dir(peer: Peer) -> usize {
+    match peer {
+        Peer::Next => 0,
+        Peer::Prev => 1,
     }
 }

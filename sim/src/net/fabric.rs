@@ -38,6 +38,7 @@ use std::sync::Arc;
 use strata_models::ClusterSpec;
 use strata_models::plan::CollKind;
 
+use super::faults::LinkFaults;
 use super::layout::{self, Plan};
 use super::maxmin::{CnstId, MaxMin, SolverStats, VarId};
 use super::nccl::{Algo, Func, NcclEnv, Selection, Tuner};
@@ -91,12 +92,25 @@ pub struct FabricNetwork {
     /// Requests in their latency phase: (activation ns, id).
     pending: BTreeSet<(u64, CommId)>,
     next_id: CommId,
+    /// The first communication that had to cross a link that is down (no path survived).
+    broken: Option<String>,
 }
 
 impl FabricNetwork {
     /// The fabric of `cluster`; `seed` salts static routing.
     pub fn new(cluster: &ClusterSpec, seed: u64, env: NcclEnv) -> Result<FabricNetwork, NetError> {
-        let topo = Topology::new(cluster, seed)?;
+        FabricNetwork::with_faults(cluster, seed, env, &LinkFaults::default())
+    }
+
+    /// The fabric of `cluster` with link what-ifs applied ([`super::faults`]).
+    pub fn with_faults(
+        cluster: &ClusterSpec,
+        seed: u64,
+        env: NcclEnv,
+        faults: &LinkFaults,
+    ) -> Result<FabricNetwork, NetError> {
+        let mut topo = Topology::new(cluster, seed)?;
+        super::faults::apply(&mut topo, faults)?;
         let router = Router::new(&topo);
         let n_res = topo.resources.len();
         Ok(FabricNetwork {
@@ -111,6 +125,7 @@ impl FabricNetwork {
             var_comm: Vec::new(),
             pending: BTreeSet::new(),
             next_id: 0,
+            broken: None,
         })
     }
 
@@ -199,6 +214,11 @@ impl FabricNetwork {
             return e.clone();
         }
         let e: Arc<[(ResId, f64)]> = layout::coefficients(&self.topo, &mut self.router, req, plan).into();
+        if self.broken.is_none()
+            && let Some(&(r, _)) = e.iter().find(|&&(r, _)| self.topo.is_down(r))
+        {
+            self.broken = Some(self.disconnected(req, r));
+        }
         self.layouts.insert(key, e.clone());
         e
     }
@@ -249,6 +269,22 @@ impl FabricNetwork {
             }
         }
         used.into_iter().map(|(k, u)| (k, (m * u as f64 / self.topo.count(k) as f64).max(1.0))).collect()
+    }
+
+    /// Why `req` cannot run: the ranks it joins, and the down link its path needs.
+    fn disconnected(&self, req: &CommRequest, r: ResId) -> String {
+        let node = &self.topo.node;
+        let at = |g: u32| format!("rank {g} (node {} GPU {})", node.node_of(g), node.local_of(g));
+        let (a, b) = (req.ranks[0], *req.ranks.last().unwrap_or(&req.ranks[0]));
+        format!(
+            "no path survives for a {:?} among {} ranks from {} to {}: it needs {}, which is down; \
+             take fewer links down, or degrade them instead (--degrade link=NAME:FACTOR)",
+            req.kind,
+            req.ranks.len(),
+            at(a),
+            at(b),
+            super::names::name_of(&self.topo, r)
+        )
     }
 
     /// The next instant with work: a latency phase ending or a transfer completing.
@@ -321,6 +357,10 @@ impl Network for FabricNetwork {
         }
         done.sort_unstable();
         done.into_iter().map(|(_, id)| id).collect()
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken.clone()
     }
 
     fn choice(&self, req: &CommRequest) -> CommChoice {

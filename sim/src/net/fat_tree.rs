@@ -103,6 +103,20 @@ impl FabricTopology for FatTree {
     fn lanes_matter(&self) -> bool {
         self.routing == Routing::Static
     }
+
+    fn trunks(&self) -> Vec<(ResId, Vec<ResId>)> {
+        let mut out = Vec::new();
+        for l in self.leaves.iter().filter(|l| !l.up.is_empty()) {
+            out.push((l.up_trunk, l.up.iter().flat_map(|g| g.1.iter().copied()).collect()));
+            out.push((l.down_trunk, l.up.iter().flat_map(|g| g.2.iter().copied()).collect()));
+        }
+        for (p, pod) in self.pods.iter().enumerate() {
+            let spines = || self.spines.iter().filter(|s| s.pod as usize == p);
+            out.push((pod.up_trunk, spines().flat_map(|s| s.up.iter().flat_map(|g| g.1.iter().copied())).collect()));
+            out.push((pod.down_trunk, spines().flat_map(|s| s.up.iter().flat_map(|g| g.2.iter().copied())).collect()));
+        }
+        out
+    }
 }
 
 impl FatTree {

@@ -79,6 +79,13 @@ impl FabricTopology for LeafSpine {
     fn lanes_matter(&self) -> bool {
         self.routing == Routing::Static
     }
+
+    fn trunks(&self) -> Vec<(ResId, Vec<ResId>)> {
+        let per_leaf = (self.spines * self.links_per_pair) as usize;
+        let members = |v: &[ResId], l: usize| v[l * per_leaf..(l + 1) * per_leaf].to_vec();
+        let up = self.up_trunk.iter().enumerate().map(|(l, &t)| (t, members(&self.up, l)));
+        up.chain(self.down_trunk.iter().enumerate().map(|(l, &t)| (t, members(&self.down, l)))).collect()
+    }
 }
 
 impl LeafSpine {

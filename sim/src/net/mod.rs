@@ -29,7 +29,8 @@
 //! rails), [`routing`] (paths through a fabric,
 //! the seeded ECMP hash),
 //! [`maxmin`] (the flow-level solver), [`layout`] (collectives as link coefficients),
-//! [`fabric`] (the contention-aware model), [`collbench`] (nccl-tests-style sweeps) and
+//! [`fabric`] (the contention-aware model), [`names`] (names of links and switches) and
+//! [`faults`] (degraded and downed links on the wired fabric), [`collbench`] (nccl-tests-style sweeps) and
 //! [`bench`](mod@bench) (solver throughput).
 
 use strata_models::plan::CollKind;
@@ -43,9 +44,11 @@ pub mod closed_form;
 pub mod collbench;
 pub mod fabric;
 pub mod fat_tree;
+pub mod faults;
 pub mod layout;
 pub mod leaf_spine;
 pub mod maxmin;
+pub mod names;
 pub mod nccl;
 pub mod nccl_graph;
 pub mod node;
@@ -158,6 +161,11 @@ pub trait Network {
     fn host_work(&self, _req: &CommRequest) -> Option<HostWork> {
         None
     }
+    /// Why the step cannot run on this network, if it cannot: a communication that needed
+    /// a link that is down (a what-if). The engine runs to the end; the caller asks after.
+    fn broken(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Which [`Network`] implementation to build.
@@ -191,6 +199,11 @@ pub enum NetError {
          three tiers; raise cluster.switch_radix or use fewer nodes"
     )]
     TooLarge { endpoints: u64, radix: u32, max: u64 },
+    #[error(
+        "{key}: no link or switch is named \"{name}\" in this {fabric} fabric ({count} names, e.g. {examples}); \
+         list them with strata simulate SCENARIO --list-links [FILTER]"
+    )]
+    UnknownLink { key: String, name: String, fabric: String, count: usize, examples: String },
 }
 
 /// Wires the switch fabric that `cluster.fabric` names onto `w`: the one place where a
@@ -243,6 +256,27 @@ pub fn build_with(
             ));
         }
     })
+}
+
+/// [`build_for`] with link what-ifs ([`faults`]): they need the fabric network, the one
+/// model with links; any other is refused.
+pub fn build_faulted(
+    cluster: &ClusterSpec,
+    seed: u64,
+    kind: Option<NetworkKind>,
+    profile: &HardwareProfile,
+    faults: &faults::LinkFaults,
+) -> Result<Box<dyn Network + Send>, NetError> {
+    if faults.is_empty() {
+        return build_for(cluster, seed, kind, profile);
+    }
+    match kind.unwrap_or_else(|| NetworkKind::default_for(profile)) {
+        NetworkKind::Fabric => Ok(Box::new(FabricNetwork::with_faults(cluster, seed, NcclEnv::default(), faults)?)),
+        other => Err(NetError::Cluster(format!(
+            "degraded or downed links (faults.degrade, faults.down) need the fabric network, which has links; \
+             the {other:?} network has none: use --network fabric"
+        ))),
+    }
 }
 
 /// Builds the network of `kind` (`None`: the one the profile implies,

@@ -11,6 +11,13 @@
 //!   the next tier act as one trunk of summed capacity, so the lane does not matter and the
 //!   router caches one path per (source, destination).
 //!
+//! - *Links down* (a what-if, [`super::faults`]): under static routing a flow whose hashed
+//!   path crosses a down link is hashed again with its lane moved by [`REHASH_STRIDE`] (up
+//!   to [`REHASH_TRIES`] times), else takes a shortest surviving path (breadth-first, in
+//!   edge order); flows whose paths survive keep them. Under adaptive routing the trunks
+//!   already hold only what survives. A path left with a down link is caught by the
+//!   network, which refuses the run naming the pair.
+//!
 //! Path = [NIC up of the source, the fabric's route…, NIC down of the destination].
 //! Latency of a path = switches traversed × `switch_latency_ns`. Paths are interned
 //! (`Box<[ResId]>`) in first-use order and cached per (source, destination, lane) in a
@@ -23,7 +30,11 @@ use rand_chacha::ChaCha8Rng;
 
 #[cfg(doc)]
 use super::topology::FabricTopology;
-use super::topology::{ResId, Topology};
+use petgraph::Direction;
+use petgraph::graph::NodeIndex;
+use petgraph::visit::EdgeRef;
+
+use super::topology::{ResId, Route, Topology};
 
 /// Index of an interned path.
 pub type PathId = u32;
@@ -66,6 +77,65 @@ pub fn salts(seed: u64, switches: &[usize]) -> Vec<Vec<u64>> {
     switches.iter().map(|&n| (0..n).map(|_| rng.random::<u64>()).collect()).collect()
 }
 
+/// Lane offset between re-hashes of a flow whose path crosses a down link.
+pub const REHASH_STRIDE: u32 = 1 << 16;
+
+/// Re-hashes tried before the shortest surviving path.
+pub const REHASH_TRIES: u32 = 64;
+
+/// The fabric's route, or — when it crosses a down link under static routing — the first
+/// re-hashed one that survives, else a shortest surviving one, else the fabric's own.
+fn surviving(topo: &Topology, src: u32, dst: u32, lane: u32, lanes_matter: bool) -> Route {
+    let crosses = |r: &Route| r.res.iter().any(|&x| topo.is_down(x));
+    let first = topo.fabric().route(src, dst, lane);
+    if topo.down.is_empty() || !lanes_matter || !crosses(&first) {
+        return first;
+    }
+    for k in 1..=REHASH_TRIES {
+        let r = topo.fabric().route(src, dst, lane.wrapping_add(k.wrapping_mul(REHASH_STRIDE)));
+        if !crosses(&r) {
+            return r;
+        }
+    }
+    shortest_surviving(topo, src, dst).unwrap_or(first)
+}
+
+/// Breadth-first from the source port's switch to the destination port's over switch
+/// links that are up (edges in the graph's order, so the result is fixed).
+fn shortest_surviving(topo: &Topology, src: u32, dst: u32) -> Option<Route> {
+    let g = &topo.graph;
+    let from = g.edges(topo.nic_vertex(src)).find(|e| e.weight().res == Some(topo.nic_up(src)))?.target();
+    let to = g
+        .edges_directed(topo.nic_vertex(dst), Direction::Incoming)
+        .find(|e| e.weight().res == Some(topo.nic_down(dst)))?
+        .source();
+    let mut prev: BTreeMap<NodeIndex, (NodeIndex, ResId)> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([from]);
+    while let Some(v) = queue.pop_front() {
+        if v == to {
+            let mut res = Vec::new();
+            let mut at = to;
+            while at != from {
+                let (p, r) = prev[&at];
+                res.push(r);
+                at = p;
+            }
+            res.reverse();
+            let switches = res.len() as u32 + 1;
+            return Some(Route { res, switches });
+        }
+        for e in g.edges(v) {
+            let Some(r) = e.weight().res else { continue };
+            let w = e.target();
+            if topo.resources[r as usize].kind.is_fabric() && !topo.is_down(r) && w != from && !prev.contains_key(&w) {
+                prev.insert(w, (v, r));
+                queue.push_back(w);
+            }
+        }
+    }
+    None
+}
+
 impl Router {
     /// A router for `topo`'s fabric.
     pub fn new(topo: &Topology) -> Router {
@@ -88,7 +158,7 @@ impl Router {
         if let Some(&id) = self.cache.get(&(src, dst, lane)) {
             return id;
         }
-        let route = topo.fabric().route(src, dst, lane);
+        let route = surviving(topo, src, dst, lane, self.lanes_matter);
         let mut res = Vec::with_capacity(route.res.len() + 2);
         res.push(topo.nic_up(src));
         res.extend_from_slice(&route.res);

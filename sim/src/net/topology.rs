@@ -113,6 +113,11 @@ pub trait FabricTopology: std::fmt::Debug + Send + Sync {
     /// Whether `lane` can change a route: true under static ECMP, false under adaptive
     /// routing, where parallel links act as one trunk.
     fn lanes_matter(&self) -> bool;
+    /// Each trunk resource and the physical link resources it folds (so a what-if on a link
+    /// reaches the trunks adaptive routing uses, [`super::faults`]). None by default.
+    fn trunks(&self) -> Vec<(ResId, Vec<ResId>)> {
+        Vec::new()
+    }
 }
 
 /// The fabric of a cluster without NIC ports (one node): nothing to route.
@@ -150,6 +155,8 @@ pub struct Topology {
     nic_vertex: Vec<NodeIndex>,
     /// Resources per kind, for [`Topology::count`].
     kind_counts: Vec<(ResKind, usize)>,
+    /// Resources that are down (a what-if, [`super::faults`]); empty when none is.
+    pub down: Vec<bool>,
 }
 
 impl Topology {
@@ -184,6 +191,7 @@ impl Topology {
             gpu_vertex: Vec::new(),
             nic_vertex: Vec::new(),
             kind_counts: Vec::new(),
+            down: Vec::new(),
         };
         t.wire_nodes();
         Ok(t)
@@ -222,6 +230,11 @@ impl Topology {
     /// Switch → NIC resource of an endpoint.
     pub fn nic_down(&self, endpoint: u32) -> ResId {
         self.nic_down[endpoint as usize]
+    }
+
+    /// Whether resource `r` is down (a what-if).
+    pub fn is_down(&self, r: ResId) -> bool {
+        self.down.get(r as usize).copied().unwrap_or(false)
     }
 
     /// How many resources there are of `kind` (the size of a switch tier).
