@@ -273,7 +273,13 @@ pub fn what_ifs(f: &strata_models::faults::Faults) -> String {
     parts.join(", ")
 }
 
-pub(crate) fn report(plan: &Plan, options: &SimOptions, profile: &HardwareProfile, network: &str, out: Outcome) -> SimReport {
+pub(crate) fn report(
+    plan: &Plan,
+    options: &SimOptions,
+    profile: &HardwareProfile,
+    network: &str,
+    out: Outcome,
+) -> SimReport {
     let s = &plan.scenario;
     let g = plan.grid;
     let gpus = g.ranks() as u64;

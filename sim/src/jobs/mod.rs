@@ -51,7 +51,7 @@ pub enum JobsError {
     #[error("{0}")]
     Unsupported(String),
     #[error("job {job}: {source}")]
-    Sim { job: String, source: SimError },
+    Sim { job: String, source: Box<SimError> },
     #[error(transparent)]
     Shared(#[from] SimError),
 }
@@ -238,6 +238,8 @@ pub fn simulate_jobs(
         record_memory: false,
         one_thread_per_rank: profile.execution.one_thread_per_rank,
         shared_cores: 0.0,
+        // Multi-job files refuse [faults]: no job has a straggler.
+        slow: Vec::new(),
     };
     let options = SimOptions { mode: Mode::Full, trace: false, ..options.clone() };
     let all: Vec<usize> = (0..jobs.len()).collect();
@@ -269,7 +271,7 @@ pub fn simulate_jobs(
 }
 
 fn sim_err(job: &JobSpec<'_>, source: SimError) -> JobsError {
-    JobsError::Sim { job: job.name.clone(), source }
+    JobsError::Sim { job: job.name.clone(), source: Box::new(source) }
 }
 
 /// A job's report from its outcome, held to the simulator's sanity checks.
