@@ -154,14 +154,21 @@ impl Inputs {
 }
 
 /// Bytes a checkpoint writes, and the largest per-rank shard: each stage's weights and
-/// optimizer state per tensor-parallel rank under the framework's layout, replicas over
+/// optimizer state (not gradients) per tensor-parallel rank under the framework's layout, replicas over
 /// data parallelism counted once (each replica writes its 1/dp of them, as PyTorch DCP and
 /// Megatron's distributed checkpoints deduplicate).
 pub fn checkpoint_bytes(s: &Scenario) -> (f64, f64) {
     let p = &s.parallel;
     let l = scenario_layout(s);
     let per_param = |x: strata_models::accounting::states::PerParam| (x.whole + x.sharded) as f64;
-    let b = per_param(l.weights) + per_param(l.optimizer);
+    // torchtitan's parameters are fp32 (FSDP2 casts a bf16 copy for compute, which ZeRO-2
+    // keeps whole and a checkpoint does not save); the others save their 16-bit weights
+    // beside the fp32 master and Adam moments (14 B/param: BLOOM's 2.3 TB for 176B).
+    let weights = match s.training.framework {
+        strata_models::Framework::Torchtitan => 4.0,
+        _ => per_param(l.weights),
+    };
+    let b = weights + per_param(l.optimizer);
     let mut total = 0.0;
     let mut shard = 0.0f64;
     for sp in stage_params(&s.model, p) {

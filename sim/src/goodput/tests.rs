@@ -160,3 +160,23 @@ fn without_failures_the_wall_time_is_work_plus_saves() {
     assert_eq!(o.wall_ns, s.work_ns + saves * 7_000_000_000);
     assert_eq!(o.checkpoints as u64, saves);
 }
+
+#[test]
+fn a_checkpoint_holds_the_states_a_framework_saves() {
+    use strata_models::Scenario;
+    use strata_models::accounting::params::total_params;
+    let load = |text: &str| Scenario::from_toml(text, "t", "t", &[]).unwrap();
+    // torchtitan keeps fp32 parameters and Adam: 12 B per parameter.
+    let llama = load(include_str!("../../../scenarios/llama3-405b-16384xh100.toml"));
+    let (bytes, shard) = super::checkpoint_bytes(&llama);
+    let psi = total_params(&llama.model) as f64;
+    assert!((bytes / psi - 12.0).abs() < 0.01, "{} B/param", bytes / psi);
+    assert!(shard >= bytes / 16_384.0 && shard < 1.2 * bytes / 16_384.0);
+    // Strata's layout (the ZeRO paper's, as Megatron-LM and DeepSpeed save theirs): 16-bit
+    // weights + fp32 master + Adam, 14 B (BLOOM's 2.3 TB for 176B); a pipeline's tied
+    // output layer is a second copy, saved by the last stage.
+    let gpt = load(include_str!("../../../scenarios/gpt3-175b-1024xa100.toml"));
+    let (bytes, _) = super::checkpoint_bytes(&gpt);
+    let psi = total_params(&gpt.model) as f64;
+    assert!((bytes / psi - 14.0).abs() < 0.1, "{} B/param", bytes / psi);
+}
