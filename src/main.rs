@@ -67,6 +67,8 @@ enum Command {
     Kernels(cmd::kernels::Args),
     /// Run plans both ways (simulated with a calibrated profile, and trained for real) and write the report's inputs and the report.
     Compare(cmd::compare::Args),
+    /// A Monte Carlo of a multi-week run under failures: goodput, time to train, lost GPU-hours by cause, and the best checkpoint interval beside Young's and Daly's.
+    Goodput(cmd::goodput::Args),
     /// Work with Chrome/Perfetto trace files: `strata trace merge PRED MEASURED -o OUT` puts the predicted and the measured trace of one plan in one file.
     Trace(cmd::trace::Args),
 }
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         Some(Command::Calibrate(a)) => cmd::calibrate::run(a),
         Some(Command::Kernels(a)) => cmd::kernels::run(a),
         Some(Command::Compare(a)) => cmd::compare::run(a),
+        Some(Command::Goodput(a)) => cmd::goodput::run(a),
         Some(Command::Trace(a)) => cmd::trace::run(a),
     };
     match result {

@@ -38,6 +38,13 @@
 //! | `faults.slow` factor | > 0 | 100 | a rank 100× slower is dead: a failure, not a straggler |
 //! | `faults.degrade` factor | > 0 | 1 | a fraction of the link's bandwidth (down: `faults.down`) |
 //! | entries of `faults.slow`, `degrade`, `down` | 0 | 4,096 | each; link names ≤ 64 characters, checked against the wired fabric |
+//! | `faults.failures.*.mtbf_hours` | 1 s (1/3600 h) | 10^9 h | past any component's life; finite |
+//! | `faults.failures.*.shape` (Weibull) | 0.1 | 10 | extreme infant mortality .. sharp wear-out |
+//! | `faults.failures.checkpoint.{write,read,staging}_gbps` | 0.001 | 1,000,000 | 1 MB/s .. 1 PB/s |
+//! | `faults.failures.checkpoint.save_s`, `interval_s`, `faults.failures.restart.*_s` | 0 (interval 0.001) | 1,000,000 s | 11.6 days |
+//! | `strata goodput --trials` | 1 | 100,000 | 1,000 × 30 days runs in seconds |
+//! | `strata goodput --days` | > 0 | 3,650 | ten years of training |
+//! | `strata goodput --interval` entries | 1 | 256 | a sweep's points |
 //!
 //! **Work budget.** Plan, simulate and search cost time and memory in proportion to the ops
 //! of the lowered plan, about one op group per layer and microbatch on every stage:
@@ -81,6 +88,21 @@ pub const MAX_GRAD_BUCKET_MB: f64 = 1_048_576.0;
 pub const MAX_STEPS: u64 = 10_000_000;
 /// Microbatches · layers: the work budget of plan, simulate and search.
 pub const MAX_LAYER_PASSES: u64 = 1 << 16;
+/// `[faults.failures]`: per-unit MTBF, hours (1 s .. 10^9 h, past any component's life).
+pub const MIN_FAILURE_MTBF_HOURS: f64 = 1.0 / 3600.0;
+pub const MAX_FAILURE_MTBF_HOURS: f64 = 1e9;
+/// Weibull shape k: 0.1 (extreme infant mortality) .. 10 (sharp wear-out).
+pub const MIN_WEIBULL_SHAPE: f64 = 0.1;
+pub const MAX_WEIBULL_SHAPE: f64 = 10.0;
+/// Storage and staging bandwidth, GB/s: 1 MB/s .. 1 PB/s.
+pub const MIN_STORAGE_GBPS: f64 = 1e-3;
+pub const MAX_STORAGE_GBPS: f64 = 1e6;
+/// Any checkpoint or restart time, or interval, seconds: at most 10^6 s (11.6 days).
+pub const MAX_FAILURE_SECONDS: f64 = 1e6;
+/// `strata goodput`: trials, days of failure-free training, intervals per sweep.
+pub const MAX_GOODPUT_TRIALS: u64 = 100_000;
+pub const MAX_GOODPUT_DAYS: f64 = 3650.0;
+pub const MAX_GOODPUT_INTERVALS: usize = 256;
 /// Valid candidates one search keeps (the rest are counted under `search-budget`).
 pub const MAX_SEARCH_CANDIDATES: u64 = 1 << 18;
 /// `[[job]]` tables in one multi-job file (`scenario::jobs`).

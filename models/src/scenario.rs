@@ -549,6 +549,9 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
             t.weight_decay, t.grad_clip
         ));
     }
+    if let Err(e) = s.faults.failures.check() {
+        lines.push(e);
+    }
     // The split rules only make sense on a well-formed model and cluster.
     let mut config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
     // The framework's rules only make sense on a split that is valid in itself.

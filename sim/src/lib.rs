@@ -14,6 +14,7 @@ pub mod calibrate;
 pub mod compute;
 pub mod engine;
 pub mod error;
+pub mod goodput;
 pub mod jobs;
 pub mod memory;
 pub mod microbench;

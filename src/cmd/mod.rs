@@ -4,6 +4,8 @@ pub mod calibrate;
 pub mod collbench;
 pub mod compare;
 pub mod export;
+pub mod goodput;
+pub mod goodput_text;
 pub mod gpu;
 pub mod inspect;
 pub mod jobs;

@@ -8,10 +8,12 @@
 //!
 //! Figures: [`step_time`] (predicted vs measured across plans), [`op_bars`] (per op kind),
 //! [`gantt`] (the two timelines), [`memory`] (allocated bytes per rank over time),
-//! [`landscape`] (search throughput over tp × pp).
+//! [`landscape`] (search throughput over tp × pp), [`goodput`] (goodput against the checkpoint
+//! interval).
 
 pub mod gantt;
 pub mod glyphs;
+pub mod goodput;
 pub mod landscape;
 pub mod memory;
 pub mod op_bars;
