@@ -98,7 +98,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         #[cfg(feature = "cuda")]
         "cuda" => return run_cuda(&args),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => match super::gpu::require_gpus("strata calibrate")? {},
+        "cuda" => match super::gpu::require_gpus(
+            "strata calibrate --backend cuda",
+            "strata calibrate --backend cpu calibrates the CPU executor",
+        )? {},
         other => bail!("--backend {other:?}: use cpu (or cuda, in a build with the `cuda` feature)"),
     }
     let s = args.scenario.load()?;
@@ -432,7 +435,10 @@ fn run_cuda(args: &Args) -> anyhow::Result<()> {
         );
     }
     let s = args.scenario.load()?;
-    let devices = super::gpu::require_gpus("strata calibrate")?;
+    let devices = super::gpu::require_gpus(
+        "strata calibrate --backend cuda",
+        "strata calibrate --backend cpu calibrates the CPU executor",
+    )?;
     let per_node = args.ranks.unwrap_or(s.cluster.gpus_per_node);
     let shapes = gemm_shapes(&s, per_node);
     let reps = if args.quick { 3 } else { 20 };

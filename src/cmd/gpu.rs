@@ -8,22 +8,22 @@ use anyhow::bail;
 
 /// The GPUs `--backend cuda` would use, or the exit-2 reason it cannot.
 #[cfg(feature = "cuda")]
-pub fn require_gpus(command: &str) -> anyhow::Result<Vec<strata_runtime::cuda::DeviceInfo>> {
+/// `instead` says what runs without one.
+pub fn require_gpus(command: &str, instead: &str) -> anyhow::Result<Vec<strata_runtime::cuda::DeviceInfo>> {
     match strata_runtime::cuda::devices() {
         Ok(d) if !d.is_empty() => Ok(d),
-        Ok(_) => bail!(
-            "no GPU found: the CUDA driver sees no GPU on this machine; {command} --backend cpu runs on CPU ranks"
-        ),
-        Err(e) => bail!("no GPU found: {e}; {command} --backend cpu runs on CPU ranks"),
+        Ok(_) => bail!("no GPU found for {command}: the CUDA driver sees no GPU on this machine; {instead}"),
+        Err(e) => bail!("no GPU found for {command}: {e}; {instead}"),
     }
 }
 
 /// The GPUs `--backend cuda` would use, or the exit-2 reason it cannot.
 #[cfg(not(feature = "cuda"))]
-pub fn require_gpus(command: &str) -> anyhow::Result<std::convert::Infallible> {
+/// `instead` says what runs without one.
+pub fn require_gpus(command: &str, instead: &str) -> anyhow::Result<std::convert::Infallible> {
     bail!(
-        "strata was built without CUDA: {command} --backend cuda needs a build with `--features cuda` \
-         (cargo build --release --features cuda) and a GPU; {command} --backend cpu runs on CPU ranks"
+        "strata was built without CUDA: {command} needs a build with `--features cuda` \
+         (cargo build --release --features cuda) and a GPU; {instead}"
     )
 }
 
@@ -40,7 +40,10 @@ pub fn executor_backend(command: &str, backend: &str) -> anyhow::Result<()> {
 /// The GPUs are there (or not, said first), but no executor runs plans on them yet.
 #[cfg(feature = "cuda")]
 fn refuse_executor(command: &str) -> anyhow::Result<()> {
-    let gpus = require_gpus(command)?;
+    let gpus = require_gpus(
+        &format!("{command} --backend cuda"),
+        &format!("{command} --backend cpu runs the plan on CPU ranks"),
+    )?;
     bail!(
         "{} GPU(s) found ({}), but the CUDA executor is not built yet: {command} --backend cuda cannot run a plan \
          on GPUs. `strata kernels --check` checks the model's CUDA kernels against the CPU reference on this GPU, and \
@@ -52,5 +55,8 @@ fn refuse_executor(command: &str) -> anyhow::Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn refuse_executor(command: &str) -> anyhow::Result<()> {
-    match require_gpus(command)? {}
+    match require_gpus(
+        &format!("{command} --backend cuda"),
+        &format!("{command} --backend cpu runs the plan on CPU ranks"),
+    )? {}
 }

@@ -34,7 +34,7 @@ pub struct Args {
 
 #[cfg(not(feature = "cuda"))]
 pub fn run(_args: Args) -> anyhow::Result<()> {
-    match super::gpu::require_gpus("strata kernels")? {}
+    match super::gpu::require_gpus("strata kernels", "the simulator and the CPU executor need no CUDA")? {}
 }
 
 #[cfg(feature = "cuda")]
@@ -74,7 +74,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let gpus = super::gpu::require_gpus("strata kernels --check")?;
+    let gpus = super::gpu::require_gpus(
+        "strata kernels --check",
+        "without --check, strata kernels compiles the kernels with NVRTC alone",
+    )?;
     let (major, minor) = gpus[0].compute_capability;
     let own = format!("sm_{major}{minor}");
     let arch = kernels::ARCHES.iter().find(|a| **a == own).copied().unwrap_or(arch);
