@@ -14,7 +14,7 @@
 
 Needs a build with `--features cuda` and NVRTC 13 on LD_LIBRARY_PATH, e.g.
   pip install nvidia-cuda-nvrtc==13.0.*
-  export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))')/cu13/lib")]
+  export LD_LIBRARY_PATH=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')/cu13/lib")]
 pub struct Args {
     /// GPU architecture to compile for: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120.
     #[arg(long, default_value = "sm_90")]

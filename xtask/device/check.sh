@@ -8,7 +8,7 @@ set -uo pipefail
 BIN="${1:-target/device/strata}"
 OUT="${OUT:-/tmp/strata-device}"
 mkdir -p "$OUT"
-NV="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))')"
+NV="$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')"
 SHIM="$OUT/.lib"; mkdir -p "$SHIM"
 # cudarc looks for libnccl.so; the pip wheel ships only libnccl.so.2.
 for f in "$NV"/nccl/lib/libnccl.so.2; do [ -e "$f" ] && ln -sf "$f" "$SHIM/libnccl.so"; done
