@@ -101,9 +101,10 @@ pub struct Args {
     /// Inject a fault (repeatable): kill:rank=R,step=S (rank R vanishes at the start of
     /// step S, as a killed process does), hang:rank=R,step=S (it stops talking; noticed
     /// after --timeout), slow:rank=R,factor=F (its compute is F times slower, 1 ≤ F ≤ 100:
-    /// it sleeps (F − 1) × each compute op's duration, and its partners wait). A kill or
-    /// hang fires in the first attempt only (one per run); a slow rank stays slow after a
-    /// restart.
+    /// it sleeps (F − 1) × each compute op's duration, and its partners wait; with more
+    /// rank threads than cores a sleeping rank frees its core for the others, so the step
+    /// barely grows). A kill or hang fires in the first attempt only (one per run); a slow
+    /// rank stays slow after a restart.
     #[arg(long, value_name = "SPEC")]
     pub inject: Vec<String>,
     /// Print the result as JSON instead of text.
