@@ -5,38 +5,15 @@
 //! file; a failed write exits 1 naming the path.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use strata_runtime::checkpoint::fnv1a64;
 
-const SCENARIO: &str = "scenarios/tiny-gpt-cpu.toml";
-
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
-}
+mod support;
+use support::{SCENARIO, fails, s, stderr, strata};
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-ckpt-cli-{}", std::process::id())).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Asserts exit code `code`, no panic, and a message containing every word.
-fn fails(out: &Output, code: i32, words: &[&str]) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for w in words {
-        assert!(err.contains(w), "message lacks {w:?}: {err}");
-    }
+    support::tmp_in("ckpt-cli", name)
 }
 
 fn train(dir: &Path, steps: &str, extra: &[&str]) -> Output {

@@ -4,36 +4,13 @@
 //! slow rank changes no loss; every bad `--inject` and `--restarts` without a checkpoint
 //! directory exits 2 naming the value.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
-const SCENARIO: &str = "scenarios/tiny-gpt-cpu.toml";
-
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
-}
+mod support;
+use support::{SCENARIO, fails, s, stderr, strata};
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-restarts-{}", std::process::id())).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn fails(out: &Output, code: i32, words: &[&str]) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for w in words {
-        assert!(err.contains(w), "message lacks {w:?}: {err}");
-    }
+    support::tmp_in("restarts", name)
 }
 
 /// Runs `strata train --json` and returns its report.

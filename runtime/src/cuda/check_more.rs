@@ -44,7 +44,7 @@ pub(super) fn embedding<S: Store>(g: &mut Gpu) -> Res<()> {
     launch!(g, format!("embed_bwd_{}", S::SUFFIX), cfg, &tok_d, &dout, &mut dwte, &mut dwpe, &ti, &si, &hi, &vs, &ri);
     let (dw_ref, dp_ref) = r::embed_bwd(&tok, &douts, seq, hidden, start, rows);
     let errs = [r::rel_error(&g.down(&dwte)?, &plus(&w0, &dw_ref)), r::rel_error(&g.down(&dwpe)?, &plus(&p0, &dp_ref))];
-    g.record(format!("embed_bwd_{}", S::SUFFIX), S::SUFFIX, shape, &errs, f32::BOUND.max(S::BOUND / 10.0));
+    g.record(format!("embed_bwd_{}", S::SUFFIX), S::SUFFIX, shape, &errs, S::ACC_BOUND);
     Ok(())
 }
 
@@ -69,7 +69,7 @@ pub(super) fn loss<S: Store>(g: &mut Gpu) -> Res<()> {
             S::SUFFIX,
             format!("{rows}×{cols}"),
             &[e],
-            f32::BOUND.max(S::BOUND / 10.0),
+            S::ACC_BOUND,
         );
         gathered_ref.extend(want);
         seen.push((x, xs));
@@ -126,13 +126,7 @@ pub(super) fn elementwise<S: Store>(g: &mut Gpu) -> Res<()> {
     launch!(g, format!("col_sum_{}", S::SUFFIX), blocks(cols), &x, &mut db, &rr, &ci);
     let want: Vec<f64> = (0..cols).map(|c| d0[c] + (0..rows).map(|r| xs[r * cols + c]).sum::<f64>()).collect();
     let e = r::rel_error(&g.down(&db)?, &want);
-    g.record(
-        format!("col_sum_{}", S::SUFFIX),
-        S::SUFFIX,
-        format!("{rows}×{cols}"),
-        &[e],
-        f32::BOUND.max(S::BOUND / 10.0),
-    );
+    g.record(format!("col_sum_{}", S::SUFFIX), S::SUFFIX, format!("{rows}×{cols}"), &[e], S::ACC_BOUND);
     Ok(())
 }
 
