@@ -55,6 +55,88 @@ pub struct ModelSpec {
     /// torchtitan's `rope_theta`.
     #[serde(default = "default_rope_base")]
     pub rope_base: f64,
+    /// Mixture of experts in the MLP of every layer past `moe.dense_layers`; absent = dense.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
+    /// Multi-head latent attention (DeepSeek-V2/V3) instead of (grouped-query) multi-head
+    /// attention; absent = MHA/GQA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSpec>,
+    /// Multi-token-prediction modules after the last layer (DeepSeek-V3's
+    /// `num_nextn_predict_layers`, Megatron-LM's `--mtp-num-layers`); 0 = none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// How a router scores experts: softmax over the experts (Mixtral, Qwen3) or an
+/// independent sigmoid per expert (DeepSeek-V3, Llama 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterScore {
+    #[default]
+    Softmax,
+    Sigmoid,
+}
+
+/// A mixture-of-experts MLP (Shazeer et al. 2017; Fedus et al. 2021; Megatron-core's
+/// `MoELayer`). Each token goes to its `top_k` routed experts out of `experts` (SwiGLU or
+/// GELU MLPs of width `expert_ffn_hidden`, the model's activation), plus `shared_experts`
+/// MLPs of width `shared_ffn_hidden` that every token passes through. The first
+/// `dense_layers` layers keep the dense MLP of width `ModelSpec::ffn_hidden`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSpec {
+    /// Routed experts per MoE layer (E).
+    pub experts: u32,
+    /// Experts each token is sent to (k).
+    pub top_k: u32,
+    /// Hidden width of one routed expert's MLP.
+    pub expert_ffn_hidden: u32,
+    /// Shared experts every token passes through (DeepSeek-V3: 1).
+    #[serde(default)]
+    pub shared_experts: u32,
+    /// Hidden width of one shared expert (0 when there are none).
+    #[serde(default)]
+    pub shared_ffn_hidden: u32,
+    /// Leading layers with a dense MLP (DeepSeek-V3's `first_k_dense_replace` = 3).
+    #[serde(default)]
+    pub dense_layers: u32,
+    /// Tokens an expert takes, as a multiple of an even share (Megatron-LM's
+    /// `--moe-expert-capacity-factor`): capacity = ceil(tokens·k / E · factor), the rest
+    /// dropped. Absent = dropless (every token is computed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_factor: Option<f64>,
+    #[serde(default)]
+    pub score: RouterScore,
+    /// Load-balancing auxiliary loss coefficient α (Switch-style, L = α·E·Σ f_i·P_i).
+    #[serde(default)]
+    pub aux_loss_coeff: f64,
+    /// Router imbalance: the Gini coefficient of tokens over experts in a microbatch, which
+    /// the simulator draws per (layer, microbatch) from one seeded generator. Absent = the
+    /// published default; 0 = perfectly balanced (force-balanced benchmarks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew: Option<f64>,
+}
+
+/// Multi-head latent attention shapes (DeepSeek-V3 config: `q_lora_rank` 1536,
+/// `kv_lora_rank` 512, `qk_nope_head_dim` 128, `qk_rope_head_dim` 64, `v_head_dim` 128).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaSpec {
+    /// Rank of the query down-projection (0 = queries projected directly from h).
+    pub q_lora_rank: u32,
+    /// Rank of the joint key/value down-projection.
+    pub kv_lora_rank: u32,
+    /// Per-head query/key width without rotary positions.
+    pub qk_nope_head_dim: u32,
+    /// Per-head query/key width that carries rotary positions (one shared rotary key).
+    pub qk_rope_head_dim: u32,
+    /// Per-head value width.
+    pub v_head_dim: u32,
 }
 
 /// Llama 3's rotary base, the default of a spec that does not give one.
@@ -102,6 +184,9 @@ impl ModelSpec {
             vocab,
             seq_len,
             activation,
+            moe: None,
+            mla: None,
+            mtp_layers: 0,
         };
         Some(match name {
             "gpt2-124m" => m(Gpt, 12, 768, 12, 12, 3072, 50257, 1024, Gelu),
@@ -158,6 +243,11 @@ impl ModelSpec {
             Activation::Gelu => 2,
             Activation::Swiglu => 3,
         }
+    }
+
+    /// The MLP of `layer` is a mixture of experts.
+    pub fn is_moe_layer(&self, layer: u32) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.dense_layers)
     }
 
     /// Structural checks that do not depend on the parallel split. Every message names the

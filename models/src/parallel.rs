@@ -79,6 +79,47 @@ impl Recompute {
     }
 }
 
+/// How context-parallel ranks share attention over the sequence (Transformer Engine's
+/// `cp_comm_type`). Each rank holds 2·cp-chunked, load-balanced slices of the sequence
+/// (rank r holds chunks r and 2·cp − 1 − r).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpComm {
+    /// Ring attention (TE `p2p`, Megatron-LM's default): cp − 1 steps, each passing the
+    /// K/V chunk to the next rank of the ring while attending to the one received.
+    #[default]
+    Ring,
+    /// All-gather K/V before attention, reduce-scatter dK/dV after (TE `allgather`; Llama 3).
+    AllGather,
+    /// DeepSpeed-Ulysses (TE `a2a`): all-to-all Q/K/V from sequence to head sharding and
+    /// the output back; needs heads and kv heads divisible by cp.
+    Ulysses,
+}
+
+impl CpComm {
+    pub const ALL: [CpComm; 3] = [CpComm::Ring, CpComm::AllGather, CpComm::Ulysses];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            CpComm::Ring => "ring",
+            CpComm::AllGather => "all-gather",
+            CpComm::Ulysses => "ulysses",
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+fn is_default_cp_comm(c: &CpComm) -> bool {
+    *c == CpComm::Ring
+}
+
 /// How a step is split.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,6 +127,18 @@ pub struct ParallelConfig {
     pub tp: u32,
     pub pp: u32,
     pub dp: u32,
+    /// Context-parallel ranks: each holds 1/cp of every sequence (Megatron-LM's
+    /// `--context-parallel-size`). ranks = tp · cp · dp · pp.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub cp: u32,
+    /// Expert-parallel ranks: each MoE layer's experts are split over ep ranks of one
+    /// pipeline stage (Megatron-LM's `--expert-model-parallel-size`; experts are not
+    /// tensor-parallel, `--expert-tensor-parallel-size 1`); ep divides tp · cp · dp.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ep: u32,
+    /// How context-parallel ranks exchange keys and values.
+    #[serde(default, skip_serializing_if = "is_default_cp_comm")]
+    pub cp_comm: CpComm,
     /// Model chunks per pipeline rank.
     pub vpp: u32,
     pub schedule: Schedule,
@@ -111,6 +164,9 @@ impl Default for ParallelConfig {
             tp: 1,
             pp: 1,
             dp: 1,
+            cp: 1,
+            ep: 1,
+            cp_comm: CpComm::Ring,
             vpp: 1,
             schedule: Schedule::OneFOneB,
             micro_batch: 1,
@@ -154,9 +210,27 @@ impl ParallelConfig {
         (self.global_batch as u64 / (self.micro_batch as u64 * self.dp as u64).max(1)) as u32
     }
 
-    /// Ranks in the grid: tp · pp · dp.
+    /// Ranks in the grid: tp · cp · dp · pp.
     pub fn ranks(&self) -> u64 {
-        self.tp as u64 * self.pp as u64 * self.dp as u64
+        self.tp as u64 * self.cp as u64 * self.pp as u64 * self.dp as u64
+    }
+
+    /// Ranks of one pipeline stage, tp · cp · dp: the ranks an expert-parallel group is cut
+    /// from.
+    pub fn stage_ranks(&self) -> u64 {
+        self.tp as u64 * self.cp as u64 * self.dp as u64
+    }
+
+    /// Ranks that hold replicas of one dense parameter shard and reduce its gradient:
+    /// cp · dp (Megatron-LM's data-parallel group with context parallelism).
+    pub fn grad_ranks(&self) -> u64 {
+        self.cp as u64 * self.dp as u64
+    }
+
+    /// Ranks that hold replicas of one expert and reduce its gradient: tp · cp · dp / ep
+    /// (Megatron-core's expert-data-parallel group).
+    pub fn expert_dp(&self) -> u64 {
+        self.stage_ranks() / self.ep.max(1) as u64
     }
 
     /// The virtual pipeline: pp stages of vpp chunks ([`Pipeline`] maps chunks to virtual

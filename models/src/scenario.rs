@@ -21,75 +21,6 @@ use crate::hardware::GpuKind;
 use crate::model::{Activation, Family, MODEL_PRESETS, ModelSpec};
 use crate::parallel::{ConfigError, ParallelConfig, Recompute, Schedule};
 
-/// Numeric format of weights and activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Dtype {
-    Bf16,
-    Fp16,
-    Fp32,
-}
-
-impl Dtype {
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::Bf16 | Dtype::Fp16 => 2,
-            Dtype::Fp32 => 4,
-        }
-    }
-
-    pub fn key(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "bf16",
-            Dtype::Fp16 => "fp16",
-            Dtype::Fp32 => "fp32",
-        }
-    }
-}
-
-/// The optimisation settings of a run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainingConfig {
-    pub dtype: Dtype,
-    pub steps: u32,
-    pub seed: u64,
-    /// Peak learning rate of AdamW.
-    pub lr: f64,
-    /// Linear warm-up steps before the peak learning rate.
-    pub warmup_steps: u32,
-    pub weight_decay: f64,
-    /// Global gradient-norm clip (0 = off).
-    pub grad_clip: f64,
-    /// Fused attention (FlashAttention, Dao et al. 2022): the s×s scores are never stored
-    /// and are recomputed inside the backward kernel. Default: on for GPU clusters (every
-    /// framework's default there), off on the CPU cluster.
-    pub flash_attention: bool,
-    /// The framework the plan is meant for: its memory, gradient dtype, exports and the
-    /// splits it runs ([`Framework`]). Megatron-LM on GPU clusters, Strata's executor on CPU.
-    pub framework: Framework,
-    /// Reduce data-parallel gradients in bf16 instead of the fp32 main gradients
-    /// (Megatron-LM's `--grad-reduce-in-bf16`).
-    pub grad_reduce_in_bf16: bool,
-}
-
-impl Default for TrainingConfig {
-    fn default() -> Self {
-        TrainingConfig {
-            dtype: Dtype::Bf16,
-            steps: 1,
-            seed: 0,
-            lr: 3e-4,
-            warmup_steps: 0,
-            weight_decay: 0.1,
-            grad_clip: 1.0,
-            flash_attention: false,
-            framework: Framework::Megatron,
-            grad_reduce_in_bf16: false,
-        }
-    }
-}
-
 /// A fully resolved, validated training job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scenario {
@@ -164,6 +95,9 @@ raw_table!(RawModel {
     activation: Activation,
     dropout: f64,
     rope_base: f64,
+    moe: crate::model::MoeSpec,
+    mla: crate::model::MlaSpec,
+    mtp_layers: u32,
 });
 raw_table!(RawCluster {
     preset: String,
@@ -184,6 +118,9 @@ raw_table!(RawParallel {
     tp: u32,
     pp: u32,
     dp: u32,
+    cp: u32,
+    ep: u32,
+    cp_comm: crate::parallel::CpComm,
     vpp: u32,
     schedule: Schedule,
     micro_batch: u32,
@@ -276,6 +213,9 @@ impl Scenario {
                 activation: Some(m.activation),
                 dropout: Some(m.dropout),
                 rope_base: Some(m.rope_base),
+                moe: m.moe.clone(),
+                mla: m.mla.clone(),
+                mtp_layers: Some(m.mtp_layers).filter(|l| *l != 0),
             },
             cluster: RawCluster {
                 preset: None,
@@ -296,6 +236,9 @@ impl Scenario {
                 tp: Some(p.tp),
                 pp: Some(p.pp),
                 dp: Some(p.dp),
+                cp: Some(p.cp).filter(|c| *c != 1),
+                ep: Some(p.ep).filter(|e| *e != 1),
+                cp_comm: Some(p.cp_comm).filter(|c| *c != crate::parallel::CpComm::Ring),
                 vpp: Some(p.vpp),
                 schedule: Some(p.schedule),
                 micro_batch: Some(p.micro_batch),
@@ -390,6 +333,9 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
             .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
         dropout: 0.0,
         rope_base: rm.rope_base.or(base.as_ref().map(|b| b.rope_base)).unwrap_or_else(crate::model::default_rope_base),
+        moe: rm.moe.clone().or_else(|| base.as_ref().and_then(|b| b.moe.clone())),
+        mla: rm.mla.clone().or_else(|| base.as_ref().and_then(|b| b.mla.clone())),
+        mtp_layers: rm.mtp_layers.or(base.as_ref().map(|b| b.mtp_layers)).unwrap_or(0),
     };
 
     let cluster = resolve_cluster(raw.cluster, origin)?;
@@ -407,10 +353,11 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
     let d = ParallelConfig::default();
     let tp = rp.tp.unwrap_or(d.tp);
     let pp = rp.pp.unwrap_or(d.pp);
+    let cp = rp.cp.unwrap_or(d.cp);
     let dp = match rp.dp {
         Some(dp) => dp,
         None => {
-            let grid = tp as u64 * pp as u64;
+            let grid = tp as u64 * cp as u64 * pp as u64;
             let derivable = grid != 0 && cluster.gpus().is_multiple_of(grid);
             if !derivable && split == Split::Unchecked {
                 // Any dp: the split is not checked, and the search replaces it.
@@ -419,7 +366,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
                 return Err(ScenarioError::Invalid {
                     origin: origin.to_string(),
                     message: format!(
-                        "parallel.dp is absent and cannot be derived: the cluster's {} GPUs are not divisible by tp · pp = {tp} · {pp} = {grid}; set parallel.dp or change tp/pp",
+                        "parallel.dp is absent and cannot be derived: the cluster's {} GPUs are not divisible by tp · cp · pp = {tp} · {cp} · {pp} = {grid}; set parallel.dp or change tp/cp/pp",
                         cluster.gpus()
                     ),
                     config: None,
@@ -434,6 +381,9 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
         tp,
         pp,
         dp,
+        cp,
+        ep: rp.ep.unwrap_or(d.ep),
+        cp_comm: rp.cp_comm.unwrap_or(d.cp_comm),
         vpp,
         schedule: rp.schedule.unwrap_or(if vpp > 1 { Schedule::chunked_default() } else { d.schedule }),
         micro_batch: rp.micro_batch.unwrap_or(d.micro_batch),
@@ -576,6 +526,8 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
 
 mod input;
 pub mod jobs;
+mod training;
+pub use training::{Dtype, TrainingConfig};
 mod placement;
 mod search_base;
 

@@ -367,10 +367,8 @@ fn alloc_free_peak_agrees_with_the_analytic_model_per_framework() {
 /// sends (nccl-tests' bus traffic).
 fn traffic(plan: &Plan, stage: usize, group: GroupKind, filter: impl Fn(&CollPurpose) -> bool) -> f64 {
     let n = |g: GroupKind| match g {
-        GroupKind::Tp => plan.grid.tp,
-        GroupKind::Dp => plan.grid.dp,
         GroupKind::Embedding => 2,
-        GroupKind::World => plan.grid.ranks(),
+        g => plan.grid.group_size(g),
     } as u64;
     plan.programs[stage]
         .ops
@@ -457,7 +455,7 @@ fn activation_buffers_are_sized_by_the_formula() {
     let s = toy(2, 1, 1, 1, Schedule::OneFOneB, 0, 1, 2);
     let plan = lower(&s).unwrap();
     let expected =
-        layer_activation_bytes(&s.model, 1, s.training.dtype, 2, false, Recompute::None, false).ceil() as u64;
+        layer_activation_bytes(&s.model, 1, s.training.storage_dtype(), 2, false, Recompute::None, false).ceil() as u64;
     let act = plan.programs[0].ops.iter().find_map(|o| match &o.kind {
         OpKind::Alloc(a) if a.name == "act L0 mb0" => Some(a.bytes),
         _ => None,

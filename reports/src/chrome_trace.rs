@@ -236,6 +236,27 @@ fn purpose_args(p: &CollPurpose, a: &mut BTreeMap<&'static str, Arg>) {
             a.insert("microbatch", Int(*mb as u64));
             "gradient bucket"
         }
+        CollPurpose::ExpertGradBucket { chunk, bucket, mb } => {
+            a.insert("chunk", Int(*chunk as u64));
+            a.insert("bucket", Int(*bucket as u64));
+            a.insert("microbatch", Int(*mb as u64));
+            "expert gradient bucket"
+        }
+        CollPurpose::Moe { dispatch, phase, mb, chunk, layer } => {
+            a.insert("phase", Str(phase.key().to_string()));
+            a.insert("microbatch", Int(*mb as u64));
+            a.insert("chunk", Int(*chunk as u64));
+            a.insert("layer", Int(*layer as u64));
+            if *dispatch { "expert dispatch" } else { "expert combine" }
+        }
+        CollPurpose::Cp { phase, mb, chunk, layer, step } => {
+            a.insert("phase", Str(phase.key().to_string()));
+            a.insert("microbatch", Int(*mb as u64));
+            a.insert("chunk", Int(*chunk as u64));
+            a.insert("layer", Int(*layer as u64));
+            a.insert("step", Int(*step as u64));
+            "context parallel"
+        }
         CollPurpose::ParamBucket { chunk, bucket } => {
             a.insert("chunk", Int(*chunk as u64));
             a.insert("bucket", Int(*bucket as u64));

@@ -188,6 +188,9 @@ mod tests {
             activation: Activation::Gelu,
             dropout: 0.0,
             rope_base: 500_000.0,
+            moe: None,
+            mla: None,
+            mtp_layers: 0,
         };
         ParamLayout::new(&spec, TpRank::SINGLE, ChunkSpec { embedding: true, layers: 0..0, head: true }).unwrap()
     }

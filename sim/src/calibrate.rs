@@ -356,7 +356,7 @@ mod tests {
         // A piece of one 256³ GEMM plus 2 GB/s of counted bytes plus 30 µs, at two sizes.
         let cost = |bytes| ComputeCost {
             flops: 0,
-            gemms: vec![Gemm { m: 256, n: 256, k: 256, batch: 1 }],
+            gemms: vec![Gemm { m: 256, n: 256, k: 256, batch: 1, fp8: false }],
             attention: None,
             mem_bytes: bytes,
             kernels: 3,
@@ -405,7 +405,7 @@ mod tests {
         // The median loop time per op: 10, 20, 20 µs.
         assert_eq!(p.execution, ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9, loop_us_per_op: 20.0 });
         // The tile model fallback is near the measured rates (within the fit's spread).
-        let near = model.tile_model_s(&Gemm { m: 256, n: 512, k: 256, batch: 1 });
+        let near = model.tile_model_s(&Gemm { m: 256, n: 512, k: 256, batch: 1, fp8: false });
         let want = 2.0 * 256.0 * 512.0 * 256.0 / 85e9;
         assert!((near / want - 1.0).abs() < 0.5, "{near} vs {want}");
     }

@@ -235,16 +235,16 @@ mod tests {
         let (tm, tn) = (p.compute.tiles[0].m, p.compute.tiles[0].n);
         let one = ComputeModel::new(&p, Dtype::Bf16);
         let k = 8192;
-        let full = one.gemm_s(&Gemm { m: tm * 12, n: tn * 9, k, batch: 1 });
-        let spill = one.gemm_s(&Gemm { m: tm * 12 + 1, n: tn * 9, k, batch: 1 });
+        let full = one.gemm_s(&Gemm { m: tm * 12, n: tn * 9, k, batch: 1, fp8: false });
+        let spill = one.gemm_s(&Gemm { m: tm * 12 + 1, n: tn * 9, k, batch: 1, fp8: false });
         assert!((spill / full - 2.0).abs() < 1e-12, "{spill} vs {full}");
         // The library's choice among tile shapes softens the step but does not remove it.
         let m = a100();
-        let full = m.gemm_s(&Gemm { m: tm * 12, n: tn * 9, k, batch: 1 });
-        let spill = m.gemm_s(&Gemm { m: tm * 12 + 1, n: tn * 9, k, batch: 1 });
+        let full = m.gemm_s(&Gemm { m: tm * 12, n: tn * 9, k, batch: 1, fp8: false });
+        let spill = m.gemm_s(&Gemm { m: tm * 12 + 1, n: tn * 9, k, batch: 1, fp8: false });
         assert!(spill > 1.2 * full && spill < 2.0 * full, "{spill} vs {full}");
         // A big, well-shaped GEMM runs at the profile's efficiency, within tail effects.
-        let g = Gemm { m: 16384, n: 16384, k: 16384, batch: 1 };
+        let g = Gemm { m: 16384, n: 16384, k: 16384, batch: 1, fp8: false };
         let achieved = g.flops() as f64 / m.gemm_s(&g) / 312e12;
         let ideal = p.compute.gemm_efficiency * 16384.0 / (16384.0 + p.compute.gemm_k_half);
         assert!(achieved <= ideal + 1e-12 && achieved > 0.95 * ideal, "{achieved} vs {ideal}");
@@ -254,7 +254,7 @@ mod tests {
     fn short_inner_dimensions_are_memory_bound() {
         let m = a100();
         // QKᵀ of one head: 2048 × 2048 × 128 moves 2·(2·2048·128 + 2048²) bytes for 1 GFLOP.
-        let g = Gemm { m: 2048, n: 2048, k: 128, batch: 64 };
+        let g = Gemm { m: 2048, n: 2048, k: 128, batch: 64, fp8: false };
         let bytes = 2.0 * (2.0 * 2048.0 * 128.0 + 2048.0 * 2048.0) * 64.0;
         let t = m.gemm_s(&g);
         assert!(t >= bytes / (2039e9 * 0.99), "{t}");
@@ -274,9 +274,9 @@ mod tests {
             overhead_us: 10.0,
         });
         let m = ComputeModel::new(&p, Dtype::Fp32);
-        let g = Gemm { m: 256, n: 768, k: 256, batch: 3 };
+        let g = Gemm { m: 256, n: 768, k: 256, batch: 3, fp8: false };
         assert!((m.gemm_s(&g) - 3.0 * 2.0 * 256.0 * 768.0 * 256.0 / 50e9).abs() < 1e-15);
-        let other = Gemm { m: 256, n: 768, k: 255, batch: 1 };
+        let other = Gemm { m: 256, n: 768, k: 255, batch: 1, fp8: false };
         assert_eq!(m.gemm_s(&other), m.tile_model_s(&other));
         let c = ComputeCost { flops: g.flops(), gemms: vec![g], attention: None, mem_bytes: 4_000_000, kernels: 7 };
         let want = m.gemm_s(&g) + 4e6 / 2e9 + 10e-6;
@@ -305,8 +305,12 @@ mod tests {
         let m = ComputeModel::new(&p, Dtype::Bf16);
         let (bh, s, d) = (8, 8192, 128);
         let core = |fused| AttnShape { batch_heads: bh, seq_q: s, seq_k: s, head_dim: d, causal: true, fused };
-        let qkv = Gemm { m: s, n: 1280, k: 8192, batch: 1 };
-        let gemms = vec![qkv, Gemm { m: s, n: s, k: d, batch: bh }, Gemm { m: s, n: d, k: s, batch: bh }];
+        let qkv = Gemm { m: s, n: 1280, k: 8192, batch: 1, fp8: false };
+        let gemms = vec![
+            qkv,
+            Gemm { m: s, n: s, k: d, batch: bh, fp8: false },
+            Gemm { m: s, n: d, k: s, batch: bh, fp8: false },
+        ];
         let c = ComputeCost { flops: 0, gemms, attention: Some(core(true)), mem_bytes: 0, kernels: 0 };
         // Causal: half of 4·bh·s²·d at P·η·(s/2)/(s/2 + x_½ + x_c).
         let x = s as f64 / 2.0;

@@ -21,7 +21,7 @@
 //! Units: bytes (u64), time in ns.
 
 use serde::{Deserialize, Serialize};
-use strata_models::plan::{OpKind, Plan, Program};
+use strata_models::plan::{GroupKind, OpKind, Plan, Program};
 
 use crate::profile::{HardwareProfile, MemoryParams};
 
@@ -114,11 +114,11 @@ pub fn nccl_buffer_bytes(m: &MemoryParams, collectives: u32, p2p_peers: u32) -> 
 /// point-to-point peers.
 pub fn nccl_bytes(plan: &Plan, program: &Program, profile: &HardwareProfile) -> u64 {
     let g = plan.grid;
-    let mut used = [false; 4];
+    let mut used = [false; GroupKind::ALL.len()];
     let mut p2p = false;
     for op in &program.ops {
         match &op.kind {
-            OpKind::Collective(c) if g.group_size(c.group) > 1 => used[c.group as usize] = true,
+            OpKind::Collective(c) if g.group_size(c.group) > 1 => used[c.group.index()] = true,
             OpKind::Send(_) | OpKind::Recv(_) => p2p = true,
             _ => {}
         }

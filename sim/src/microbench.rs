@@ -125,7 +125,7 @@ pub fn points() -> Vec<Point> {
 /// when causal), for the FlashAttention-3 paper's setting: B·s = 16k tokens, 16 heads.
 fn attention_cost(p: &Point) -> (ComputeCost, f64) {
     let bh = (16384 / p.seq).max(1) * 16;
-    let g = |m, n, k| Gemm { m, n, k, batch: bh };
+    let g = |m, n, k| Gemm { m, n, k, batch: bh, fp8: false };
     let (s, d) = (p.seq, p.head_dim);
     let gemms = if p.kind == Kind::AttnFwd {
         vec![g(s, s, d), g(s, d, s)]
@@ -143,7 +143,7 @@ pub fn model_value(profile: &HardwareProfile, p: &Point) -> Result<f64, String> 
     let model = ComputeModel::new(profile, Dtype::Bf16);
     Ok(match p.kind {
         Kind::Gemm => {
-            let g = Gemm { m: p.m, n: p.n, k: p.k, batch: 1 };
+            let g = Gemm { m: p.m, n: p.n, k: p.k, batch: 1, fp8: false };
             g.flops() as f64 / model.tile_model_s(&g) / 1e12
         }
         Kind::AttnFwd | Kind::AttnBwd => {

@@ -488,6 +488,9 @@ impl HardwareProfile {
     pub fn peak_flops_per_s(&self, dtype: Dtype) -> f64 {
         match dtype {
             Dtype::Bf16 | Dtype::Fp16 => self.compute.bf16_tflops * 1e12,
+            // The fp8 GEMM rate is the GPU's; until a profile carries it, twice bf16 (every
+            // Hopper and Blackwell datasheet).
+            Dtype::Fp8 => 2.0 * self.compute.bf16_tflops * 1e12,
             Dtype::Fp32 => self.compute.fp32_tflops * 1e12,
         }
     }

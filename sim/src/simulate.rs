@@ -160,7 +160,7 @@ pub struct ProfileTimer {
 
 impl ProfileTimer {
     pub fn new(profile: &HardwareProfile, plan: &Plan) -> ProfileTimer {
-        let model = ComputeModel::new(profile, plan.scenario.training.dtype);
+        let model = ComputeModel::new(profile, plan.scenario.training.storage_dtype());
         let per_op = profile.execution.loop_us_per_op;
         let loop_ns = if per_op > 0.0 {
             let ops: usize = plan.programs.iter().map(|p| p.ops.len()).sum();
@@ -226,7 +226,7 @@ pub fn simulate_timed(
     }
     // The programs that run: one per stage, or every distinct one.
     let mut used: Vec<usize> = if symmetric {
-        (0..g.pp).map(|pp| plan.program_index(g.rank(strata_models::plan::Coord { tp: 0, dp: 0, pp }))).collect()
+        (0..g.pp).map(|pp| plan.program_index(g.rank(strata_models::plan::Coord { tp: 0, cp: 0, dp: 0, pp }))).collect()
     } else {
         (0..g.ranks()).map(|r| plan.program_index(r)).collect()
     };
@@ -290,7 +290,8 @@ pub(crate) fn report(
     let model_flops = step_flops(&s.model, s.parallel.global_batch as u64, Recompute::None).model;
     let spec = s.cluster.gpu.spec();
     let peak = match s.training.dtype {
-        Dtype::Bf16 => spec.bf16_tflops,
+        // fp8 runs quote MFU against the bf16 peak, as torchtitan and Megatron-Bridge do.
+        Dtype::Bf16 | Dtype::Fp8 => spec.bf16_tflops,
         Dtype::Fp16 => spec.fp16_tflops,
         Dtype::Fp32 => spec.fp32_tflops,
     } * 1e12;

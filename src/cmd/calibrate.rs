@@ -220,7 +220,7 @@ fn fit_kind(op: CommOp) -> CommFitKind {
         CommOp::Collective(CollKind::AllGather) => CommFitKind::AllGather,
         CommOp::Collective(CollKind::Broadcast) => CommFitKind::Broadcast,
         CommOp::Collective(CollKind::AllToAll) => CommFitKind::AllToAll,
-        CommOp::SendRecv => CommFitKind::SendRecv,
+        CommOp::SendRecv | CommOp::Collective(CollKind::RingExchange) => CommFitKind::SendRecv,
     }
 }
 
@@ -319,6 +319,8 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
                 zero: 0,
                 recompute,
                 sequence_parallel: sp,
+                cp: 1,
+                ep: 1,
                 ..s.parallel.clone()
             };
             j.validate().context("a calibration job of this model")?;
@@ -346,6 +348,8 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
                 zero,
                 recompute: Recompute::None,
                 sequence_parallel: false,
+                cp: 1,
+                ep: 1,
                 ..s.parallel.clone()
             };
             j.validate().context("a calibration job of this model")?;

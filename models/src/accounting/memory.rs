@@ -44,7 +44,7 @@ use crate::scenario::{Dtype, Scenario};
 /// Bytes of model state per parameter: (weights, gradients, optimizer state).
 pub fn state_bytes_per_param(dtype: Dtype) -> (u64, u64, u64) {
     match dtype {
-        Dtype::Bf16 | Dtype::Fp16 => (2, 2, 12),
+        Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp8 => (2, 2, 12),
         Dtype::Fp32 => (4, 4, 8),
     }
 }
@@ -244,7 +244,7 @@ impl StageMemory {
 pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let m = &s.model;
     let p = &s.parallel;
-    let dtype = s.training.dtype;
+    let dtype = s.training.storage_dtype();
     let t = p.tp as f64;
     let b = p.micro_batch;
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
@@ -445,7 +445,7 @@ mod tests {
         };
         let s1 = Scenario::from_toml(&text("zb-h1"), "t", "t", &[]).unwrap();
         let s2 = Scenario::from_toml(&text("zb-h2"), "t", "t", &[]).unwrap();
-        let (p, dtype, flash) = (&s2.parallel, s2.training.dtype, s2.training.flash_attention);
+        let (p, dtype, flash) = (&s2.parallel, s2.training.storage_dtype(), s2.training.flash_attention);
         let act = layer_activation_bytes(&s2.model, 1, dtype, 8, true, Recompute::Selective, flash);
         let wgrad = weight_grad_bytes(&s2.model, 1, dtype, 8);
         let layers = p.stage_layers(&s2.model, 0) as f64;

@@ -23,7 +23,7 @@
 //!   module's 16-bit weights and gradients gathered whole. ZeRO-1 with bf16
 //!   runs `BF16_Optimizer`: an fp32 gradient buffer for all parameters, the fp32 master and
 //!   Adam partitioned.
-//! - torchtitan keeps parameters, gradients and Adam state in fp32 (`training.dtype`),
+//! - torchtitan keeps parameters, gradients and Adam state in fp32 (`training.storage_dtype()`),
 //!   sharded by FSDP2; forward gathers each block in bf16 and, with reshard after forward
 //!   (ZeRO-3 here), frees it again, else (ZeRO-2) keeps it until its backward.
 //!
@@ -175,7 +175,7 @@ pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16:
 
 /// The layout of a scenario's framework, dtype and ZeRO stage.
 pub fn scenario_layout(s: &Scenario) -> StateLayout {
-    layout(s.training.framework, s.training.dtype, s.parallel.zero, s.training.grad_reduce_in_bf16)
+    layout(s.training.framework, s.training.storage_dtype(), s.parallel.zero, s.training.grad_reduce_in_bf16)
 }
 
 /// Bytes on one rank that the framework's own formula counts beside the states but Strata's
@@ -183,7 +183,7 @@ pub fn scenario_layout(s: &Scenario) -> StateLayout {
 /// largest module's 16-bit weights and gradients gathered whole; Strata's plan gathers
 /// whole layers with its prefetch window instead, in `transient_bytes`).
 pub fn formula_buffer_bytes(s: &Scenario) -> f64 {
-    let half = matches!(s.training.dtype, Dtype::Bf16 | Dtype::Fp16);
+    let half = matches!(s.training.storage_dtype(), Dtype::Bf16 | Dtype::Fp16);
     if s.training.framework == Framework::DeepSpeed && s.parallel.zero >= 3 && half {
         4.0 * crate::accounting::params::largest_module_params(&s.model, s.parallel.tp) as f64
     } else {

@@ -55,7 +55,9 @@ pub fn config(s: &Scenario) -> Value {
         );
     }
     match t.dtype {
-        Dtype::Bf16 => {
+        // DeepSpeed's fp8 comes from Transformer Engine modules in the model code, not the
+        // config: the config trains in bf16.
+        Dtype::Bf16 | Dtype::Fp8 => {
             c.insert("bf16".into(), json!({ "enabled": true }));
         }
         Dtype::Fp16 => {

@@ -176,6 +176,8 @@ fn arguments(s: &Scenario) -> (Vec<String>, Vec<Dropped>) {
     a.push(format!("--global-batch-size {}", p.global_batch));
     match t.dtype {
         Dtype::Bf16 => a.push("--bf16".into()),
+        // Transformer Engine's delayed scaling with E4M3 forward and E5M2 backward.
+        Dtype::Fp8 => a.push("--bf16 --fp8-format hybrid --fp8-recipe delayed".into()),
         Dtype::Fp16 => a.push("--fp16".into()),
         Dtype::Fp32 => {}
     }

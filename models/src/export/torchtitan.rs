@@ -100,6 +100,13 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
         if p.pp > 1 { (p.micro_batch * p.microbatches(), Some(p.micro_batch)) } else { (p.micro_batch, None) };
     let param_dtype = match t.dtype {
         Dtype::Bf16 => "bfloat16",
+        Dtype::Fp8 => {
+            drop(
+                "training.dtype = \"fp8\"".into(),
+                "written as bfloat16; torchtitan's float8 is a model converter, not written yet",
+            );
+            "bfloat16"
+        }
         Dtype::Fp32 => "float32",
         Dtype::Fp16 => {
             drop(

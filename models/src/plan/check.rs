@@ -387,7 +387,7 @@ mod tests {
     }
 
     fn compute_op(buf: BufId) -> Op {
-        let c = ComputeOp { piece: Piece::Embed, phase: Phase::Forward, mb: 0, chunk: 0, layer: 0, cost: 0 };
+        let c = ComputeOp { piece: Piece::Embed, phase: Phase::Forward, mb: 0, chunk: 0, layer: 0, step: 0, cost: 0 };
         Op { stream: Stream::Compute, deps: vec![], bufs: vec![buf], kind: OpKind::Compute(c) }
     }
 

@@ -64,37 +64,80 @@ impl Pipeline {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Coord {
     pub tp: u32,
+    /// Context-parallel rank (0 when cp = 1).
+    #[serde(default)]
+    pub cp: u32,
     pub dp: u32,
     pub pp: u32,
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
 /// The rank grid and its placement.
+///
+/// With context and expert parallelism the order is Megatron-core's `tp-cp-ep-dp-pp`:
+/// rank = tp_rank + tp · (cp_rank + cp · (dp_rank + dp · pp_rank)). Expert parallelism
+/// does not add ranks: with experts not tensor-parallel (expert-tp = 1), a stage's
+/// tp · cp · dp ranks, in rank order, are re-read as ep · (tp · cp · dp / ep): the
+/// expert-parallel group of a rank is the block of `ep` consecutive ranks of its stage that
+/// holds it, and its expert-data-parallel group the ranks of its stage at the same position
+/// of their blocks. Worked example, tp = 2, cp = 1, dp = 4, pp = 1, ep = 4: expert-parallel
+/// groups [0, 1, 2, 3] and [4, 5, 6, 7]; expert-data-parallel groups [0, 4], [1, 5], [2, 6],
+/// [3, 7].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankGrid {
     pub tp: u32,
     pub dp: u32,
     pub pp: u32,
     pub gpus_per_node: u32,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub cp: u32,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ep: u32,
 }
 
 impl RankGrid {
     pub fn new(tp: u32, dp: u32, pp: u32, gpus_per_node: u32) -> RankGrid {
         assert!(tp > 0 && dp > 0 && pp > 0 && gpus_per_node > 0, "grid {tp}×{dp}×{pp} on {gpus_per_node}-GPU nodes");
-        RankGrid { tp, dp, pp, gpus_per_node }
+        RankGrid { tp, dp, pp, gpus_per_node, cp: 1, ep: 1 }
+    }
+
+    /// The same grid with `cp` context-parallel and `ep` expert-parallel ranks (ep divides
+    /// tp · cp · dp; the split's rules check it first).
+    pub fn with_cp_ep(self, cp: u32, ep: u32) -> RankGrid {
+        assert!(cp > 0 && ep > 0, "cp {cp}, ep {ep}");
+        debug_assert!((self.tp * cp * self.dp).is_multiple_of(ep), "ep {ep} divides tp·cp·dp");
+        RankGrid { cp, ep, ..self }
     }
 
     pub fn ranks(&self) -> u32 {
-        self.tp * self.dp * self.pp
+        self.stage_ranks() * self.pp
     }
 
     pub fn coord(&self, rank: u32) -> Coord {
         debug_assert!(rank < self.ranks());
-        Coord { tp: rank % self.tp, dp: (rank / self.tp) % self.dp, pp: rank / (self.tp * self.dp) }
+        Coord {
+            tp: rank % self.tp,
+            cp: (rank / self.tp) % self.cp,
+            dp: (rank / (self.tp * self.cp)) % self.dp,
+            pp: rank / self.stage_ranks(),
+        }
     }
 
     pub fn rank(&self, c: Coord) -> u32 {
-        debug_assert!(c.tp < self.tp && c.dp < self.dp && c.pp < self.pp);
-        c.tp + self.tp * (c.dp + self.dp * c.pp)
+        debug_assert!(c.tp < self.tp && c.cp < self.cp && c.dp < self.dp && c.pp < self.pp);
+        c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+    }
+
+    /// Index of `rank` within its pipeline stage, tp_rank + tp · (cp_rank + cp · dp_rank).
+    fn in_stage(&self, rank: u32) -> u32 {
+        rank % self.stage_ranks()
     }
 
     /// The members of `rank`'s group of a kind, in group order (the order NCCL ranks them).
@@ -102,7 +145,20 @@ impl RankGrid {
         let c = self.coord(rank);
         match kind {
             GroupKind::Tp => (0..self.tp).map(|tp| self.rank(Coord { tp, ..c })).collect(),
-            GroupKind::Dp => (0..self.dp).map(|dp| self.rank(Coord { dp, ..c })).collect(),
+            GroupKind::Cp => (0..self.cp).map(|cp| self.rank(Coord { cp, ..c })).collect(),
+            GroupKind::Dp => (0..self.dp)
+                .flat_map(|dp| (0..self.cp).map(move |cp| (cp, dp)))
+                .map(|(cp, dp)| self.rank(Coord { cp, dp, ..c }))
+                .collect(),
+            GroupKind::Ep => {
+                let base = rank - self.in_stage(rank) % self.ep;
+                (base..base + self.ep).collect()
+            }
+            GroupKind::ExpertDp => {
+                let stage = rank - self.in_stage(rank);
+                let pos = self.in_stage(rank) % self.ep;
+                (0..self.stage_ranks() / self.ep).map(|i| stage + pos + i * self.ep).collect()
+            }
             GroupKind::Embedding => {
                 let mut g = vec![self.rank(Coord { pp: 0, ..c })];
                 if self.pp > 1 {
@@ -114,29 +170,41 @@ impl RankGrid {
         }
     }
 
-    /// Members of every group of a kind: tp, dp, 2 for the embedding group (first and last
-    /// stage; 1 when pp = 1, where they are the same stage), every rank for the world.
+    /// Members of every group of a kind: tp; cp; cp · dp for the data-parallel group (the
+    /// ranks that hold a dense parameter's replicas); ep; tp · cp · dp / ep for the
+    /// expert-data-parallel group; 2 for the embedding group (first and last stage; 1 when
+    /// pp = 1, where they are the same stage), every rank for the world.
     pub fn group_size(&self, kind: GroupKind) -> u32 {
         match kind {
             GroupKind::Tp => self.tp,
-            GroupKind::Dp => self.dp,
+            GroupKind::Cp => self.cp,
+            GroupKind::Dp => self.cp * self.dp,
+            GroupKind::Ep => self.ep,
+            GroupKind::ExpertDp => self.stage_ranks() / self.ep,
             GroupKind::Embedding => 1 + u32::from(self.pp > 1),
             GroupKind::World => self.ranks(),
         }
     }
 
-    /// Ranks that run one pipeline stage, tp · dp.
+    /// Ranks that run one pipeline stage, tp · cp · dp.
     pub fn stage_ranks(&self) -> u32 {
-        self.tp * self.dp
+        self.tp * self.cp * self.dp
     }
 
     /// Number of distinct groups of a kind, and the index of `rank`'s group among them.
     pub fn group_id(&self, rank: u32, kind: GroupKind) -> (u32, u32) {
         let c = self.coord(rank);
+        let j = self.in_stage(rank);
         match kind {
-            GroupKind::Tp => (self.dp * self.pp, c.dp + self.dp * c.pp),
+            GroupKind::Tp => (self.cp * self.dp * self.pp, c.cp + self.cp * (c.dp + self.dp * c.pp)),
+            GroupKind::Cp => (self.tp * self.dp * self.pp, c.tp + self.tp * (c.dp + self.dp * c.pp)),
             GroupKind::Dp => (self.tp * self.pp, c.tp + self.tp * c.pp),
-            GroupKind::Embedding => (self.tp * self.dp, c.tp + self.tp * c.dp),
+            GroupKind::Ep => {
+                let per_stage = self.stage_ranks() / self.ep;
+                (per_stage * self.pp, j / self.ep + per_stage * c.pp)
+            }
+            GroupKind::ExpertDp => (self.ep * self.pp, j % self.ep + self.ep * c.pp),
+            GroupKind::Embedding => (self.stage_ranks(), j),
             GroupKind::World => (1, 0),
         }
     }
@@ -146,7 +214,10 @@ impl RankGrid {
         let c = self.coord(rank);
         match kind {
             GroupKind::Tp => c.tp,
-            GroupKind::Dp => c.dp,
+            GroupKind::Cp => c.cp,
+            GroupKind::Dp => c.cp + self.cp * c.dp,
+            GroupKind::Ep => self.in_stage(rank) % self.ep,
+            GroupKind::ExpertDp => self.in_stage(rank) / self.ep,
             GroupKind::Embedding => u32::from(c.pp != 0),
             GroupKind::World => rank,
         }
@@ -167,15 +238,23 @@ impl RankGrid {
         (rank / self.gpus_per_node, rank % self.gpus_per_node)
     }
 
-    /// `TP(2)-PP(2)-DP(4)-rank(3)`.
+    /// `TP(2)-PP(2)-DP(4)-rank(3)`; `TP(2)-CP(2)-EP(4)-PP(2)-DP(4)-rank(3)` with context or
+    /// expert parallelism.
     pub fn label(&self, rank: u32) -> String {
-        format!("TP({})-PP({})-DP({})-rank({})", self.tp, self.pp, self.dp, rank)
+        format!("{self}-rank({rank})")
     }
 }
 
 impl std::fmt::Display for RankGrid {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TP({})-PP({})-DP({})", self.tp, self.pp, self.dp)
+        write!(f, "TP({})", self.tp)?;
+        if self.cp > 1 {
+            write!(f, "-CP({})", self.cp)?;
+        }
+        if self.ep > 1 {
+            write!(f, "-EP({})", self.ep)?;
+        }
+        write!(f, "-PP({})-DP({})", self.pp, self.dp)
     }
 }
 
@@ -191,7 +270,7 @@ mod tests {
         assert_eq!(g.group(1, GroupKind::Embedding), vec![1, 5]);
         assert_eq!(g.peer(1, Peer::Next), 5);
         assert_eq!(g.peer(1, Peer::Prev), 5);
-        assert_eq!(g.coord(6), Coord { tp: 0, dp: 1, pp: 1 });
+        assert_eq!(g.coord(6), Coord { tp: 0, cp: 0, dp: 1, pp: 1 });
         assert_eq!(g.label(3), "TP(2)-PP(2)-DP(2)-rank(3)");
         for r in 0..8 {
             assert_eq!(g.rank(g.coord(r)), r);
@@ -244,5 +323,40 @@ mod tests {
             assert!(seen.iter().all(|s| *s == 1));
         }
         assert_eq!(g.placement(13), (1, 5));
+    }
+
+    #[test]
+    fn context_and_expert_groups() {
+        // tp 2, cp 2, dp 2, pp 2: 16 ranks; ep 4 over a stage's 8 ranks.
+        let g = RankGrid::new(2, 2, 2, 8).with_cp_ep(2, 4);
+        assert_eq!(g.ranks(), 16);
+        assert_eq!(g.coord(5), Coord { tp: 1, cp: 0, dp: 1, pp: 0 });
+        assert_eq!(g.group(5, GroupKind::Tp), vec![4, 5]);
+        assert_eq!(g.group(5, GroupKind::Cp), vec![5, 7]);
+        // Dense gradients reduce over cp · dp.
+        assert_eq!(g.group(5, GroupKind::Dp), vec![1, 3, 5, 7]);
+        assert_eq!(g.group(5, GroupKind::Ep), vec![4, 5, 6, 7]);
+        assert_eq!(g.group(13, GroupKind::Ep), vec![12, 13, 14, 15]);
+        assert_eq!(g.group(5, GroupKind::ExpertDp), vec![1, 5]);
+        assert_eq!(g.group(5, GroupKind::Embedding), vec![5, 13]);
+        assert_eq!(g.label(3), "TP(2)-CP(2)-EP(4)-PP(2)-DP(2)-rank(3)");
+        for r in 0..g.ranks() {
+            assert_eq!(g.rank(g.coord(r)), r);
+            for kind in
+                [GroupKind::Tp, GroupKind::Cp, GroupKind::Dp, GroupKind::Ep, GroupKind::ExpertDp, GroupKind::Embedding]
+            {
+                let members = g.group(r, kind);
+                assert_eq!(members.len() as u32, g.group_size(kind), "{kind:?}");
+                assert_eq!(members[g.position(r, kind) as usize], r, "{kind:?} of {r}");
+                let id = g.group_id(r, kind);
+                assert!(id.1 < id.0);
+                assert!(members.iter().all(|m| g.group_id(*m, kind) == id), "{kind:?} of {r}");
+            }
+        }
+        // Every kind's groups partition the ranks.
+        for kind in [GroupKind::Cp, GroupKind::Dp, GroupKind::Ep, GroupKind::ExpertDp] {
+            let (count, _) = g.group_id(0, kind);
+            assert_eq!(count * g.group_size(kind), g.ranks(), "{kind:?}");
+        }
     }
 }

@@ -73,14 +73,35 @@ impl Stream {
 /// partial sum under TP), `LayerOut` (r += MLP output). Around the layers: `Embed` on the
 /// first stage, `FinalNorm`, `Logits` (output layer and per-token loss statistics) and
 /// `Loss` on the last, and the `Optimizer` step.
+///
+/// With context parallelism (cp > 1) `Attn` is split around the exchange of keys and
+/// values: `AttnQkv` (the QKV projection and rotary positions of the rank's sequence
+/// chunks), `AttnCore` (softmax attention; under ring attention one op per ring step,
+/// `ComputeOp::step` = 0 … cp − 1, step i attending to the K/V chunks received i steps
+/// earlier, the last merging the partial results), `AttnProj` (the output projection;
+/// partial sum under TP).
+///
+/// In a mixture-of-experts layer `Mlp` is replaced by `Router` (the gate GEMM, scores,
+/// top-k, and the permutation of this rank's tokens into per-destination order), the
+/// expert-parallel all-to-all dispatch, `Experts` (the grouped GEMMs of this rank's local
+/// experts over the tokens they received), the all-to-all combine, and `SharedExperts`
+/// (the shared experts' dense MLP over this rank's tokens, absent without shared experts);
+/// `LayerOut` then un-permutes, weights by the router's probabilities, adds the shared
+/// output and the residual.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Piece {
     Embed,
     AttnIn,
     Attn,
+    AttnQkv,
+    AttnCore,
+    AttnProj,
     MlpIn,
     Mlp,
+    Router,
+    Experts,
+    SharedExperts,
     LayerOut,
     FinalNorm,
     Logits,
@@ -94,8 +115,14 @@ impl Piece {
             Piece::Embed => "embed",
             Piece::AttnIn => "attn-in",
             Piece::Attn => "attn",
+            Piece::AttnQkv => "attn-qkv",
+            Piece::AttnCore => "attn-core",
+            Piece::AttnProj => "attn-proj",
             Piece::MlpIn => "mlp-in",
             Piece::Mlp => "mlp",
+            Piece::Router => "router",
+            Piece::Experts => "experts",
+            Piece::SharedExperts => "shared-experts",
             Piece::LayerOut => "layer-out",
             Piece::FinalNorm => "final-norm",
             Piece::Logits => "logits",
@@ -106,7 +133,20 @@ impl Piece {
 
     /// Pieces that belong to a transformer layer (carry a layer index).
     pub fn in_layer(self) -> bool {
-        matches!(self, Piece::AttnIn | Piece::Attn | Piece::MlpIn | Piece::Mlp | Piece::LayerOut)
+        matches!(
+            self,
+            Piece::AttnIn
+                | Piece::Attn
+                | Piece::AttnQkv
+                | Piece::AttnCore
+                | Piece::AttnProj
+                | Piece::MlpIn
+                | Piece::Mlp
+                | Piece::Router
+                | Piece::Experts
+                | Piece::SharedExperts
+                | Piece::LayerOut
+        )
     }
 }
 
@@ -138,12 +178,16 @@ impl Phase {
 }
 
 /// One GEMM (or a batch of identical ones): C(m,n) = A(m,k)·B(k,n), 2·m·n·k·batch FLOPs.
+/// `fp8`: the operands are fp8 (Transformer Engine's linear layers under
+/// `training.dtype = "fp8"`), run at the GPU's fp8 rate; absent = the training dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Gemm {
     pub m: u64,
     pub n: u64,
     pub k: u64,
     pub batch: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp8: bool,
 }
 
 impl Gemm {
@@ -197,7 +241,14 @@ pub struct ComputeOp {
     pub chunk: u32,
     /// Global layer index for layer pieces, 0 otherwise.
     pub layer: u32,
+    /// Ring step of an `AttnCore` under ring context parallelism (0 … cp − 1), else 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub step: u32,
     pub cost: CostId,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Collective operations (NCCL's).
@@ -209,6 +260,10 @@ pub enum CollKind {
     AllGather,
     Broadcast,
     AllToAll,
+    /// Every member sends `bytes` to the next member of its group (in group order, the
+    /// last to the first) and receives as much from the previous: one step of ring
+    /// attention (Transformer Engine's batched send/recv of the K/V chunk).
+    RingExchange,
 }
 
 impl CollKind {
@@ -219,6 +274,7 @@ impl CollKind {
             CollKind::AllGather => "all-gather",
             CollKind::Broadcast => "broadcast",
             CollKind::AllToAll => "all-to-all",
+            CollKind::RingExchange => "ring-exchange",
         }
     }
 
@@ -228,7 +284,7 @@ impl CollKind {
         match self {
             CollKind::AllReduce => 2.0 * (n - 1.0) / n,
             CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll => (n - 1.0) / n,
-            CollKind::Broadcast => 1.0,
+            CollKind::Broadcast | CollKind::RingExchange => 1.0,
         }
     }
 }
@@ -239,8 +295,18 @@ impl CollKind {
 pub enum GroupKind {
     /// The rank's tensor-parallel group (same dp and pp coordinates).
     Tp,
-    /// The rank's data-parallel group (same tp and pp coordinates); ZeRO shards over it.
+    /// The rank's data-parallel group (same tp and pp coordinates; with context
+    /// parallelism its cp · dp ranks, Megatron-LM's data-parallel group with context
+    /// parallel); dense gradients reduce and ZeRO shards over it.
     Dp,
+    /// The rank's context-parallel group (same tp, dp and pp coordinates).
+    Cp,
+    /// The rank's expert-parallel group: the ep consecutive ranks of its stage that split
+    /// each MoE layer's experts (see [`crate::plan::grid::RankGrid`]).
+    Ep,
+    /// The ranks of its stage that hold the same experts: expert gradients reduce (and
+    /// ZeRO shards expert state) over them.
+    ExpertDp,
     /// First and last pipeline stage with the same tp and dp coordinates: the two copies of
     /// a tied input/output embedding.
     Embedding,
@@ -249,10 +315,29 @@ pub enum GroupKind {
 }
 
 impl GroupKind {
+    /// Every kind, in declaration order ([`GroupKind::index`]).
+    pub const ALL: [GroupKind; 7] = [
+        GroupKind::Tp,
+        GroupKind::Dp,
+        GroupKind::Cp,
+        GroupKind::Ep,
+        GroupKind::ExpertDp,
+        GroupKind::Embedding,
+        GroupKind::World,
+    ];
+
+    /// Position in [`GroupKind::ALL`]: the index of per-kind tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn key(self) -> &'static str {
         match self {
             GroupKind::Tp => "tp",
             GroupKind::Dp => "dp",
+            GroupKind::Cp => "cp",
+            GroupKind::Ep => "ep",
+            GroupKind::ExpertDp => "expert-dp",
             GroupKind::Embedding => "embedding",
             GroupKind::World => "world",
         }
@@ -298,6 +383,19 @@ pub enum CollPurpose {
     SpReplicatedGrads,
     /// Sum of squared gradient norms over all ranks, for clipping.
     GradNorm,
+    /// Expert parallelism around a MoE layer's experts (group `Ep`, kind `AllToAll`):
+    /// `dispatch` sends each token to its experts' ranks, else the combine brings expert
+    /// outputs back. In backward the same two carry the gradients the other way. `bytes`
+    /// is the expected volume with tokens spread evenly; the routed counts decide what moves.
+    Moe { dispatch: bool, phase: Phase, mb: u32, chunk: u32, layer: u32 },
+    /// Context parallelism around attention (group `Cp`): under ring attention the K/V
+    /// (and in backward dK/dV) exchange before ring step `step`; under all-gather the K/V
+    /// all-gather (forward) and the dK/dV reduce-scatter (backward); under Ulysses the
+    /// all-to-all of Q/K/V (`step` 0) and of the output (`step` 1).
+    Cp { phase: Phase, mb: u32, chunk: u32, layer: u32, step: u32 },
+    /// Reduce a bucket of expert gradients over the expert-data-parallel group (as
+    /// `GradBucket` for dense parameters).
+    ExpertGradBucket { chunk: u32, bucket: u32, mb: u32 },
 }
 
 /// A collective on one of the rank's groups.

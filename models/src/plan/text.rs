@@ -57,6 +57,13 @@ fn purpose(p: &CollPurpose) -> String {
         CollPurpose::TiedEmbeddingGrad => "tied embedding grads".to_string(),
         CollPurpose::SpReplicatedGrads => "replicated grads (sequence parallel)".to_string(),
         CollPurpose::GradNorm => "grad norm".to_string(),
+        CollPurpose::Moe { dispatch, phase, mb, chunk, layer } => {
+            format!("{} L{layer} mb{mb} c{chunk} {}", if *dispatch { "dispatch" } else { "combine" }, phase.key())
+        }
+        CollPurpose::Cp { phase, mb, chunk, layer, step } => {
+            format!("context L{layer} mb{mb} c{chunk} {} step{step}", phase.key())
+        }
+        CollPurpose::ExpertGradBucket { chunk, bucket, mb } => format!("expert grads c{chunk} b{bucket} mb{mb}"),
     }
 }
 

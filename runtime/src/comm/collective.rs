@@ -195,6 +195,13 @@ impl Mailbox {
                 }
                 data
             }
+            CollKind::RingExchange => {
+                let to = group.members[(me + 1) % n];
+                if to != self.rank() {
+                    self.comm.send(to, tag, data.clone())?;
+                }
+                data
+            }
             CollKind::AllToAll => {
                 return Err(CommError::Transport {
                     rank: self.rank(),
@@ -210,6 +217,11 @@ impl Mailbox {
         let needed: Vec<usize> = match p.kind {
             CollKind::Broadcast if p.position != 0 => vec![0],
             CollKind::Broadcast => vec![],
+            CollKind::RingExchange => {
+                let n = p.members.len();
+                let prev = (p.position + n - 1) % n;
+                if prev == p.position { vec![] } else { vec![prev] }
+            }
             _ => (0..p.members.len()).filter(|&j| j != p.position).collect(),
         };
         needed.into_iter().map(|j| p.members[j]).filter(|&r| !self.has(p.tag, r)).collect()
@@ -221,6 +233,15 @@ impl Mailbox {
             return None;
         }
         let n = p.members.len();
+        if p.kind == CollKind::RingExchange {
+            // The previous member's block (one's own in a group of one).
+            let prev = (p.position + n - 1) % n;
+            if prev == p.position {
+                return Some(Payload::F32(f32s(&p.own, "ring exchange").to_vec()));
+            }
+            let x = self.take(p.tag, p.members[prev]).expect("checked by missing");
+            return Some(Payload::F32(f32s(&x, "ring exchange").to_vec()));
+        }
         let mut parts: Vec<Payload> = Vec::with_capacity(n);
         for (j, &r) in p.members.iter().enumerate() {
             if j == p.position {
@@ -243,7 +264,7 @@ impl Mailbox {
                 Payload::F32(out)
             }
             CollKind::Broadcast => Payload::F32(f32s(&parts[0], "broadcast").to_vec()),
-            CollKind::AllToAll => unreachable!("never posted"),
+            CollKind::AllToAll | CollKind::RingExchange => unreachable!("never posted / finished above"),
         })
         .inspect(|out| {
             if p.kind == CollKind::ReduceScatter {

@@ -57,6 +57,9 @@ fn group_code(g: GroupKind) -> u32 {
         GroupKind::Dp => 1,
         GroupKind::Embedding => 2,
         GroupKind::World => 3,
+        GroupKind::Cp => 4,
+        GroupKind::Ep => 5,
+        GroupKind::ExpertDp => 6,
     }
 }
 

@@ -108,6 +108,9 @@ impl RankExec {
             CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => {
                 unreachable!("posted by post_grad_norm / post_sp_reduce")
             }
+            CollPurpose::Moe { .. } | CollPurpose::Cp { .. } | CollPurpose::ExpertGradBucket { .. } => {
+                unreachable!("the planner emits no MoE or context-parallel op yet")
+            }
         }
     }
 
@@ -173,6 +176,9 @@ impl RankExec {
                 }
             }
             CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => unreachable!("finished in finish_collective"),
+            CollPurpose::Moe { .. } | CollPurpose::Cp { .. } | CollPurpose::ExpertGradBucket { .. } => {
+                unreachable!("the planner emits no MoE or context-parallel op yet")
+            }
         }
     }
 

@@ -25,6 +25,9 @@ fn spec() -> ModelSpec {
         activation: Activation::Gelu,
         dropout: 0.0,
         rope_base: 500_000.0,
+        moe: None,
+        mla: None,
+        mtp_layers: 0,
     }
 }
 

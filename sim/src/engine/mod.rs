@@ -180,7 +180,7 @@ struct Engine<'a> {
     actors: Vec<Actor>,
     rendezvous: Rendezvous,
     /// Per kind of group and group instance: the request its collectives reuse.
-    group_req: [Vec<Option<CommRequest>>; 4],
+    group_req: [Vec<Option<CommRequest>>; GroupKind::ALL.len()],
     /// Per actor and op: the partner op of a send or receive on the peer actor.
     partner: Vec<Vec<u32>>,
     /// Per actor, per direction (Next, Prev): the request of a message it sends.
@@ -203,7 +203,8 @@ struct Engine<'a> {
     posting: Option<u32>,
 }
 
-const KINDS: [GroupKind; 4] = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
+/// Every kind of group, each with its own table of requests.
+const KINDS: [GroupKind; GroupKind::ALL.len()] = GroupKind::ALL;
 
 /// Runs one step of `plan`. `tables[i]` compiles `plan.programs[table_program[i]]`.
 pub fn run(

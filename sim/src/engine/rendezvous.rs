@@ -25,7 +25,7 @@ impl Engine<'_> {
             Arrival::Alone => None,
             Arrival::Complete(members) => Some(members),
         };
-        let k = group as usize;
+        let k = group.index();
         let slot = self.rendezvous.slot(ai, group) as usize;
         if self.group_req[k][slot].is_none() {
             let req = self.group_request(ai, group);

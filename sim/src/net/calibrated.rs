@@ -57,7 +57,8 @@ fn kind_of(k: CommKind) -> CommFitKind {
         CommKind::Collective(CollKind::AllGather) => CommFitKind::AllGather,
         CommKind::Collective(CollKind::Broadcast) => CommFitKind::Broadcast,
         CommKind::Collective(CollKind::AllToAll) => CommFitKind::AllToAll,
-        CommKind::SendRecv => CommFitKind::SendRecv,
+        // One ring step: each member sends its block to the next, a send/recv per member.
+        CommKind::SendRecv | CommKind::Collective(CollKind::RingExchange) => CommFitKind::SendRecv,
     }
 }
 

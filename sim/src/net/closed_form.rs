@@ -112,7 +112,7 @@ impl ClosedFormNetwork {
                 let inter = if multi { ppn * (n - ppn) / n * s / (nics * self.node.nic_gb_per_s * 1e9) } else { 0.0 };
                 ClosedFormCost { time_ns: secs(alpha + intra.max(inter)), algorithm: "direct" }
             }
-            CommKind::SendRecv => {
+            CommKind::SendRecv | CommKind::Collective(CollKind::RingExchange) => {
                 let bw = if multi { self.node.nic_gb_per_s } else { self.node.nvlink_gb_per_s } * 1e9;
                 ClosedFormCost { time_ns: secs(alpha + s / bw), algorithm: "p2p" }
             }

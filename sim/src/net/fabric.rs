@@ -58,7 +58,7 @@ fn tuned(kind: CommKind) -> Option<Func> {
         CommKind::Collective(CollKind::AllGather) => Func::AllGather,
         CommKind::Collective(CollKind::ReduceScatter) => Func::ReduceScatter,
         CommKind::Collective(CollKind::Broadcast) => Func::Broadcast,
-        CommKind::Collective(CollKind::AllToAll) | CommKind::SendRecv => return None,
+        CommKind::Collective(CollKind::AllToAll | CollKind::RingExchange) | CommKind::SendRecv => return None,
     })
 }
 
@@ -197,6 +197,14 @@ impl FabricNetwork {
                     let (s, d) = (self.topo.endpoint(node.node_of(a), rail), self.topo.endpoint(node.node_of(b), rail));
                     let p = self.router.route(&self.topo, s, d, 0);
                     latency_ns += self.router.path(p).latency_ns;
+                    node.nic_gb_per_s * 1e9
+                } else {
+                    nvlink
+                }
+            }
+            // Every member's block crosses one link to the next member at once.
+            CommKind::Collective(CollKind::RingExchange) => {
+                if multi {
                     node.nic_gb_per_s * 1e9
                 } else {
                     nvlink

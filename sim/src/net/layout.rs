@@ -286,6 +286,15 @@ pub fn coefficients(topo: &Topology, router: &mut Router, req: &CommRequest, pla
     let (ch, gch) = (plan.channels.max(1), plan.graph_channels.max(1));
     match req.kind {
         CommKind::SendRecv => lay.p2p(&mut acc, Some(router), req.ranks[0], req.ranks[1], 1.0),
+        CommKind::Collective(CollKind::RingExchange) => {
+            // Member i sends its whole block to member i + 1 (the last to the first).
+            for (i, &s) in req.ranks.iter().enumerate() {
+                let d = req.ranks[(i + 1) % req.ranks.len()];
+                if s != d {
+                    lay.p2p(&mut acc, Some(router), s, d, 1.0);
+                }
+            }
+        }
         CommKind::Collective(CollKind::AllToAll) => {
             let route = lay.nodes.len() <= 256;
             let mut router = route.then_some(router);

@@ -63,6 +63,7 @@ fn kind_id(k: CommKind) -> u8 {
         CommKind::Collective(CollKind::Broadcast) => 3,
         CommKind::Collective(CollKind::AllToAll) => 4,
         CommKind::SendRecv => 5,
+        CommKind::Collective(CollKind::RingExchange) => 6,
     }
 }
 
@@ -99,7 +100,7 @@ impl Estimator {
     pub fn step_s(&mut self, s: &Scenario) -> f64 {
         let m = &s.model;
         let p = &s.parallel;
-        let dtype = s.training.dtype;
+        let dtype = s.training.storage_dtype();
         let flash = s.training.flash_attention;
         let piece = |this: &Estimator, piece, phase| this.compute.cost_s(&piece_cost(m, p, dtype, flash, piece, phase));
         let e = dtype.bytes();

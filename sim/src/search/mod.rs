@@ -166,7 +166,7 @@ pub fn search(
         .valid
         .par_iter()
         .map_init(
-            || estimate::Estimator::new(base, ComputeModel::new(&profile, base.training.dtype), &profile),
+            || estimate::Estimator::new(base, ComputeModel::new(&profile, base.training.storage_dtype()), &profile),
             |est, s| {
                 let need = stage_memory(s).iter().map(|st| st.total_bytes()).fold(0.0, f64::max)
                     * (1.0 + mem.allocator_fragmentation)

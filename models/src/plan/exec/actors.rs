@@ -30,7 +30,7 @@ impl ActorMap {
         let grid = plan.grid;
         let per_stage = per_stage && plan.rank_programs.is_empty();
         let ranks = if per_stage {
-            (0..grid.pp).map(|pp| grid.rank(Coord { tp: 0, dp: 0, pp })).collect()
+            (0..grid.pp).map(|pp| grid.rank(Coord { tp: 0, cp: 0, dp: 0, pp })).collect()
         } else {
             (0..grid.ranks()).collect()
         };
@@ -75,7 +75,7 @@ impl ActorMap {
     /// How many instances of a kind of group the actors meet in.
     pub fn group_count(&self, kind: GroupKind) -> u32 {
         match (self.per_stage, kind) {
-            (true, GroupKind::Tp | GroupKind::Dp) => self.grid.pp,
+            (true, GroupKind::Tp | GroupKind::Dp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertDp) => self.grid.pp,
             _ => self.grid.group_id(0, kind).0,
         }
     }
@@ -84,7 +84,9 @@ impl ActorMap {
     pub fn group_slot(&self, a: u32, kind: GroupKind) -> u32 {
         let rank = self.rank(a);
         match (self.per_stage, kind) {
-            (true, GroupKind::Tp | GroupKind::Dp) => self.grid.coord(rank).pp,
+            (true, GroupKind::Tp | GroupKind::Dp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertDp) => {
+                self.grid.coord(rank).pp
+            }
             _ => self.grid.group_id(rank, kind).1,
         }
     }
@@ -92,7 +94,7 @@ impl ActorMap {
     /// Actors taking part in one group of a kind (every group of a kind is alike).
     pub fn group_actors(&self, kind: GroupKind) -> u32 {
         match (self.per_stage, kind) {
-            (true, GroupKind::Tp | GroupKind::Dp) => 1,
+            (true, GroupKind::Tp | GroupKind::Dp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertDp) => 1,
             (true, GroupKind::World) => self.grid.pp,
             // A stage actor is one member of the embedding group, as a rank is.
             _ => self.grid.group_size(kind),
@@ -105,8 +107,11 @@ impl ActorMap {
         let g = self.grid;
         match (self.per_stage, kind) {
             (false, _) | (true, GroupKind::World) => 1,
-            (true, GroupKind::Tp) => g.dp,
+            (true, GroupKind::Tp) => g.stage_ranks() / g.tp,
             (true, GroupKind::Dp) => g.tp,
+            (true, GroupKind::Cp) => g.stage_ranks() / g.cp,
+            (true, GroupKind::Ep) => g.stage_ranks() / g.ep,
+            (true, GroupKind::ExpertDp) => g.ep,
             (true, GroupKind::Embedding) => g.stage_ranks(),
         }
     }

@@ -37,31 +37,37 @@ pub enum Arrival {
 /// The collectives' meeting points of one execution.
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
-    groups: [Vec<Group>; 4],
-    total: [u32; 4],
+    groups: [Vec<Group>; KINDS],
+    total: [u32; KINDS],
     /// Per actor and kind of group: its group instance and collectives issued so far.
-    slot: Vec<[u32; 4]>,
-    seq: Vec<[u32; 4]>,
+    slot: Vec<[u32; KINDS]>,
+    seq: Vec<[u32; KINDS]>,
 }
 
-const KINDS: [GroupKind; 4] = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World];
+/// Kinds of group, each with its own table.
+const KINDS: usize = GroupKind::ALL.len();
 
 impl Rendezvous {
     pub fn new(actors: &ActorMap) -> Rendezvous {
-        let groups =
-            KINDS.map(|k| (0..actors.group_count(k)).map(|_| Group { base: 0, pending: VecDeque::new() }).collect());
-        let slot = (0..actors.len() as u32).map(|a| KINDS.map(|k| actors.group_slot(a, k))).collect();
-        Rendezvous { groups, total: KINDS.map(|k| actors.group_actors(k)), slot, seq: vec![[0; 4]; actors.len()] }
+        let groups = GroupKind::ALL
+            .map(|k| (0..actors.group_count(k)).map(|_| Group { base: 0, pending: VecDeque::new() }).collect());
+        let slot = (0..actors.len() as u32).map(|a| GroupKind::ALL.map(|k| actors.group_slot(a, k))).collect();
+        Rendezvous {
+            groups,
+            total: GroupKind::ALL.map(|k| actors.group_actors(k)),
+            slot,
+            seq: vec![[0; KINDS]; actors.len()],
+        }
     }
 
     /// The group instance actor `a` meets in for a kind of group.
     pub fn slot(&self, a: u32, kind: GroupKind) -> u32 {
-        self.slot[a as usize][kind as usize]
+        self.slot[a as usize][kind.index()]
     }
 
     /// Actor `a` issues collective `op` on its group of `kind`.
     pub fn arrive(&mut self, a: u32, op: u32, kind: GroupKind) -> Arrival {
-        let k = kind as usize;
+        let k = kind.index();
         let seq = self.seq[a as usize][k];
         self.seq[a as usize][k] += 1;
         let total = self.total[k];

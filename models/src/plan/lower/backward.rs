@@ -120,7 +120,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let bytes = layer_activation_bytes(
                 &s.model,
                 p.micro_batch,
-                s.training.dtype,
+                s.training.storage_dtype(),
                 p.tp,
                 p.sequence_parallel,
                 Recompute::None,
@@ -158,7 +158,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             // recomputes its scores inside the backward kernel.
             if piece == Piece::Attn && p.recompute == Recompute::Selective && !self.s().training.flash_attention {
                 let s = self.s();
-                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.dtype, false).scores
+                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.storage_dtype(), false).scores
                     / p.tp as f64)
                     .ceil() as u64;
                 let (buf, _) =

@@ -14,7 +14,7 @@ pub(super) fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
     let m = &s.model;
     let p = &s.parallel;
     let pipe = p.pipeline();
-    let grad_bytes = state_bytes_per_param(s.training.dtype).1;
+    let grad_bytes = state_bytes_per_param(s.training.storage_dtype()).1;
     let cap = (p.grad_bucket_mb * 1024.0 * 1024.0) as u64;
     let mut out = Vec::new();
     for chunk in 0..p.vpp {

@@ -75,7 +75,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             Some(c) if !selective_core => c,
             _ => self.pl.cost(piece, phase),
         };
-        let op = ComputeOp { piece, phase, mb, chunk, layer, cost };
+        let op = ComputeOp { piece, phase, mb, chunk, layer, step: 0, cost };
         let mut deps = deps.to_vec();
         deps.append(&mut self.pending_sync);
         let id = self.e.op(Stream::Compute, &deps, bufs, OpKind::Compute(op));

@@ -86,16 +86,29 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     /// ([`crate::accounting::memory::weight_grad_bytes`]).
     pub(super) fn wgrad_bytes(&self) -> u64 {
         let s = self.s();
-        crate::accounting::memory::weight_grad_bytes(&s.model, s.parallel.micro_batch, s.training.dtype, s.parallel.tp)
-            .ceil() as u64
+        crate::accounting::memory::weight_grad_bytes(
+            &s.model,
+            s.parallel.micro_batch,
+            s.training.storage_dtype(),
+            s.parallel.tp,
+        )
+        .ceil() as u64
     }
 
     pub(super) fn layer_act_bytes(&self) -> u64 {
         let s = self.s();
         let p = &s.parallel;
         let flash = s.training.flash_attention;
-        layer_activation_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, p.sequence_parallel, p.recompute, flash)
-            .ceil() as u64
+        layer_activation_bytes(
+            &s.model,
+            p.micro_batch,
+            s.training.storage_dtype(),
+            p.tp,
+            p.sequence_parallel,
+            p.recompute,
+            flash,
+        )
+        .ceil() as u64
     }
 
     /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
@@ -157,7 +170,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn head_forward(&mut self, chunk: u32, mb: u32) {
         let s = self.s();
         let p = &s.parallel;
-        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.dtype, p.tp, self.sp);
+        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.storage_dtype(), p.tp, self.sp);
         let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("head mb{mb}"));
         self.head_buf.insert(mb, buf);
         let units = self.head_units();

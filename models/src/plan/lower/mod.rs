@@ -83,21 +83,28 @@ impl<'a> Planner<'a> {
     pub fn new(s: &'a Scenario) -> Result<Planner<'a>, ScenarioError> {
         s.validate()?;
         let p = &s.parallel;
-        let grid = RankGrid::new(p.tp, p.dp, p.pp, s.cluster.gpus_per_node);
+        let grid = RankGrid::new(p.tp, p.dp, p.pp, s.cluster.gpus_per_node).with_cp_ep(p.cp, p.ep);
         let mut costs = Vec::new();
         let mut cost_ids = BTreeMap::new();
         use Piece::*;
         for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
             for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
                 cost_ids.insert((piece, phase), costs.len() as CostId);
-                costs.push(piece_cost(&s.model, p, s.training.dtype, s.training.flash_attention, piece, phase));
+                costs.push(piece_cost(
+                    &s.model,
+                    p,
+                    s.training.storage_dtype(),
+                    s.training.flash_attention,
+                    piece,
+                    phase,
+                ));
             }
         }
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
             let params: u64 = b.iter().map(|b| b.params).sum();
             let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
-            costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.dtype).1));
+            costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.storage_dtype()).1));
         }
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
         // runs it (forward, recomputation, backward), charged to the piece as a copy of its
@@ -267,7 +274,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     }
 
     fn dtype(&self) -> crate::scenario::Dtype {
-        self.s().training.dtype
+        self.s().training.storage_dtype()
     }
 
     fn buckets(&self) -> &'p [Bucket] {

@@ -73,7 +73,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             sync.push(op);
         }
         let cost = self.pl.optimizer_cost(self.stage);
-        let op = ComputeOp { piece: Piece::Optimizer, phase: Phase::Step, mb: 0, chunk: 0, layer: 0, cost };
+        let op = ComputeOp { piece: Piece::Optimizer, phase: Phase::Step, mb: 0, chunk: 0, layer: 0, step: 0, cost };
         let bufs = self.persistent.clone();
         let step = self.e.op(Stream::Compute, &sync, &bufs, OpKind::Compute(op));
         self.last_compute = Some(step);
