@@ -65,6 +65,8 @@ enum Command {
     Calibrate(cmd::calibrate::Args),
     /// The model's CUDA kernels: compile them with NVRTC (no GPU needed), or check each against the CPU reference on a GPU (--check).
     Kernels(cmd::kernels::Args),
+    /// Write this machine as a cluster TOML: GPUs and their NVLink peers (feature cuda), RDMA ports → NICs (feature ibverbs), nodes from Slurm / Open MPI.
+    Probe(cmd::probe::Args),
     /// Run plans both ways (simulated with a calibrated profile, and trained for real) and write the report's inputs and the report.
     Compare(cmd::compare::Args),
     /// A Monte Carlo of a multi-week run under failures: goodput, time to train, lost GPU-hours by cause, and the best checkpoint interval beside Young's and Daly's.
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         Some(Command::Search(a)) => cmd::search::run(a),
         Some(Command::Calibrate(a)) => cmd::calibrate::run(a),
         Some(Command::Kernels(a)) => cmd::kernels::run(a),
+        Some(Command::Probe(a)) => cmd::probe::run(a),
         Some(Command::Compare(a)) => cmd::compare::run(a),
         Some(Command::Goodput(a)) => cmd::goodput::run(a),
         Some(Command::Trace(a)) => cmd::trace::run(a),

@@ -27,7 +27,9 @@
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
 //!   cores) that `strata calibrate` fits into a hardware profile; [`cputime`]: a thread's
 //!   CPU time, which the traced step records per op;
-//! - `cuda` (feature `cuda`): the GPUs the driver sees and cuBLAS GEMM timing on them.
+//! - `cuda` (feature `cuda`): the GPUs the driver sees, their peers, and cuBLAS GEMM timing on them;
+//! - [`probe`]: this machine as a cluster (GPUs, RDMA ports behind `ibverbs`, the launcher's
+//!   environment) for `strata probe`.
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!
@@ -97,6 +99,7 @@ pub mod matmul;
 pub mod micro;
 pub mod optim;
 pub mod params;
+pub mod probe;
 pub mod reference;
 pub mod shard;
 pub mod supervise;

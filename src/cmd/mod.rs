@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod main_job;
 pub mod plan;
 pub mod presets;
+pub mod probe;
 pub mod quiet;
 pub mod report;
 pub mod search;

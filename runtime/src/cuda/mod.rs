@@ -10,6 +10,7 @@
 
 pub mod check;
 pub mod kernels;
+pub mod peers;
 pub mod reference;
 
 use cudarc::cublas::sys::cublasOperation_t;
