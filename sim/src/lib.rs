@@ -15,6 +15,7 @@ pub mod compute;
 pub mod engine;
 pub mod error;
 pub mod goodput;
+pub mod gpu_fit;
 pub mod jobs;
 pub mod memory;
 pub mod microbench;
