@@ -191,9 +191,21 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
         attention_rows =
             m.attention.iter().map(|a| attention_point(m.gpu, &m.attention_kernel, a, &m.source)).collect();
         let refs: Vec<&Point> = attention_rows.iter().collect();
-        let (a, w) = microbench::fit_attention(&p, &refs, &m.attention_kernel);
+        let (a, _) = microbench::fit_attention(&p, &refs, &m.attention_kernel);
         p.compute.attention = Some(a);
-        Some(w)
+        refine_attention_efficiency(&mut p, &refs)?;
+        if m.attention.iter().all(|a| a.causal) {
+            notes.push(
+                "attention measured causal only: fwd_seq_half + causal_seq_extra is fitted, not each (the search \
+                 keeps the smallest fwd_seq_half)"
+                    .into(),
+            );
+        }
+        Some(
+            refs.iter()
+                .map(|r| microbench::residual(&p, r).map(f64::abs))
+                .try_fold(0.0f64, |w, r| r.map(|r| w.max(r)))?,
+        )
     };
 
     // Residuals of the fitted models (before the exact table, which would make GEMMs exact).
@@ -218,6 +230,30 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
     notes.push("not measured here, kept from the base profile: overlap slowdowns, memory overheads, host".into());
     p.check().map_err(|e| format!("the fitted profile is not valid: {e}"))?;
     Ok(GpuFit { profile: p, gemm_worst: Some(worst), attention_worst, residuals, notes })
+}
+
+/// The attention fit rounds each efficiency to 0.001 (the published profiles' figures); a
+/// kernel far from the tensor-core peak (Strata's own runs at a few percent of it) needs the
+/// unrounded minimax value: with q = model / measured, the model proportional to the
+/// efficiency, η · 2 / (q_min + q_max) balances the worst residuals, forward and backward
+/// apart.
+fn refine_attention_efficiency(p: &mut HardwareProfile, rows: &[&Point]) -> Result<(), String> {
+    for backward in [false, true] {
+        let q: Vec<f64> = rows
+            .iter()
+            .filter(|r| (r.kind == Kind::AttnBwd) == backward)
+            .map(|r| microbench::residual(p, r).map(|e| e + 1.0))
+            .collect::<Result<_, _>>()?;
+        if q.is_empty() {
+            continue;
+        }
+        let (lo, hi) = q.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        if let Some(a) = p.compute.attention.as_mut() {
+            let eff = if backward { &mut a.bwd_efficiency } else { &mut a.fwd_efficiency };
+            *eff = (*eff * 2.0 / (lo + hi)).min(1.0);
+        }
+    }
+    Ok(())
 }
 
 /// The residual table: measured, model, residual.

@@ -210,11 +210,15 @@ pub fn fit_gemm(base: &HardwareProfile, rows: &[&Point]) -> (f64, f64, f64) {
 }
 
 /// Minimax efficiency for rows whose model is proportional to it: with q = model/published
-/// at efficiency 1, η = 2 / (q_min + q_max), rounded to 0.001, and the worst residual there.
+/// at efficiency 1, η = 2 / (q_min + q_max), rounded to three significant digits (0.001 for
+/// the published kernels' 0.1..1; finer for a kernel far below the peak, whose shape fit a
+/// coarser rounding would bend), and the worst residual there.
 fn minimax_eff(p: &HardwareProfile, rows: &[&Point]) -> (f64, f64) {
     let q: Vec<f64> = rows.iter().map(|r| residual(p, r).map_or(f64::INFINITY, |e| e + 1.0)).collect();
     let (lo, hi) = q.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
-    let eff = (2000.0 / (lo + hi)).round() / 1000.0;
+    let raw = 2.0 / (lo + hi);
+    let scale = if raw > 0.0 && raw.is_finite() { 10f64.powi(2 - raw.log10().floor() as i32) } else { 1000.0 };
+    let eff = (raw * scale).round() / scale;
     (eff, q.iter().map(|v| (eff * v - 1.0).abs()).fold(0.0, f64::max))
 }
 

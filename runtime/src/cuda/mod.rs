@@ -1,8 +1,10 @@
 //! The GPU side, behind the `cuda` feature: what the GPUs of this machine are (the CUDA
 //! driver's device attributes), how fast cuBLAS runs a model's GEMMs on them — what
 //! `strata calibrate --backend cuda` measures — and the model's kernels (`kernels`: NVRTC
-//! sources; `check`: each against the CPU reference in `reference`, on a GPU). The CUDA
-//! executor itself (plans run on GPUs with NCCL) is not built yet.
+//! sources; `check`: each against the CPU reference in `reference`, on a GPU; `measure`:
+//! HBM and the attention kernels timed for a GPU profile; `peers`: which GPUs reach each
+//! other, for `strata probe`). The CUDA executor itself (plans run on GPUs with NCCL) is
+//! not built yet.
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
@@ -10,6 +12,7 @@
 
 pub mod check;
 pub mod kernels;
+pub mod measure;
 pub mod peers;
 pub mod reference;
 
