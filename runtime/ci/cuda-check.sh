@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The `cuda` build on a machine without a GPU (CI): every kernel compiles with NVRTC, and
-# every --backend cuda path exits 2 with its reason — never a panic.
+# every --backend cuda path (and `strata probe`) exits 2 with its reason — never a panic.
 # Usage: cuda-check.sh STRATA_BINARY NVRTC_LIB_DIR
 set -euo pipefail
 bin="$1"; nvrtc="$2"
@@ -23,4 +23,10 @@ LD_LIBRARY_PATH="$nvrtc" expect 2 "no GPU found" -- "$bin" kernels --check
 expect 2 "no GPU found" -- "$bin" train scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" compare scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda
-echo "cuda-check: 8 of 8 passed"
+expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda --out "$out/gpu.toml"
+[ ! -e "$out/gpu.toml" ] || fail "calibrate --backend cuda wrote a profile without a GPU"
+# probe: says so, exits 2, and still writes the CPU host as a cluster that loads back.
+expect 2 "no GPU found" -- "$bin" probe --out "$out/probe.toml"
+grep -q '^gpu = "cpu"' "$out/probe.toml" || { cat "$out/probe.toml"; fail "probe's file does not describe the CPU host"; }
+expect 0 "busbw" -- "$bin" collbench --cluster "$out/probe.toml" --ranks 2
+echo "cuda-check: 11 of 11 passed"

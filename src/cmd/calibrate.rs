@@ -13,10 +13,8 @@
 //! The profile is for the `cpu-local` cluster: `strata simulate|search|compare --profile
 //! FILE` read it.
 //!
-//! `--backend cuda` (a build with the `cuda` feature) measures GPU 0 with cuBLAS: the
-//! device, and the bf16 GEMM rate at every shape a plan of the model on one node can give
-//! it. Fitting a GPU profile from those rates is not built yet: it prints them (`--json`
-//! for scripts) and writes no profile.
+//! `--backend cuda` (a build with the `cuda` feature) measures GPU 0 and fits a GPU
+//! profile: `calibrate_cuda`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,8 +38,9 @@ pub struct Args {
     /// training settings). Without it, the embedded default scenario.
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// What to measure: cpu (the CPU executor on this machine) or cuda (GPUs; needs a build
-    /// with the `cuda` feature).
+    /// What to measure: cpu (the CPU executor on this machine) or cuda (GPU 0: cuBLAS bf16
+    /// GEMMs, HBM, the model's attention kernels, fitted into a GPU profile; needs a build
+    /// with the `cuda` feature, and NVRTC for the kernels).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Ranks a job will run (threads sharing this machine's cores) [default: the scenario's
@@ -96,7 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.backend.as_str() {
         "cpu" => {}
         #[cfg(feature = "cuda")]
-        "cuda" => return run_cuda(&args),
+        "cuda" => return super::calibrate_cuda::run(&args),
         #[cfg(not(feature = "cuda"))]
         "cuda" => match super::gpu::require_gpus(
             "strata calibrate --backend cuda",
@@ -424,50 +423,5 @@ pub fn require_cpu(s: &Scenario) -> anyhow::Result<()> {
             s.cluster.gpu.key()
         );
     }
-    Ok(())
-}
-
-/// `--backend cuda`: the GPUs, and cuBLAS's bf16 rate at the model's GEMM shapes on GPU 0.
-#[cfg(feature = "cuda")]
-fn run_cuda(args: &Args) -> anyhow::Result<()> {
-    use crate::common::RunFailure;
-    use strata_runtime::cuda;
-    if let Some(out) = &args.out {
-        bail!(
-            "--out {}: a GPU profile cannot be fitted yet; run without --out to print the measured GEMM rates",
-            out.display()
-        );
-    }
-    let s = args.scenario.load()?;
-    let devices = super::gpu::require_gpus(
-        "strata calibrate --backend cuda",
-        "strata calibrate --backend cpu calibrates the CPU executor",
-    )?;
-    let per_node = args.ranks.unwrap_or(s.cluster.gpus_per_node);
-    let shapes = gemm_shapes(&s, per_node);
-    let reps = if args.quick { 3 } else { 20 };
-    if !args.json {
-        let d = &devices[0];
-        eprintln!(
-            "calibrate: GPU 0 of {}: {} ({} SMs, compute capability {}.{}, {}); {} GEMM shapes of {}",
-            devices.len(),
-            d.name,
-            d.sms,
-            d.compute_capability.0,
-            d.compute_capability.1,
-            common::bytes(d.memory_bytes as f64),
-            shapes.len(),
-            s.model.name
-        );
-    }
-    let gemms = cuda::time_gemms_bf16(0, &shapes, reps).map_err(|e| RunFailure(e.to_string()))?;
-    if args.json {
-        return common::print_json(&serde_json::json!({ "devices": devices, "gemms_bf16": gemms }));
-    }
-    println!("{:>8} {:>8} {:>8} {:>12} {:>10}", "m", "n", "k", "time (us)", "TFLOP/s");
-    for g in &gemms {
-        println!("{:>8} {:>8} {:>8} {:>12.1} {:>10.1}", g.m, g.n, g.k, g.seconds * 1e6, g.tflops);
-    }
-    println!("(fitting a GPU profile from these rates is not built yet; no profile was written)");
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod calibrate;
+#[cfg(feature = "cuda")]
+pub mod calibrate_cuda;
 pub mod collbench;
 pub mod compare;
 pub mod export;

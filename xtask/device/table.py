@@ -24,8 +24,27 @@ if k:
     rows.append(("kernels within bound", f"{len(k['checks']) - len(bad)} of {len(k['checks'])} (seed {k['seed']}); worst {worst['kernel']} {worst['rel_error']:.2e} / {worst['bound']:.0e}" + (f"; FAILED {' '.join(bad)}" if bad else "")))
 else:
     rows.append(("kernels within bound", "not run: " + first_line("kernels")))
+pr = load("probe")
+if pr:
+    cl = pr["cluster"]
+    rows.append(("probe", f"{cl['nodes']} node(s) x {cl['gpus_per_node']} {cl['gpu']}, {cl['nics_per_node']} NIC(s) x {cl['nic_gbps']:g} Gb/s"))
+else:
+    rows.append(("probe", "not run: " + first_line("probe")))
 c = load("calibrate")
-rows.append(("cuBLAS bf16 GEMMs (calibrate)", "measured, see calibrate.out" if c else "not run: " + first_line("calibrate")))
+if c:
+    f, b = c["fit"]["profile"]["compute"], c["builtin"]["compute"]
+    rows.append(("cuBLAS bf16 GEMM fit vs built-in", f"efficiency {f['gemm_efficiency']:.3f} vs {b['gemm_efficiency']:.3f}, k_half {f['gemm_k_half']:g} vs {b['gemm_k_half']:g} ({len(c['gemms_bf16'])} shapes, worst residual {100 * c['fit']['gemm_worst']:.1f}%, best {max(g['tflops'] for g in c['gemms_bf16']):.0f} TFLOP/s)"))
+    m = c["memory"]
+    ew = f"{m['elementwise_gb_per_s']:.0f}" if m.get("elementwise_gb_per_s") else "not measured"
+    rows.append(("HBM copy / element-wise add (GB/s)", f"{m['copy_gb_per_s']:.0f} / {ew} (datasheet {b['hbm_gb_per_s']:.0f})"))
+    a = f.get("attention")
+    if a and c["attention"]:
+        rows.append(("Strata attention kernel fit", f"{a['kernel']}: fwd {a['fwd_efficiency']:.4f}, bwd {a['bwd_efficiency']:.4f} of the bf16 peak (worst residual {100 * (c['fit']['attention_worst'] or 0):.1f}%)"))
+else:
+    rows.append(("GPU profile fit (calibrate)", "not run: " + first_line("calibrate")))
+pb, pm = load("predicted-builtin"), load("predicted-measured")
+if pb:
+    rows.append(("GPT-2 124M step predicted", f"{pb['step_time_s'] * 1e3:.1f} ms (built-in profile)" + (f", {pm['step_time_s'] * 1e3:.1f} ms (measured profile)" if pm else "")))
 t = load("pytorch-eager")
 if t:
     rows.append(("GPT-2 124M tokens/s, PyTorch eager", f"{t['tokens_per_s']:,.0f} (step {t['step_s_median'] * 1e3:.1f} ms, MFU {100 * t['mfu']:.1f}%, peak {t['peak_memory_bytes'] / 2**30:.2f} GiB)"))

@@ -22,8 +22,9 @@ pub struct MemoryRates {
     pub bytes: u64,
     /// `cuMemcpyDtoDAsync` of `bytes`: 2 · bytes moved per copy.
     pub copy_gb_per_s: f64,
-    /// `add_bf16` (y += x) over bytes / 2 elements: 3 · bytes moved per launch.
-    pub elementwise_gb_per_s: f64,
+    /// `add_bf16` (y += x) over bytes / 2 elements: 3 · bytes moved per launch; `None`
+    /// when it was not timed (no architecture to compile it for: NVRTC absent).
+    pub elementwise_gb_per_s: Option<f64>,
 }
 
 /// The causal attention kernels timed at one shape (batch, seq, heads = kv heads, head_dim).
@@ -100,8 +101,14 @@ fn function(ctx: &Arc<CudaContext>, file: &str, name: &str, arch: &'static str) 
     module.load_function(name).map_err(|e| fail(format!("loading kernel {name}"))(&e))
 }
 
-/// HBM on GPU `ordinal`: a copy of `bytes` and the element-wise add over as many bytes.
-pub fn time_memory(ordinal: usize, arch: &'static str, bytes: u64, reps: u32) -> Result<MemoryRates, CudaError> {
+/// HBM on GPU `ordinal`: a copy of `bytes`, and with an `arch` to compile it for, the
+/// element-wise add over as many bytes.
+pub fn time_memory(
+    ordinal: usize,
+    arch: Option<&'static str>,
+    bytes: u64,
+    reps: u32,
+) -> Result<MemoryRates, CudaError> {
     let (ctx, mut g) = Gpu::open(ordinal)?;
     let n = (bytes / 2) as usize;
     let src = g.random(n)?;
@@ -109,21 +116,24 @@ pub fn time_memory(ordinal: usize, arch: &'static str, bytes: u64, reps: u32) ->
     let copy_s = g.time("a device-to-device copy", reps, &mut || {
         g.stream.memcpy_dtod(&src, &mut dst).map_err(|e| fail("copying on the GPU")(&e))
     })?;
+    let b = (2 * n) as f64;
+    let Some(arch) = arch else {
+        return Ok(MemoryRates { bytes: b as u64, copy_gb_per_s: 2.0 * b / copy_s / 1e9, elementwise_gb_per_s: None });
+    };
     let add = function(&ctx, "elementwise.cu", "add_bf16", arch)?;
     let nn = n as i64;
     let grid = n.div_ceil(256).clamp(1, 8192) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let add_s = g.time("add_bf16", reps, &mut || {
-        let mut b = g.stream.launch_builder(&add);
-        b.arg(&mut dst).arg(&src).arg(&nn);
+        let mut l = g.stream.launch_builder(&add);
+        l.arg(&mut dst).arg(&src).arg(&nn);
         // SAFETY: add_bf16(y, x, n) reads x[0..n) and updates y[0..n); both hold n elements.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| fail("launching add_bf16")(&e))
+        unsafe { l.launch(cfg) }.map(|_| ()).map_err(|e| fail("launching add_bf16")(&e))
     })?;
-    let b = (2 * n) as f64;
     Ok(MemoryRates {
         bytes: b as u64,
         copy_gb_per_s: 2.0 * b / copy_s / 1e9,
-        elementwise_gb_per_s: 3.0 * b / add_s / 1e9,
+        elementwise_gb_per_s: Some(3.0 * b / add_s / 1e9),
     })
 }
 
@@ -221,7 +231,7 @@ mod tests {
         if unsafe { cudarc::driver::sys::is_culib_present() } {
             return;
         }
-        assert!(time_memory(0, "sm_90", 1 << 20, 1).is_err());
+        assert!(time_memory(0, Some("sm_90"), 1 << 20, 1).is_err());
         assert!(time_attention_bf16(0, "sm_90", &[(1, 128, 1, 64)], 1).is_err());
     }
 }

@@ -156,3 +156,27 @@ fn a_slow_causal_kernel_keeps_its_efficiency() {
     assert!(f.attention_worst.unwrap() < 1e-9);
     assert!(f.notes.iter().any(|n| n.contains("causal only")), "{:?}", f.notes);
 }
+
+/// A profile fitted to the built-in profile's own figures simulates the device check's
+/// scenario as the built-in one does; one off by a slower GEMM rate predicts a longer step.
+#[test]
+fn a_fitted_profile_drives_the_simulator() {
+    use crate::simulate::{SimOptions, simulate};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/gpt2-124m-1xh200.toml");
+    let s = strata_models::Scenario::load(&path, &[]).unwrap();
+    let plan = strata_models::plan::lower(&s).unwrap();
+    let step = |p: Option<HardwareProfile>| {
+        simulate(&plan, &SimOptions { profile: p, ..SimOptions::default() }).unwrap().step_time_s
+    };
+    let base = HardwareProfile::builtin(GpuKind::H200Sxm);
+    let mut m = samples(&base, &|_| 1.0);
+    m.attention.clear();
+    m.hbm_copy_gb_per_s = None;
+    let fitted = fit(&m).unwrap().profile;
+    let (builtin, same) = (step(None), step(Some(fitted)));
+    assert!((same / builtin - 1.0).abs() < 0.02, "fitted {same} s vs built-in {builtin} s");
+    let mut slow = base.clone();
+    slow.compute.gemm_efficiency = 0.6;
+    let slower = step(Some(fit(&samples(&slow, &|_| 1.0)).unwrap().profile));
+    assert!(slower > 1.1 * builtin, "slower GEMMs {slower} s vs {builtin} s");
+}

@@ -1,0 +1,232 @@
+//! `strata calibrate --backend cuda` (a build with the `cuda` feature): measure GPU 0 and fit
+//! the GPU profile the simulator reads. Measured: cuBLAS bf16 GEMMs at every shape a plan
+//! of the scenario's model on one node gives them plus a sweep; HBM (a device-to-device
+//! copy) and the model's element-wise kernel; the model's fused causal attention kernels at
+//! the plan's shapes plus a sequence sweep (these two need NVRTC, skipped with a note
+//! without it). `strata_sim::gpu_fit` fits them with the published microbenchmarks' own
+//! fits; the residuals are printed, and the fit beside the built-in profile of the GPU.
+//! NCCL bus bandwidth is not measured (this build links no NCCL; one GPU has none to
+//! measure): the profile keeps the built-in NCCL parameters, and says so.
+
+use anyhow::bail;
+use strata_runtime::cuda::{self, kernels, measure};
+use strata_sim::HardwareProfile;
+use strata_sim::gpu_fit::{self, AttentionRate, GemmRate, GpuFit, GpuMeasurements};
+
+use super::calibrate::{Args, gemm_shapes};
+use crate::common::{self, RunFailure};
+
+/// The sweep beside the plan's shapes: square and wide tiles, short to long k.
+const SWEEP_MN: &[(u64, u64)] = &[(2048, 2048), (4096, 4096), (8192, 8192), (16384, 8192)];
+const SWEEP_K: &[u64] = &[128, 512, 2048, 8192];
+/// Attention sweep: the FlashAttention papers' setting, 16k tokens of 16 heads.
+const ATTN_SEQS: &[u64] = &[512, 1024, 2048, 4096, 8192];
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let s = args.scenario.load()?;
+    let devices = super::gpu::require_gpus(
+        "strata calibrate --backend cuda",
+        "strata calibrate --backend cpu calibrates the CPU executor",
+    )?;
+    let d = &devices[0];
+    let Some(kind) = strata_runtime::probe::catalog_kind(&d.name) else {
+        bail!(
+            "GPU 0 is a {:?}, which is not in Strata's GPU catalog: a GPU profile is fitted on top of the catalog GPU's \
+             built-in profile (strata presets lists them)",
+            d.name
+        );
+    };
+    let log = |line: String| {
+        if !args.json {
+            eprintln!("{line}");
+        }
+    };
+    let per_node = args.ranks.unwrap_or(s.cluster.gpus_per_node);
+    let mut shapes = gemm_shapes(&s, per_node);
+    for &(m, n) in SWEEP_MN {
+        shapes.extend(SWEEP_K.iter().map(|&k| (m, n, k)));
+    }
+    shapes.sort_unstable();
+    shapes.dedup();
+    let reps = if args.quick { 3 } else { 20 };
+    log(format!(
+        "calibrate: GPU 0 of {}: {} ({}, {} SMs, compute capability {}.{}, {}); {} GEMM shapes ({} of the plans of {})",
+        devices.len(),
+        d.name,
+        kind.key(),
+        d.sms,
+        d.compute_capability.0,
+        d.compute_capability.1,
+        common::bytes(d.memory_bytes as f64),
+        shapes.len(),
+        gemm_shapes(&s, per_node).len(),
+        s.model.name
+    ));
+    let run_failure = |e: cuda::CudaError| RunFailure(e.to_string());
+    let gemms = cuda::time_gemms_bf16(0, &shapes, reps).map_err(run_failure)?;
+    let mut notes = Vec::new();
+    let arch = if kernels::nvrtc_present() {
+        Some(measure::arch_of(d.compute_capability).map_err(|e| anyhow::anyhow!("{e}"))?)
+    } else {
+        notes.push(
+            "NVRTC not found: the model's kernels (element-wise, attention) were not timed; install \
+             nvidia-cuda-nvrtc 13.0 to measure them"
+                .to_string(),
+        );
+        None
+    };
+    log("calibrate: HBM (a 1 GiB device-to-device copy, the element-wise add)".into());
+    let memory = measure::time_memory(0, arch, 1 << 30, reps).map_err(run_failure)?;
+    let (attention, attn_shapes) = match arch {
+        Some(arch) => {
+            let shapes = attention_shapes(&s, per_node);
+            log(format!("calibrate: the model's causal attention kernels at {} shapes", shapes.len()));
+            let reps = if args.quick { 2 } else { 5 };
+            (measure::time_attention_bf16(0, arch, &shapes, reps).map_err(run_failure)?, shapes.len())
+        }
+        None => (Vec::new(), 0),
+    };
+    notes.push(if devices.len() < 2 {
+        "one GPU: no NCCL bus bandwidth to measure; the profile keeps the built-in NCCL parameters".into()
+    } else {
+        format!(
+            "{} GPUs, but NCCL bus bandwidth is not measured (this build links no NCCL); the profile keeps the \
+             built-in NCCL parameters",
+            devices.len()
+        )
+    });
+    if s.cluster.gpu != kind {
+        notes.push(format!(
+            "the scenario's cluster has {} GPUs and this is a {}: the profile is of this GPU ({} shapes)",
+            s.cluster.gpu.key(),
+            kind.key(),
+            s.model.name
+        ));
+    }
+    let measurements = GpuMeasurements {
+        gpu: kind,
+        source: format!(
+            "strata calibrate --backend cuda on {} ({} SMs, cc {}.{}): {} cuBLAS bf16 GEMMs, a 1 GiB copy, {} \
+             attention shapes of {}",
+            d.name,
+            d.sms,
+            d.compute_capability.0,
+            d.compute_capability.1,
+            gemms.len(),
+            attn_shapes,
+            s.model.name
+        ),
+        gemms: gemms.iter().map(|g| GemmRate { m: g.m, n: g.n, k: g.k, tflops: g.tflops }).collect(),
+        attention_kernel: "strata-nvrtc".into(),
+        attention: attention
+            .iter()
+            .flat_map(|t| {
+                let (f, b) = t.credited_tflops();
+                [(false, f), (true, b)].map(|(backward, tflops)| AttentionRate {
+                    backward,
+                    seq: t.seq,
+                    head_dim: t.head_dim,
+                    causal: true,
+                    tflops,
+                })
+            })
+            .collect(),
+        hbm_copy_gb_per_s: Some(memory.copy_gb_per_s),
+        elementwise_gb_per_s: memory.elementwise_gb_per_s,
+    };
+    let mut fit = gpu_fit::fit(&measurements).map_err(|e| RunFailure(format!("fitting the GPU profile: {e}")))?;
+    fit.notes.extend(notes);
+    let text = profile_text(&fit, d.name.as_str());
+    match &args.out {
+        Some(path) => common::write_file(path, &text)?,
+        None if !args.json => print!("{text}"),
+        None => {}
+    }
+    if args.json {
+        return common::print_json(&serde_json::json!({
+            "devices": devices,
+            "gemms_bf16": gemms,
+            "memory": memory,
+            "attention": attention,
+            "fit": fit,
+            "builtin": HardwareProfile::builtin(kind),
+        }));
+    }
+    eprint!("{}", gpu_fit::residual_table(&fit));
+    eprintln!("{}", beside_builtin(&fit));
+    for n in &fit.notes {
+        eprintln!("note: {n}");
+    }
+    if let Some(path) = &args.out {
+        println!("wrote {} (use it with --profile {})", path.display(), path.display());
+    }
+    Ok(())
+}
+
+/// Attention shapes: the plan's (the model's sequence and head size, its heads over every
+/// tensor-parallel size, the smallest and largest micro-batch), then the sweep at the
+/// model's head size.
+fn attention_shapes(s: &strata_models::Scenario, per_node: u32) -> Vec<(u64, u64, u64, u64)> {
+    let m = &s.model;
+    let d = u64::from(m.hidden / m.heads.max(1)).clamp(1, 256);
+    let mut out = std::collections::BTreeSet::new();
+    let mbs: Vec<u32> = [1, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect();
+    for tp in (1..=per_node.max(1)).filter(|t| per_node.is_multiple_of(*t) && m.heads.is_multiple_of(*t)) {
+        for &mb in &mbs {
+            out.insert((u64::from(mb), u64::from(m.seq_len), u64::from(m.heads / tp), d));
+        }
+    }
+    for &seq in ATTN_SEQS {
+        out.insert(((16384 / seq).max(1), seq, 16, d));
+    }
+    out.into_iter().collect()
+}
+
+/// The profile as TOML with a header saying what it is.
+fn profile_text(f: &GpuFit, device: &str) -> String {
+    let mut head = format!(
+        "# GPU profile of this machine's {device}, written by `strata calibrate --backend cuda`.\n# {}\n",
+        f.profile.source
+    );
+    for n in &f.notes {
+        head += &format!("# - {n}\n");
+    }
+    head += "# Use it with: strata simulate|search|compare --profile THIS_FILE\n";
+    head + &f.profile.to_toml()
+}
+
+/// The fitted figures beside the built-in (published-fit) profile's.
+fn beside_builtin(f: &GpuFit) -> String {
+    let (p, b) = (&f.profile.compute, HardwareProfile::builtin(f.profile.gpu).compute);
+    let mut o = format!(
+        "fit vs built-in {}: gemm_efficiency {:.3} vs {:.3}, gemm_k_half {} vs {}, hbm_gb_per_s {:.0} vs {:.0}, \
+         element-wise {:.0} vs {:.0} GB/s; GEMM tile model worst |residual| {:.1}%",
+        f.profile.gpu.key(),
+        p.gemm_efficiency,
+        b.gemm_efficiency,
+        p.gemm_k_half,
+        b.gemm_k_half,
+        p.hbm_gb_per_s,
+        b.hbm_gb_per_s,
+        p.hbm_gb_per_s * p.elementwise_bw_efficiency,
+        b.hbm_gb_per_s * b.elementwise_bw_efficiency,
+        100.0 * f.gemm_worst.unwrap_or(0.0)
+    );
+    if let (Some(a), Some(w)) = (&p.attention, f.attention_worst) {
+        o += &format!(
+            "\nattention {}: fwd_efficiency {:.4}, bwd_efficiency {:.4}, fwd_seq_half {}, bwd_seq_half {}, \
+             causal_seq_extra {}; worst |residual| {:.1}% (built-in: {})",
+            a.kernel,
+            a.fwd_efficiency,
+            a.bwd_efficiency,
+            a.fwd_seq_half,
+            a.bwd_seq_half,
+            a.causal_seq_extra,
+            100.0 * w,
+            b.attention
+                .as_ref()
+                .map_or("none".into(), |x| format!("{} {:.3} / {:.3}", x.kernel, x.fwd_efficiency, x.bwd_efficiency))
+        );
+    }
+    o
+}
