@@ -6,7 +6,8 @@
 //! ([`memory`]) follows the plan's buffers; the network sits behind one trait
 //! ([`net::Network`]). [`simulate()`] puts them together and reports step time, throughput,
 //! MFU, the breakdown ([`breakdown`]) and memory; [`bench`] times the engine;
-//! [`calibrate`] fits a hardware profile to what `strata calibrate` measured.
+//! [`calibrate`] fits a hardware profile to what `strata calibrate` measured;
+//! [`gpu_fit`] fits a GPU profile to what `strata calibrate --backend cuda` measured.
 
 pub mod bench;
 pub mod breakdown;
