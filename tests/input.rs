@@ -112,6 +112,7 @@ fn gpu_paths_say_the_build_has_no_cuda() {
         &["train", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
         &["compare", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
         &["calibrate", "scenarios/tiny-gpt-cpu.toml", "--backend", "cuda"],
+        &["probe", "--json"],
     ] {
         let o = run(args);
         let e = stderr(&o);

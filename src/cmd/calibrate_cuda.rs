@@ -230,3 +230,24 @@ fn beside_builtin(f: &GpuFit) -> String {
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_shapes_are_the_plans_then_the_sweep() {
+        let path = std::path::Path::new("scenarios/gpt2-124m-1xh200.toml");
+        let s = strata_models::Scenario::load(path, &[]).unwrap();
+        let shapes = attention_shapes(&s, 1);
+        // GPT-2 124M: 12 heads of 64, 1024 tokens, micro-batches 1 and 8; the sweep at d = 64.
+        assert!(shapes.contains(&(1, 1024, 12, 64)) && shapes.contains(&(8, 1024, 12, 64)), "{shapes:?}");
+        for seq in ATTN_SEQS {
+            assert!(shapes.contains(&(16384 / seq, *seq, 16, 64)), "{shapes:?}");
+        }
+        assert_eq!(shapes.len(), 2 + ATTN_SEQS.len());
+        // Two GPUs per node add the tp = 2 shard (6 heads); 12 heads do not divide by 5.
+        assert!(attention_shapes(&s, 2).contains(&(8, 1024, 6, 64)));
+        assert_eq!(attention_shapes(&s, 5).len(), shapes.len());
+    }
+}
