@@ -27,12 +27,12 @@ run() { # run NAME SECONDS command… (stdout to $OUT/NAME.out, stderr to $OUT/N
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 run devices 30 "$BIN" presets >/dev/null
 run kernels 240 "$BIN" kernels --check --json
-run probe 30 "$BIN" probe --out "$OUT/cluster.toml" --json
-run calibrate 200 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --out "$OUT/h200-measured.toml" --json
+run probe 20 "$BIN" probe --out "$OUT/cluster.toml" --json
+run calibrate 150 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --out "$OUT/h200-measured.toml" --json
 # The step predicted with the measured profile, beside the built-in (published-fit) one.
-run predicted-builtin 60 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
+run predicted-builtin 20 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
 if [ -s "$OUT/h200-measured.toml" ]; then
-  run predicted-measured 60 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --profile "$OUT/h200-measured.toml" --json
+  run predicted-measured 20 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --profile "$OUT/h200-measured.toml" --json
 fi
 run train-1rank 30 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda
 run pytorch-eager 180 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024

@@ -2,8 +2,10 @@
 //! release binary with `--features cuda` here (the device has no Rust toolchain and no
 //! network), strips it into `target/device/strata` (small enough to carry), and prints the
 //! command to run there: `xtask/device/check.sh`, which checks every kernel against the CPU
-//! reference, calibrates cuBLAS, tries the CUDA executor, times GPT-2 124M in PyTorch eager
-//! and prints the table (`xtask/device/table.py`); logs under `$OUT`.
+//! reference, probes the machine into a cluster file, fits a GPU profile (`calibrate
+//! --backend cuda --out $OUT/h200-measured.toml`) and predicts the step with it beside the
+//! built-in profile, tries the CUDA executor, times GPT-2 124M in PyTorch eager and prints
+//! the table (`xtask/device/table.py`); logs under `$OUT`.
 
 use std::path::Path;
 use std::process::Command;
