@@ -227,6 +227,11 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
         .collect::<std::collections::BTreeMap<_, _>>()
         .into_values()
         .collect();
+    notes.push(format!(
+        "the {} measured GEMM shapes are kept at their bf16 rates (a bf16 job's table); other shapes and dtypes \
+         use the fitted tile model",
+        p.compute.gemms.len()
+    ));
     notes.push("not measured here, kept from the base profile: overlap slowdowns, memory overheads, host".into());
     p.check().map_err(|e| format!("the fitted profile is not valid: {e}"))?;
     Ok(GpuFit { profile: p, gemm_worst: Some(worst), attention_worst, residuals, notes })

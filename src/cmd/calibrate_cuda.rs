@@ -185,7 +185,8 @@ fn attention_shapes(s: &strata_models::Scenario, per_node: u32) -> Vec<(u64, u64
 /// The profile as TOML with a header saying what it is.
 fn profile_text(f: &GpuFit, device: &str) -> String {
     let mut head = format!(
-        "# GPU profile of this machine's {device}, written by `strata calibrate --backend cuda`.\n# {}\n",
+        "# GPU profile of this machine's {device}, written by `strata calibrate --backend cuda`: what Strata's \
+         CUDA executor runs (cuBLAS bf16 GEMMs, its own NVRTC kernels).\n# {}\n",
         f.profile.source
     );
     for n in &f.notes {

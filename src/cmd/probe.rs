@@ -11,21 +11,22 @@ use strata_runtime::probe;
 
 use crate::common;
 
-/// Write this machine as a cluster file: GPUs (model, memory, SMs, NVLink peers), RDMA
-/// ports (state, link layer, speed × width → nic_gbps), nodes from Slurm / Open MPI /
-/// torchrun.
-///
-/// GPUs are read in a build with `--features cuda`, RDMA ports in one with `--features
-/// ibverbs`. What one node cannot see (the fabric, its switches) is written with defaults,
-/// and the file's comments say what was found and what was assumed.
-///
-/// Exit codes: 0 — GPUs found, the file written (no RDMA device is a note: a single node
-/// needs none); 2 — no GPU found or built without CUDA, the file still written and
-/// describing the CPU host (gpu = "cpu"), or what was found is not a cluster Strata can load
-/// (a GPU outside the catalog, mixed GPU models, nodes without NICs), nothing written;
-/// 1 — the file could not be written.
+/// What `--help` says after the options: where the figures come from, and the exit codes.
+const AFTER_HELP: &str = "GPUs are read in a build with `--features cuda`, RDMA ports in one with `--features ibverbs`; \
+nodes from SLURM_NNODES / SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE or WORLD_SIZE / \
+LOCAL_WORLD_SIZE. What one node cannot see (the fabric, its switches) is written with defaults, and the file's comments \
+say what was found and what was assumed.
+
+Exit codes:
+  0  GPUs found, the file written (no RDMA device is only a note: one node needs none)
+  2  no GPU found, or built without CUDA: the file is still written, describing the
+     CPU host (gpu = \"cpu\"); or what was found is not a cluster Strata can load (a GPU
+     outside the catalog, two GPU models, several nodes without NICs, a launcher
+     variable that is not a count): nothing is written
+  1  the file could not be written";
+
 #[derive(clap::Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(after_help = AFTER_HELP)]
 pub struct Args {
     /// Where to write the cluster TOML [default: print it].
     #[arg(long, value_name = "CLUSTER.toml")]
