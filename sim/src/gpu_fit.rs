@@ -15,6 +15,10 @@
 //!   (`hbm · elementwise_bw_efficiency` is unchanged) unless their own rate was measured,
 //!   which then sets `elementwise_bw_efficiency` as its fraction of the copy's.
 //!
+//! - NCCL all-reduce bus bandwidth (two GPUs or more): compared with the simulator's NCCL
+//!   model on one node of the GPU's DGX preset (`net::collbench`, as `strata collbench`),
+//!   residuals only — no profile parameter holds NVLink bandwidth (the catalog does).
+//!
 //! Anything not measured (NCCL on one GPU, overlap, memory overheads) stays the base
 //! profile's, and the notes say so.
 
@@ -44,7 +48,15 @@ pub struct AttentionRate {
     pub tflops: f64,
 }
 
-/// What was measured on one GPU.
+/// An NCCL all-reduce's bus bandwidth (nccl-tests' GB/s) over `ranks` GPUs of this node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AllReduceRate {
+    pub ranks: u32,
+    pub bytes: u64,
+    pub busbw_gbps: f64,
+}
+
+/// What was measured on one GPU (and, for NCCL, on the GPUs of its node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GpuMeasurements {
     pub gpu: GpuKind,
@@ -58,6 +70,8 @@ pub struct GpuMeasurements {
     pub hbm_copy_gb_per_s: Option<f64>,
     /// Element-wise kernels' traffic per second / 1e9, when measured.
     pub elementwise_gb_per_s: Option<f64>,
+    /// NCCL all-reduce over the node's GPUs (empty on one GPU).
+    pub all_reduce: Vec<AllReduceRate>,
 }
 
 /// One measurement beside the fitted model's figure.
@@ -220,6 +234,16 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
             unit: r.unit.clone(),
         });
     }
+    residuals.extend(all_reduce_residuals(m)?);
+    if m.all_reduce.is_empty() {
+        notes.push("NCCL all-reduce not measured (one GPU, or no NCCL)".into());
+    } else {
+        notes.push(
+            "NCCL all-reduce busbw is compared with the simulator's NCCL model (residuals), not fitted: NVLink \
+             bandwidth is the GPU catalog's"
+                .into(),
+        );
+    }
     p.compute.gemms = m
         .gemms
         .iter()
@@ -235,6 +259,51 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
     notes.push("not measured here, kept from the base profile: overlap slowdowns, memory overheads, host".into());
     p.check().map_err(|e| format!("the fitted profile is not valid: {e}"))?;
     Ok(GpuFit { profile: p, gemm_worst: Some(worst), attention_worst, residuals, notes })
+}
+
+/// The simulator's busbw for each measured all-reduce: one node of the GPU's DGX preset
+/// with as many GPUs as were measured, the fabric network, NCCL's default choice.
+fn all_reduce_residuals(m: &GpuMeasurements) -> Result<Vec<Residual>, String> {
+    use crate::net::NetworkKind;
+    use crate::net::collbench::{BenchOp, sweep_cluster};
+    use crate::net::nccl::NcclEnv;
+    let preset = match m.gpu {
+        GpuKind::H100Sxm => "dgx-h100",
+        GpuKind::H200Sxm => "dgx-h200",
+        GpuKind::B200 => "dgx-b200",
+        _ => "dgx-a100",
+    };
+    let mut out = Vec::new();
+    for r in &m.all_reduce {
+        if !(r.busbw_gbps.is_finite() && r.busbw_gbps > 0.0) || r.ranks < 2 || r.bytes == 0 {
+            return Err(format!(
+                "the all-reduce of {} bytes over {} GPUs measured {} GB/s: not a rate to compare",
+                r.bytes, r.ranks, r.busbw_gbps
+            ));
+        }
+        let mut c = strata_models::ClusterSpec::preset(preset).ok_or_else(|| format!("no cluster preset {preset}"))?;
+        (c.gpu, c.nodes, c.gpus_per_node) = (m.gpu, 1, r.ranks);
+        let rows = sweep_cluster(
+            &c,
+            0,
+            NetworkKind::Fabric,
+            &NcclEnv::default(),
+            BenchOp::AllReduce,
+            r.ranks,
+            r.bytes,
+            r.bytes,
+        )
+        .map_err(|e| e.to_string())?;
+        let model = rows.first().map(|row| row.busbw_gbps).ok_or("the simulated sweep returned no row")?;
+        out.push(Residual {
+            label: format!("all-reduce x{} {} B", r.ranks, r.bytes),
+            measured: r.busbw_gbps,
+            model,
+            residual: model / r.busbw_gbps - 1.0,
+            unit: "GB/s busbw".into(),
+        });
+    }
+    Ok(out)
 }
 
 /// The attention fit rounds each efficiency to 0.001 (the published profiles' figures); a

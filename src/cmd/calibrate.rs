@@ -39,8 +39,9 @@ pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
     /// What to measure: cpu (the CPU executor on this machine) or cuda (GPU 0: cuBLAS bf16
-    /// GEMMs, HBM, the model's attention kernels, fitted into a GPU profile; needs a build
-    /// with the `cuda` feature, and NVRTC for the kernels).
+    /// GEMMs, HBM, the model's attention kernels, fitted into a GPU profile, and NCCL
+    /// all-reduce with two GPUs or more; needs a build with the `cuda` feature, NVRTC for
+    /// the kernels, NCCL for the all-reduce).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Ranks a job will run (threads sharing this machine's cores) [default: the scenario's

@@ -5,13 +5,13 @@
 //! the plan's shapes plus a sequence sweep (these two need NVRTC, skipped with a note
 //! without it). `strata_sim::gpu_fit` fits them with the published microbenchmarks' own
 //! fits; the residuals are printed, and the fit beside the built-in profile of the GPU.
-//! NCCL bus bandwidth is not measured (this build links no NCCL; one GPU has none to
-//! measure): the profile keeps the built-in NCCL parameters, and says so.
+//! With two GPUs or more, NCCL all-reduce bus bandwidth (1 MiB to 1 GiB) is measured and
+//! set beside the simulator's NCCL model (residuals; nothing is fitted to it).
 
 use anyhow::bail;
-use strata_runtime::cuda::{self, kernels, measure};
+use strata_runtime::cuda::{self, kernels, measure, nccl_bench};
 use strata_sim::HardwareProfile;
-use strata_sim::gpu_fit::{self, AttentionRate, GemmRate, GpuFit, GpuMeasurements};
+use strata_sim::gpu_fit::{self, AllReduceRate, AttentionRate, GemmRate, GpuFit, GpuMeasurements};
 
 use super::calibrate::{Args, gemm_shapes};
 use crate::common::{self, RunFailure};
@@ -19,6 +19,8 @@ use crate::common::{self, RunFailure};
 /// The sweep beside the plan's shapes: square and wide tiles, short to long k.
 const SWEEP_MN: &[(u64, u64)] = &[(2048, 2048), (4096, 4096), (8192, 8192), (16384, 8192)];
 const SWEEP_K: &[u64] = &[128, 512, 2048, 8192];
+/// NCCL all-reduce sizes (bytes), 1 MiB to 1 GiB.
+const NCCL_SIZES: &[u64] = &[1 << 20, 16 << 20, 256 << 20, 1 << 30];
 /// Attention sweep: the FlashAttention papers' setting, 16k tokens of 16 heads.
 const ATTN_SEQS: &[u64] = &[512, 1024, 2048, 4096, 8192];
 
@@ -86,15 +88,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         None => (Vec::new(), 0),
     };
-    notes.push(if devices.len() < 2 {
-        "one GPU: no NCCL bus bandwidth to measure; the profile keeps the built-in NCCL parameters".into()
+    let all_reduce = if devices.len() < 2 {
+        notes.push("one GPU: no NCCL bus bandwidth to measure".into());
+        Vec::new()
     } else {
-        format!(
-            "{} GPUs, but NCCL bus bandwidth is not measured (this build links no NCCL); the profile keeps the \
-             built-in NCCL parameters",
-            devices.len()
-        )
-    });
+        log(format!("calibrate: NCCL all-reduce over {} GPUs", devices.len()));
+        let reps = if args.quick { 2 } else { 5 };
+        match nccl_bench::time_all_reduce(devices.len(), NCCL_SIZES, reps) {
+            Ok(r) => r,
+            Err(e) => {
+                notes.push(format!("NCCL all-reduce not measured: {e}"));
+                Vec::new()
+            }
+        }
+    };
     if s.cluster.gpu != kind {
         notes.push(format!(
             "the scenario's cluster has {} GPUs and this is a {}: the profile is of this GPU ({} shapes)",
@@ -133,6 +140,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .collect(),
         hbm_copy_gb_per_s: Some(memory.copy_gb_per_s),
         elementwise_gb_per_s: memory.elementwise_gb_per_s,
+        all_reduce: all_reduce
+            .iter()
+            .map(|r| AllReduceRate { ranks: r.ranks, bytes: r.bytes, busbw_gbps: r.busbw_gbps })
+            .collect(),
     };
     let mut fit = gpu_fit::fit(&measurements).map_err(|e| RunFailure(format!("fitting the GPU profile: {e}")))?;
     fit.notes.extend(notes);
@@ -148,6 +159,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "gemms_bf16": gemms,
             "memory": memory,
             "attention": attention,
+            "all_reduce": all_reduce,
             "fit": fit,
             "builtin": HardwareProfile::builtin(kind),
         }));

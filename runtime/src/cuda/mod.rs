@@ -2,7 +2,8 @@
 //! driver's device attributes), how fast cuBLAS runs a model's GEMMs on them — what
 //! `strata calibrate --backend cuda` measures — and the model's kernels (`kernels`: NVRTC
 //! sources; `check`: each against the CPU reference in `reference`, on a GPU; `measure`:
-//! HBM and the attention kernels timed for a GPU profile; `peers`: which GPUs reach each
+//! HBM and the attention kernels timed for a GPU profile; `nccl_bench`: NCCL all-reduce
+//! bus bandwidth over the node's GPUs; `peers`: which GPUs reach each
 //! other, for `strata probe`). The CUDA executor itself (plans run on GPUs with NCCL) is
 //! not built yet.
 //!
@@ -13,6 +14,7 @@
 pub mod check;
 pub mod kernels;
 pub mod measure;
+pub mod nccl_bench;
 pub mod peers;
 pub mod reference;
 

@@ -63,6 +63,7 @@ fn samples(t: &HardwareProfile, noise: &dyn Fn(usize) -> f64) -> GpuMeasurements
         attention,
         hbm_copy_gb_per_s: Some(t.compute.hbm_gb_per_s),
         elementwise_gb_per_s: None,
+        all_reduce: Vec::new(),
     }
 }
 
@@ -179,4 +180,41 @@ fn a_fitted_profile_drives_the_simulator() {
     slow.compute.gemm_efficiency = 0.6;
     let slower = step(Some(fit(&samples(&slow, &|_| 1.0)).unwrap().profile));
     assert!(slower > 1.1 * builtin, "slower GEMMs {slower} s vs {builtin} s");
+}
+
+/// Measured all-reduce busbw sits beside the simulator's NCCL model: figures the model gives
+/// come back with no residual, a slower fabric with its shortfall; nothing is fitted.
+#[test]
+fn all_reduce_is_compared_with_the_nccl_model() {
+    let base = HardwareProfile::builtin(GpuKind::H200Sxm);
+    let mut m = samples(&base, &|_| 1.0);
+    let model = |ranks: u32, bytes: u64| {
+        let mut c = strata_models::ClusterSpec::preset("dgx-h200").unwrap();
+        c.gpus_per_node = ranks;
+        crate::net::collbench::sweep_cluster(
+            &c,
+            0,
+            crate::net::NetworkKind::Fabric,
+            &crate::net::nccl::NcclEnv::default(),
+            crate::net::collbench::BenchOp::AllReduce,
+            ranks,
+            bytes,
+            bytes,
+        )
+        .unwrap()[0]
+            .busbw_gbps
+    };
+    m.all_reduce = vec![
+        AllReduceRate { ranks: 8, bytes: 1 << 30, busbw_gbps: model(8, 1 << 30) },
+        AllReduceRate { ranks: 2, bytes: 1 << 24, busbw_gbps: 0.5 * model(2, 1 << 24) },
+    ];
+    let f = fit(&m).unwrap();
+    let ar: Vec<&Residual> = f.residuals.iter().filter(|r| r.label.starts_with("all-reduce")).collect();
+    assert_eq!(ar.len(), 2);
+    assert!(ar[0].residual.abs() < 1e-12 && ar[0].label == "all-reduce x8 1073741824 B", "{ar:?}");
+    assert!((ar[1].residual - 1.0).abs() < 1e-9, "{ar:?}");
+    assert!(ar[0].measured > 100.0, "8 H200s all-reduce at {} GB/s busbw in the model", ar[0].measured);
+    assert!(f.notes.iter().any(|n| n.contains("not fitted")), "{:?}", f.notes);
+    m.all_reduce[1].busbw_gbps = f64::NAN;
+    assert!(fit(&m).unwrap_err().contains("over 2 GPUs"));
 }
