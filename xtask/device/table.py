@@ -37,6 +37,9 @@ if c:
     m = c["memory"]
     ew = f"{m['elementwise_gb_per_s']:.0f}" if m.get("elementwise_gb_per_s") else "not measured"
     rows.append(("HBM copy / element-wise add (GB/s)", f"{m['copy_gb_per_s']:.0f} / {ew} (datasheet {b['hbm_gb_per_s']:.0f})"))
+    ar = [r for r in c["fit"]["residuals"] if r["label"].startswith("all-reduce")]
+    if ar:
+        rows.append(("NCCL all-reduce busbw (measured / model)", ", ".join(f"{r['label'][11:]}: {r['measured']:.0f} / {r['model']:.0f}" for r in ar)))
     a = f.get("attention")
     if a and c["attention"]:
         rows.append(("Strata attention kernel fit", f"{a['kernel']}: fwd {a['fwd_efficiency']:.4f}, bwd {a['bwd_efficiency']:.4f} of the bf16 peak (worst residual {100 * (c['fit']['attention_worst'] or 0):.1f}%)"))
