@@ -37,6 +37,8 @@ pub struct Gpu {
     /// native atomics).
     pub peers: Vec<usize>,
     pub nvlink_peers: Vec<usize>,
+    /// Why the peers could not be read (then both lists are empty).
+    pub peer_error: Option<String>,
 }
 
 /// Everything probe found, and why what is absent is absent.
@@ -95,7 +97,10 @@ fn gpus() -> Result<Vec<Gpu>, String> {
     if devices.is_empty() {
         return Err("no GPU found: the CUDA driver sees no GPU on this machine".into());
     }
-    let links = crate::cuda::peers::peer_links(devices.len()).map_err(|e| e.to_string())?;
+    let (links, peer_error) = match crate::cuda::peers::peer_links(devices.len()) {
+        Ok(l) => (l, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     Ok(devices
         .into_iter()
         .map(|d| {
@@ -109,6 +114,7 @@ fn gpus() -> Result<Vec<Gpu>, String> {
                 memory_bytes: d.memory_bytes,
                 sms: d.sms,
                 compute_capability: d.compute_capability,
+                peer_error: peer_error.clone(),
             }
         })
         .collect())
@@ -192,7 +198,9 @@ impl Machine {
                     spec.sm_count
                 ));
                 let heuristic = "NVLink = peer access with native atomics, a heuristic";
-                if g.len() > 1 && g.iter().all(|x| x.nvlink_peers.len() + 1 == g.len()) {
+                if let Some(e) = g.iter().find_map(|x| x.peer_error.as_ref()) {
+                    notes.push(format!("the GPUs' peers could not be read: {e}"));
+                } else if g.len() > 1 && g.iter().all(|x| x.nvlink_peers.len() + 1 == g.len()) {
                     notes.push(format!("every GPU pair is an NVLink peer ({heuristic})"));
                 } else if g.len() > 1 {
                     for x in g {

@@ -16,6 +16,7 @@ fn h200(i: usize) -> Gpu {
         compute_capability: (9, 0),
         peers: others.clone(),
         nvlink_peers: others,
+        peer_error: None,
     }
 }
 
@@ -113,6 +114,18 @@ fn gpus_without_nvlink_between_all_pairs_are_noted() {
     assert_eq!((f.cluster.gpus_per_node, f.cluster.nics_per_node, f.cluster.fabric), (2, 0, Fabric::SingleSwitch));
     assert!(f.notes.iter().any(|n| n.contains("not every GPU pair is an NVLink peer")), "{:?}", f.notes);
     assert!(f.notes.iter().any(|n| n.contains("no RDMA device; the file has no NICs")), "{:?}", f.notes);
+    // Peers that could not be read are said so, not taken for missing NVLink.
+    let mut gpus: Vec<Gpu> = (0..2).map(h200).collect();
+    for g in &mut gpus {
+        (g.peers, g.nvlink_peers, g.peer_error) = (vec![], vec![], Some("reading P2P attributes: no".into()));
+    }
+    let f = Machine { gpus: Ok(gpus), ..m }.cluster().unwrap();
+    assert!(
+        f.notes.iter().any(|n| n == "the GPUs' peers could not be read: reading P2P attributes: no"),
+        "{:?}",
+        f.notes
+    );
+    assert!(!f.notes.iter().any(|n| n.contains("NVLink peer")), "{:?}", f.notes);
 }
 
 #[test]
