@@ -504,6 +504,13 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
     }
     // The split rules only make sense on a well-formed model and cluster.
     let mut config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
+    if lines.is_empty() {
+        let precision = training::precision_violations(t, &s.cluster);
+        if !precision.is_empty() {
+            let c = config.get_or_insert_with(|| ConfigError { violations: Vec::new() });
+            c.violations.extend(precision);
+        }
+    }
     // The framework's rules only make sense on a split that is valid in itself.
     if lines.is_empty() && config.is_none() {
         config = s.training.framework.check(s).err();
@@ -527,7 +534,7 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
 mod input;
 pub mod jobs;
 mod training;
-pub use training::{Dtype, TrainingConfig};
+pub use training::{Dtype, TrainingConfig, precision_violations};
 mod placement;
 mod search_base;
 

@@ -82,8 +82,8 @@ fn experts_split_over_ep_and_stages_sum_to_the_total() {
             let sum: u64 = stages.iter().map(|s| s.stage_total).sum();
             assert_eq!(sum, total_params(&m), "{name} tp{tp} pp{pp} ep{ep}");
             // Experts per rank: E/ep of each MoE layer on the stage.
-            let moe_layers: u64 = (0..m.layers).filter(|l| m.is_moe_layer(*l)).count() as u64
-                + if m.mtp_layers > 0 { 1 } else { 0 };
+            let moe_layers: u64 =
+                (0..m.layers).filter(|l| m.is_moe_layer(*l)).count() as u64 + if m.mtp_layers > 0 { 1 } else { 0 };
             let experts: u64 = stages.iter().map(|s| s.expert_params).sum();
             assert_eq!(experts * ep as u64, moe_layers * layer_expert_params(&m, m.layers - 1), "{name} ep{ep}");
         }

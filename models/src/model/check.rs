@@ -8,7 +8,8 @@ impl ModelSpec {
     /// Appends one line per broken MoE or MLA rule, each naming the values.
     pub(super) fn check_moe_mla(&self, bad: &mut Vec<String>) {
         if let Some(moe) = &self.moe {
-            for (key, v) in [("experts", moe.experts), ("top_k", moe.top_k), ("expert_ffn_hidden", moe.expert_ffn_hidden)]
+            for (key, v) in
+                [("experts", moe.experts), ("top_k", moe.top_k), ("expert_ffn_hidden", moe.expert_ffn_hidden)]
             {
                 if v == 0 {
                     bad.push(format!("model.moe.{key} = 0: it must be at least 1"));
@@ -75,5 +76,58 @@ impl ModelSpec {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{MlaSpec, ModelSpec};
+
+    fn moe_error(edit: impl Fn(&mut crate::model::MoeSpec)) -> String {
+        let mut m = ModelSpec::preset("tiny-moe").unwrap();
+        edit(m.moe.as_mut().unwrap());
+        m.check().unwrap_err()
+    }
+
+    #[test]
+    fn moe_shapes_are_checked_with_their_values() {
+        let e = moe_error(|e| e.top_k = 9);
+        assert!(e.contains("model.moe.top_k = 9 exceeds model.moe.experts = 8"), "{e}");
+        assert!(moe_error(|e| e.top_k = 0).contains("model.moe.top_k = 0"));
+        assert!(moe_error(|e| e.dense_layers = 5).contains("model.moe.dense_layers = 5 exceeds model.layers = 4"));
+        assert!(
+            moe_error(|e| e.shared_experts = 1)
+                .contains("model.moe.shared_experts = 1 with model.moe.shared_ffn_hidden = 0")
+        );
+        assert!(moe_error(|e| e.shared_ffn_hidden = 64).contains("shared_ffn_hidden = 64"));
+        assert!(moe_error(|e| e.capacity_factor = Some(0.0)).contains("model.moe.capacity_factor = 0"));
+        assert!(moe_error(|e| e.capacity_factor = Some(f64::NAN)).contains("capacity_factor = NaN"));
+        assert!(moe_error(|e| e.skew = Some(1.5)).contains("model.moe.skew = 1.5"));
+        // The limit on experts, naming key, value and maximum.
+        let e = moe_error(|e| e.experts = 4096);
+        assert!(e.contains("model.moe.experts = 4096 is over the limit of 1024"), "{e}");
+        let mut ok = ModelSpec::preset("tiny-moe").unwrap();
+        ok.moe.as_mut().unwrap().capacity_factor = Some(1.25);
+        ok.check().unwrap();
+    }
+
+    #[test]
+    fn mla_needs_rope_and_a_key_per_head() {
+        let mla =
+            MlaSpec { q_lora_rank: 0, kv_lora_rank: 16, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 };
+        let mut m = ModelSpec::preset("tiny-llama").unwrap();
+        m.mla = Some(mla.clone());
+        let e = m.check().unwrap_err();
+        assert!(e.contains("model.kv_heads = 2 ≠ model.heads = 4"), "{e}");
+        m.kv_heads = 4;
+        m.check().unwrap();
+        let mut g = ModelSpec::preset("tiny-gpt").unwrap();
+        g.mla = Some(mla.clone());
+        let e = g.check().unwrap_err();
+        assert!(e.contains("family = \"gpt\""), "{e}");
+        g.mla = Some(MlaSpec { kv_lora_rank: 0, ..mla });
+        let e = g.check().unwrap_err();
+        assert!(e.contains("model.mla.kv_lora_rank = 0 is below the minimum of 1"), "{e}");
+        ModelSpec::preset("deepseek-v3").unwrap().check().unwrap();
     }
 }

@@ -63,7 +63,7 @@ fn overrides_parse_values_and_bare_words() {
 fn impossible_splits_name_the_rule() {
     let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.dp=3".into()]).unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("8 · 8 · 3 = 192"), "{text}");
+    assert!(text.contains("8 · 1 · 3 · 8 = 192"), "{text}");
     match e {
         ScenarioError::Invalid { config: Some(c), .. } => assert!(c.has("grid-equals-gpus")),
         other => panic!("wrong error {other:?}"),
