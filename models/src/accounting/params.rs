@@ -274,6 +274,41 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> Vec<StageParams> {
         .collect()
 }
 
+/// Weights of linear layers (GEMM operands, no biases, norms or router) one rank of
+/// pipeline stage `stage` holds: what Transformer Engine keeps an fp8 copy of under fp8
+/// training. The embedding, output layer and router stay bf16 (DeepSeek-V3 §3.3; Megatron-LM
+/// builds the output layer as a plain `ColumnParallelLinear`, not a TE module).
+pub fn stage_linear_params(m: &ModelSpec, p: &ParallelConfig, stage: u32) -> u64 {
+    let t = p.tp as u64;
+    let ep = p.ep.max(1) as u64;
+    let h = m.hidden as u64;
+    let attention = match &m.mla {
+        Some(_) => {
+            let (sharded, replicated) = attention_params(m);
+            let a = m.mla.as_ref().map_or(0, |a| a.q_lora_rank as u64 + a.kv_lora_rank as u64);
+            sharded / t + replicated - a
+        }
+        None => (h * (h + 2 * m.kv_dim()) + h * h) / t,
+    };
+    let mats = m.mlp_matrices() * h;
+    let layer = |l: u32| -> u64 {
+        attention
+            + match &m.moe {
+                Some(e) if m.is_moe_layer(l) => {
+                    e.shared_experts as u64 * mats * e.shared_ffn_hidden as u64 / t
+                        + e.experts as u64 * mats * e.expert_ffn_hidden as u64 / ep
+                }
+                _ => mats * m.ffn_hidden as u64 / t,
+            }
+    };
+    let pipe = p.pipeline();
+    let mut n: u64 = (0..p.vpp).flat_map(|c| p.chunk_layers(m, pipe.vstage(c, stage))).map(layer).sum();
+    if stage == p.pp - 1 {
+        n += m.mtp_layers as u64 * (2 * h * h / t + layer(m.layers));
+    }
+    n
+}
+
 /// Parameters of the largest single module one tensor-parallel rank holds, as DeepSpeed's
 /// `model_to_params` counts them for its ZeRO-3 estimator (a module's own parameters, not
 /// its children's): the word embedding or output layer (V·h/t), the position table, the

@@ -93,7 +93,8 @@ impl<'a> Planner<'a> {
                 costs.push(piece_cost(
                     &s.model,
                     p,
-                    s.training.storage_dtype(),
+                    // The training dtype: under fp8 the linear GEMMs are marked fp8.
+                    s.training.dtype,
                     s.training.flash_attention,
                     piece,
                     phase,
