@@ -25,6 +25,10 @@ pub enum GpuKind {
     H100Sxm,
     #[serde(rename = "h200-sxm")]
     H200Sxm,
+    /// H800 SXM5: the H100 die for the Chinese market, NVLink cut to 8 links (400 GB/s
+    /// bidirectional); what DeepSeek-V3 trained on.
+    #[serde(rename = "h800-sxm")]
+    H800Sxm,
     #[serde(rename = "b200")]
     B200,
     /// A CPU core group standing in for a GPU: the CPU executor's ranks.
@@ -33,8 +37,15 @@ pub enum GpuKind {
 }
 
 /// Every catalog entry, for `--help` and tests.
-pub const GPU_KINDS: &[GpuKind] =
-    &[GpuKind::A100_40gb, GpuKind::A100_80gb, GpuKind::H100Sxm, GpuKind::H200Sxm, GpuKind::B200, GpuKind::Cpu];
+pub const GPU_KINDS: &[GpuKind] = &[
+    GpuKind::A100_40gb,
+    GpuKind::A100_80gb,
+    GpuKind::H100Sxm,
+    GpuKind::H200Sxm,
+    GpuKind::H800Sxm,
+    GpuKind::B200,
+    GpuKind::Cpu,
+];
 
 /// Datasheet figures of one accelerator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -71,6 +82,7 @@ impl GpuKind {
             GpuKind::A100_80gb => "a100-80gb",
             GpuKind::H100Sxm => "h100-sxm",
             GpuKind::H200Sxm => "h200-sxm",
+            GpuKind::H800Sxm => "h800-sxm",
             GpuKind::B200 => "b200",
             GpuKind::Cpu => "cpu",
         }
@@ -107,6 +119,9 @@ impl GpuKind {
             GpuKind::H100Sxm => fp8(s("H100 SXM5 80GB", 989.4, 67.0, 494.7, 81_559, 3350.0, 450.0, 132), 1978.9),
             // H200 SXM: the H100 die with 141 GB HBM3e at 4.8 TB/s.
             GpuKind::H200Sxm => fp8(s("H200 SXM 141GB", 989.4, 67.0, 494.7, 143_771, 4800.0, 450.0, 132), 1978.9),
+            // H800 SXM5: H100 compute and memory, 8 NVLink4 links (400 GB/s bidirectional; DeepSeek-V3
+            // §3.1 measures 160 GB/s). Datasheet transcription (secondary): 989 bf16, 1,979 fp8 dense.
+            GpuKind::H800Sxm => fp8(s("H800 SXM5 80GB", 989.4, 67.0, 494.7, 81_559, 3350.0, 200.0, 132), 1978.9),
             // B200 (HGX B200 datasheet): 2.25 PFLOP/s dense bf16, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional.
             GpuKind::B200 => fp8(s("B200 180GB", 2250.0, 75.0, 1100.0, 183_359, 8000.0, 900.0, 148), 4500.0),
             // A CPU rank: nominal figures for one AVX-512 core (about 0.16 TFLOP/s fp32 GEMM measured

@@ -195,7 +195,7 @@ impl ModelSpec {
     /// those of the Llama 3 report (Table 3). The `tiny-*` and `small-gpt` models are sized
     /// for the CPU executor: byte-level vocabulary, a few layers.
     ///
-    /// Mixtures of experts (shapes and sources in `docs/models.md`):
+    /// Mixtures of experts:
     /// - `mixtral-8x7b` / `mixtral-8x22b`: Llama-style layers, 8 SwiGLU experts, top-2, softmax
     ///   router, no shared expert, rope θ 10^6 (Megatron-LM `examples/mixtral`, NeMo
     ///   `MixtralConfig8x7B`/`8x22B`); sequence 4,096 as Megatron-LM's Mixtral example trains;

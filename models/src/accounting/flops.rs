@@ -115,13 +115,16 @@ pub fn step_flops(m: &ModelSpec, global_batch: u64, recompute: Recompute) -> Ste
 }
 
 /// FLOPs of one step of a scenario: [`step_flops`] plus, with fused (flash) attention,
-/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·h per token and layer).
+/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·a·d_qk per token and layer,
+/// 2·s·h without latent attention).
 pub fn scenario_step_flops(s: &crate::scenario::Scenario) -> StepFlops {
     let m = &s.model;
     let mut f = step_flops(m, s.parallel.global_batch as u64, s.parallel.recompute);
     if s.training.flash_attention {
+        // QKᵀ: 2·s·a·d_qk per token and layer (half the core when d_qk = d_v), MTP layers too.
         let tokens = s.tokens_per_step() as f64;
-        f.hardware += tokens * m.layers as f64 * attention_core_forward_flops_per_token(m) as f64 / 2.0;
+        let qk = 2 * m.seq_len as u64 * m.heads as u64 * m.qk_head_dim();
+        f.hardware += tokens * (m.layers + m.mtp_layers) as f64 * qk as f64;
     }
     f
 }

@@ -59,7 +59,10 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
 /// parallelism on a GPU older than Blackwell (compute capability < 10).
 pub fn needs_max_connections_1(s: &Scenario) -> bool {
     (s.parallel.tp > 1 || s.parallel.cp > 1)
-        && matches!(s.cluster.gpu, GpuKind::A100_40gb | GpuKind::A100_80gb | GpuKind::H100Sxm | GpuKind::H200Sxm)
+        && matches!(
+            s.cluster.gpu,
+            GpuKind::A100_40gb | GpuKind::A100_80gb | GpuKind::H100Sxm | GpuKind::H200Sxm | GpuKind::H800Sxm
+        )
 }
 
 /// `--make-vocab-size-divisible-by`: the largest power of two ≤ 128 that pads the
