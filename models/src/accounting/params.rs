@@ -312,7 +312,8 @@ pub fn stage_linear_params(m: &ModelSpec, p: &ParallelConfig, stage: u32) -> u64
 /// Parameters of the largest single module one tensor-parallel rank holds, as DeepSpeed's
 /// `model_to_params` counts them for its ZeRO-3 estimator (a module's own parameters, not
 /// its children's): the word embedding or output layer (V·h/t), the position table, the
-/// fused QKV projection, or one MLP matrix with its bias.
+/// fused QKV projection (or latent attention's largest projection), one MLP matrix with its
+/// bias, or one routed expert's matrix (whole: experts are not tensor-parallel).
 pub fn largest_module_params(m: &ModelSpec, tp: u32) -> u64 {
     let t = tp.max(1) as u64;
     let h = m.hidden as u64;
@@ -320,7 +321,19 @@ pub fn largest_module_params(m: &ModelSpec, tp: u32) -> u64 {
     let bias = |n: u64| if m.has_bias() { n } else { 0 };
     let qkv = h + 2 * m.kv_dim();
     let f = m.ffn_hidden as u64;
-    [word / t, pos, (h * qkv + bias(qkv)) / t, (h * f + bias(f)) / t].into_iter().max().unwrap_or(0)
+    // A routed expert's matrix is held whole (experts are not tensor-parallel); latent
+    // attention's largest projection is its output (a·d_v·h) or query up projection.
+    let expert = m.moe.as_ref().map_or(0, |e| h * e.expert_ffn_hidden as u64 + bias(e.expert_ffn_hidden as u64));
+    let attn = match &m.mla {
+        Some(a) => {
+            let n = m.heads as u64;
+            let rank = if a.q_lora_rank > 0 { a.q_lora_rank } else { m.hidden } as u64;
+            let q = rank * n * (a.qk_nope_head_dim + a.qk_rope_head_dim) as u64;
+            q.max(n * a.v_head_dim as u64 * h) / t
+        }
+        None => (h * qkv + bias(qkv)) / t,
+    };
+    [word / t, pos, attn, (h * f + bias(f)) / t, expert].into_iter().max().unwrap_or(0)
 }
 
 /// Narayanan et al. SC'21 Eq. 2: P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)).
