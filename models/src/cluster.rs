@@ -61,7 +61,7 @@ pub struct ClusterSpec {
 }
 
 /// Names of the built-in cluster presets.
-pub const CLUSTER_PRESETS: &[&str] = &["dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "cpu-local"];
+pub const CLUSTER_PRESETS: &[&str] = &["dgx-a100", "dgx-h100", "dgx-h200", "dgx-h800", "dgx-b200", "cpu-local"];
 
 impl ClusterSpec {
     /// A built-in cluster by name (one node; set `nodes` to scale it), or `None`.
@@ -89,6 +89,9 @@ impl ClusterSpec {
             // DGX H100 / H200: 8 GPUs, 8 ConnectX-7 NDR 400 Gb/s, QM9700 switches.
             "dgx-h100" => c(GpuKind::H100Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),
             "dgx-h200" => c(GpuKind::H200Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),
+            // HGX H800 as DeepSeek-V3 ran it (arXiv 2412.19437 §3.1): 8 GPUs on NVLink/NVSwitch,
+            // 8 InfiniBand NICs of 400 Gb/s (50 GB/s), one per GPU.
+            "dgx-h800" => c(GpuKind::H800Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),
             "dgx-b200" => c(GpuKind::B200, 8, 8, 400.0, Fabric::RailOptimized, 64),
             // This machine: CPU ranks in one process or one host, no fabric.
             "cpu-local" => c(GpuKind::Cpu, 8, 0, 0.0, Fabric::SingleSwitch, 64),

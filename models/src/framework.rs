@@ -19,6 +19,9 @@
 //! | `torchtitan-schedule` | torchtitan | `torch.distributed.pipelining` has GPipe, 1F1B, Interleaved1F1B; its zero-bubble schedules are interleaved or V-shaped, not ZB-H1/H2 |
 //! | `torchtitan-tp-sp` | torchtitan | its tensor-parallel plan always shards norms and dropout along the sequence (sequence parallelism on) |
 //!
+//! The rules of expert and context parallelism, latent attention and multi-token prediction
+//! are in [`moe_cp`].
+//!
 //! The memory each framework allocates (fp32 main gradients in Megatron-LM, DeepSpeed's
 //! estimators) and the dtype it reduces gradients in are modelled in
 //! [`crate::accounting`]; this module is the one list of which framework exists and what
@@ -179,6 +182,7 @@ impl Framework {
                 }
             }
         }
+        self.moe_cp_violations(s, &mut bad);
         v
     }
 
@@ -195,6 +199,7 @@ impl Framework {
 }
 
 pub mod mechanics;
+mod moe_cp;
 
 #[cfg(test)]
 mod tests;

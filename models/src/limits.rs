@@ -16,6 +16,13 @@
 //! | `model.ffn_hidden` | 1 | 524,288 (2^19) | 5× GPT-1T's 102,400 |
 //! | `model.vocab` | 1 | 4,194,304 (2^22) | 16× Gemma's 256k |
 //! | `model.seq_len` | 1 | 1,048,576 (2^20) | million-token contexts |
+//! | `model.moe.experts`, `model.moe.top_k` | 1 | 1,024 | 4× DeepSeek-V3's 256 routed experts |
+//! | `model.moe.expert_ffn_hidden`, `shared_ffn_hidden` | 1 (shared: 0) | 524,288 (2^19) | as `model.ffn_hidden` |
+//! | `model.moe.shared_experts` | 0 | 64 | DeepSeek-V3 has 1, DeepSeekMoE 16B 2 |
+//! | `model.moe.dense_layers` | 0 | `model.layers` | |
+//! | `model.mla.q_lora_rank`, `kv_lora_rank` | 0 (kv: 1) | 131,072 (2^17) | as `model.hidden` |
+//! | `model.mla.*_head_dim` | 1 | 4,096 | 32× DeepSeek-V3's 128 |
+//! | `model.mtp_layers` | 0 | 16 | DeepSeek-V3 has 1 |
 //! | `cluster.nodes` | 1 | 131,072 (2^17) | with ≤ 2^17 GPUs in all |
 //! | `cluster.gpus_per_node` | 1 | 576 | an NVL576 NVLink domain |
 //! | nodes · gpus_per_node | 1 | 131,072 (2^17) | 8× a 16k-GPU job; one step of Llama-3 405B on 2^17 GPUs simulates in ~2 s (2^20 took 30 s and 3 GB) |
@@ -26,7 +33,7 @@
 //! | `cluster.switch_radix` | 4 (even) | 4,096 | 64× a QM9700's 64 ports |
 //! | `cluster.nodes_per_unit` | 1 | 131,072 | as `cluster.nodes` |
 //! | `cluster.switch_latency_ns` | 0 | 1,000,000 | 1 ms |
-//! | `parallel.tp`, `parallel.pp`, `parallel.dp` | 1 | 131,072 | ≤ the GPUs anyway |
+//! | `parallel.tp`, `parallel.pp`, `parallel.dp`, `parallel.cp`, `parallel.ep` | 1 | 131,072 | ≤ the GPUs anyway |
 //! | `parallel.vpp` | 1 | 128 | model chunks per stage |
 //! | `parallel.micro_batch` | 1 | 4,096 | sequences per microbatch |
 //! | `parallel.global_batch` | 1 | 16,777,216 (2^24) | sequences per step |
@@ -69,6 +76,10 @@ pub const MAX_HEADS: u64 = 4096;
 pub const MAX_FFN_HIDDEN: u64 = 1 << 19;
 pub const MAX_VOCAB: u64 = 1 << 22;
 pub const MAX_SEQ_LEN: u64 = 1 << 20;
+pub const MAX_EXPERTS: u64 = 1024;
+pub const MAX_SHARED_EXPERTS: u64 = 64;
+pub const MAX_MLA_HEAD_DIM: u64 = 4096;
+pub const MAX_MTP_LAYERS: u64 = 16;
 pub const MAX_NODES: u64 = 1 << 17;
 pub const MAX_GPUS_PER_NODE: u64 = 576;
 pub const MAX_GPUS: u64 = 1 << 17;
@@ -149,6 +160,22 @@ pub fn check_model(m: &ModelSpec) -> Result<(), String> {
     r.int("model.ffn_hidden", m.ffn_hidden.into(), 1, MAX_FFN_HIDDEN);
     r.int("model.vocab", m.vocab.into(), 1, MAX_VOCAB);
     r.int("model.seq_len", m.seq_len.into(), 1, MAX_SEQ_LEN);
+    if let Some(e) = &m.moe {
+        r.int("model.moe.experts", e.experts.into(), 1, MAX_EXPERTS);
+        r.int("model.moe.top_k", e.top_k.into(), 1, MAX_EXPERTS);
+        r.int("model.moe.expert_ffn_hidden", e.expert_ffn_hidden.into(), 1, MAX_FFN_HIDDEN);
+        r.int("model.moe.shared_experts", e.shared_experts.into(), 0, MAX_SHARED_EXPERTS);
+        r.int("model.moe.shared_ffn_hidden", e.shared_ffn_hidden.into(), 0, MAX_FFN_HIDDEN);
+        r.int("model.moe.dense_layers", e.dense_layers.into(), 0, MAX_LAYERS);
+    }
+    if let Some(a) = &m.mla {
+        r.int("model.mla.q_lora_rank", a.q_lora_rank.into(), 0, MAX_HIDDEN);
+        r.int("model.mla.kv_lora_rank", a.kv_lora_rank.into(), 1, MAX_HIDDEN);
+        r.int("model.mla.qk_nope_head_dim", a.qk_nope_head_dim.into(), 1, MAX_MLA_HEAD_DIM);
+        r.int("model.mla.qk_rope_head_dim", a.qk_rope_head_dim.into(), 1, MAX_MLA_HEAD_DIM);
+        r.int("model.mla.v_head_dim", a.v_head_dim.into(), 1, MAX_MLA_HEAD_DIM);
+    }
+    r.int("model.mtp_layers", m.mtp_layers.into(), 0, MAX_MTP_LAYERS);
     r.done()
 }
 
@@ -194,6 +221,8 @@ pub fn check_parallel(p: &ParallelConfig) -> Result<(), String> {
     r.int("parallel.tp", p.tp.into(), 1, MAX_GRID_DIMENSION);
     r.int("parallel.pp", p.pp.into(), 1, MAX_GRID_DIMENSION);
     r.int("parallel.dp", p.dp.into(), 1, MAX_GRID_DIMENSION);
+    r.int("parallel.cp", p.cp.into(), 1, MAX_GRID_DIMENSION);
+    r.int("parallel.ep", p.ep.into(), 1, MAX_GRID_DIMENSION);
     r.int("parallel.vpp", p.vpp.into(), 1, MAX_VPP);
     r.int("parallel.micro_batch", p.micro_batch.into(), 1, MAX_MICRO_BATCH);
     r.int("parallel.global_batch", p.global_batch.into(), 1, MAX_GLOBAL_BATCH);

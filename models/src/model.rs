@@ -13,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+mod check;
+
 /// Model family: decides positions, norms, biases, MLP and embedding tying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -139,6 +141,25 @@ pub struct MlaSpec {
     pub v_head_dim: u32,
 }
 
+impl MoeSpec {
+    /// `experts` routed experts of width `expert_ffn_hidden`, `top_k` per token, dropless,
+    /// softmax scoring, no shared expert, every layer MoE.
+    pub fn routed(experts: u32, top_k: u32, expert_ffn_hidden: u32, aux_loss_coeff: f64) -> MoeSpec {
+        MoeSpec {
+            experts,
+            top_k,
+            expert_ffn_hidden,
+            shared_experts: 0,
+            shared_ffn_hidden: 0,
+            dense_layers: 0,
+            capacity_factor: None,
+            score: RouterScore::Softmax,
+            aux_loss_coeff,
+            skew: None,
+        }
+    }
+}
+
 /// Llama 3's rotary base, the default of a spec that does not give one.
 pub fn default_rope_base() -> f64 {
     500_000.0
@@ -159,6 +180,11 @@ pub const MODEL_PRESETS: &[&str] = &[
     "tiny-gpt-deep",
     "tiny-llama",
     "small-gpt",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "deepseek-v3",
+    "tiny-moe",
+    "tiny-moe-gpt",
 ];
 
 impl ModelSpec {
@@ -168,6 +194,21 @@ impl ModelSpec {
     /// Korthikanti et al. 2022 Table 3 (vocab 51,200, sequence 2,048). The Llama 3 shapes are
     /// those of the Llama 3 report (Table 3). The `tiny-*` and `small-gpt` models are sized
     /// for the CPU executor: byte-level vocabulary, a few layers.
+    ///
+    /// Mixtures of experts:
+    /// - `mixtral-8x7b` / `mixtral-8x22b`: Llama-style layers, 8 SwiGLU experts, top-2, softmax
+    ///   router, no shared expert, rope θ 10^6 (Megatron-LM `examples/mixtral`, NeMo
+    ///   `MixtralConfig8x7B`/`8x22B`); sequence 4,096 as Megatron-LM's Mixtral example trains;
+    ///   8x22B's vocabulary 32,768 (Mistral's v3 tokenizer; unverified against a training run);
+    /// - `deepseek-v3`: 61 layers of h 7,168, MLA (q rank 1,536, kv rank 512, heads 128 of
+    ///   128 + 64 rotary query/key and 128 value channels), the first 3 layers dense (18,432),
+    ///   the other 58 with 256 routed experts of 2,048, top-8 sigmoid routing, 1 shared expert
+    ///   of 2,048, one multi-token-prediction module, vocabulary 129,280, sequence 4,096, rope θ
+    ///   10^4 (DeepSeek-V3 `inference/configs/config_671B.json`, arXiv 2412.19437);
+    /// - `tiny-moe` (Llama family) and `tiny-moe-gpt` (GPT, with a shared expert): CPU-sized.
+    ///
+    /// Qwen3-235B-A22B is not a preset: its attention is 64 heads of 128 channels over
+    /// h = 4,096 (q width 8,192 ≠ h), which `ModelSpec` (head width h / heads) cannot express.
     pub fn preset(name: &str) -> Option<ModelSpec> {
         use Activation::*;
         use Family::*;
@@ -202,8 +243,66 @@ impl ModelSpec {
             "tiny-gpt-deep" => m(Gpt, 8, 64, 4, 4, 256, 256, 32, Gelu),
             "tiny-llama" => m(Llama, 4, 64, 4, 2, 176, 256, 64, Swiglu),
             "small-gpt" => m(Gpt, 8, 256, 8, 8, 1024, 256, 128, Gelu),
+            "mixtral-8x7b" => ModelSpec {
+                rope_base: 1e6,
+                moe: Some(MoeSpec::routed(8, 2, 14336, 0.01)),
+                ..m(Llama, 32, 4096, 32, 8, 14336, 32000, 4096, Swiglu)
+            },
+            "mixtral-8x22b" => ModelSpec {
+                rope_base: 1e6,
+                moe: Some(MoeSpec::routed(8, 2, 16384, 0.01)),
+                ..m(Llama, 56, 6144, 48, 8, 16384, 32768, 4096, Swiglu)
+            },
+            "deepseek-v3" => ModelSpec {
+                rope_base: 10_000.0,
+                moe: Some(MoeSpec {
+                    shared_experts: 1,
+                    shared_ffn_hidden: 2048,
+                    dense_layers: 3,
+                    score: RouterScore::Sigmoid,
+                    ..MoeSpec::routed(256, 8, 2048, 1e-4)
+                }),
+                mla: Some(MlaSpec {
+                    q_lora_rank: 1536,
+                    kv_lora_rank: 512,
+                    qk_nope_head_dim: 128,
+                    qk_rope_head_dim: 64,
+                    v_head_dim: 128,
+                }),
+                mtp_layers: 1,
+                ..m(Llama, 61, 7168, 128, 128, 18432, 129280, 4096, Swiglu)
+            },
+            "tiny-moe" => ModelSpec {
+                moe: Some(MoeSpec { dense_layers: 1, ..MoeSpec::routed(8, 2, 64, 0.01) }),
+                ..m(Llama, 4, 64, 4, 2, 176, 256, 64, Swiglu)
+            },
+            "tiny-moe-gpt" => ModelSpec {
+                moe: Some(MoeSpec { shared_experts: 1, shared_ffn_hidden: 64, ..MoeSpec::routed(8, 2, 64, 0.01) }),
+                ..m(Gpt, 4, 64, 4, 4, 256, 256, 64, Gelu)
+            },
             _ => return None,
         })
+    }
+
+    /// Layers whose MLP is a mixture of experts.
+    pub fn moe_layers(&self) -> u32 {
+        self.moe.as_ref().map_or(0, |m| self.layers.saturating_sub(m.dense_layers))
+    }
+
+    /// Layers with a dense MLP of width `ffn_hidden`.
+    pub fn dense_layers(&self) -> u32 {
+        self.layers - self.moe_layers()
+    }
+
+    /// Width of one query (and key) head in the attention core: h/a, or MLA's
+    /// nope + rope channels.
+    pub fn qk_head_dim(&self) -> u64 {
+        self.mla.as_ref().map_or(self.head_dim(), |a| (a.qk_nope_head_dim + a.qk_rope_head_dim) as u64)
+    }
+
+    /// Width of one value head: h/a, or MLA's `v_head_dim`.
+    pub fn v_head_dim(&self) -> u64 {
+        self.mla.as_ref().map_or(self.head_dim(), |a| a.v_head_dim as u64)
     }
 
     /// h / a: the width of one attention head.
@@ -277,6 +376,9 @@ impl ModelSpec {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             bad.push(format!("model.dropout = {}: a dropout probability is in [0, 1)", self.dropout));
+        }
+        if bad.is_empty() {
+            self.check_moe_mla(&mut bad);
         }
         if bad.is_empty() {
             if !self.hidden.is_multiple_of(self.heads) {

@@ -1,8 +1,9 @@
 //! The parallel configuration: how one training step is split over the GPUs, and the rules
 //! that make a split possible.
 //!
-//! ranks = tp · pp · dp (Megatron-LM's order: tensor-parallel ranks fastest, then data, then
-//! pipeline). The global batch B is cut into microbatches of `micro_batch` sequences; each
+//! ranks = tp · cp · dp · pp (Megatron-LM's order: tensor-parallel ranks fastest, then
+//! context, data, pipeline); expert-parallel groups of ep ranks are cut from a stage's
+//! tp · cp · dp ranks (rules in `moe_cp`). The global batch B is cut into microbatches of `micro_batch` sequences; each
 //! data-parallel replica runs m = B / (micro_batch · dp) of them per step through its
 //! pipeline of pp stages, each stage holding `vpp` model chunks (interleaved 1F1B when
 //! vpp > 1, Narayanan et al. SC'21 §2.2). ZeRO stage 1/2/3 shards optimizer state /
@@ -269,6 +270,8 @@ impl ParallelConfig {
             ("tp", p.tp),
             ("pp", p.pp),
             ("dp", p.dp),
+            ("cp", p.cp),
+            ("ep", p.ep),
             ("vpp", p.vpp),
             ("micro_batch", p.micro_batch),
             ("global_batch", p.global_batch),
@@ -290,10 +293,11 @@ impl ParallelConfig {
             bad(
                 "grid-equals-gpus",
                 format!(
-                    "parallel.tp · pp · dp = {} · {} · {} = {} but the cluster has {} GPUs ({} nodes × {}): the grid must use every GPU exactly once",
+                    "parallel.tp · cp · dp · pp = {} · {} · {} · {} = {} but the cluster has {} GPUs ({} nodes × {}): the grid must use every GPU exactly once",
                     p.tp,
-                    p.pp,
+                    p.cp,
                     p.dp,
+                    p.pp,
                     p.ranks(),
                     gpus,
                     cluster.nodes,
@@ -425,15 +429,16 @@ impl ParallelConfig {
         if p.sequence_parallel && p.tp < 2 {
             bad("sp-needs-tp", "parallel.sequence_parallel = true with parallel.tp = 1: sequence parallelism splits along the tensor-parallel group, so it needs tp ≥ 2".to_string());
         }
-        if p.sequence_parallel && !model.seq_len.is_multiple_of(p.tp) {
+        if p.sequence_parallel && !model.seq_len.is_multiple_of(p.tp * p.cp) {
             bad(
                 "sp-divides-seq",
                 format!(
-                    "parallel.sequence_parallel = true but parallel.tp = {} does not divide model.seq_len = {}",
-                    p.tp, model.seq_len
+                    "parallel.sequence_parallel = true but parallel.tp · cp = {} · {} does not divide model.seq_len = {}: each tensor-parallel rank keeps seq_len/(cp · tp) tokens",
+                    p.tp, p.cp, model.seq_len
                 ),
             );
         }
+        p.moe_cp_rules(model, &mut bad);
         if !(p.grad_bucket_mb > 0.0 && p.grad_bucket_mb.is_finite()) {
             bad(
                 "bucket-positive",
@@ -447,111 +452,7 @@ impl ParallelConfig {
     }
 }
 
+mod moe_cp;
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn gpt3() -> (ModelSpec, ClusterSpec) {
-        let m = ModelSpec::preset("gpt3-175b").unwrap();
-        let mut c = ClusterSpec::preset("dgx-a100").unwrap();
-        c.nodes = 128;
-        (m, c)
-    }
-
-    fn good() -> ParallelConfig {
-        ParallelConfig { tp: 8, pp: 8, dp: 16, vpp: 1, global_batch: 1536, ..Default::default() }
-    }
-
-    fn rejects(p: ParallelConfig, rule: &str, words: &[&str]) {
-        let (m, c) = gpt3();
-        let e = p.validate(&m, &c).expect_err("must be rejected");
-        assert!(e.has(rule), "expected rule {rule}, got {e}");
-        let text = e.to_string();
-        for w in words {
-            assert!(text.contains(w), "message lacks {w:?}: {text}");
-        }
-    }
-
-    #[test]
-    fn the_megatron_split_is_valid() {
-        let (m, c) = gpt3();
-        good().validate(&m, &c).unwrap();
-        assert_eq!(good().microbatches(), 96);
-    }
-
-    #[test]
-    fn every_rule_is_enforced_with_its_values() {
-        rejects(ParallelConfig { tp: 0, ..good() }, "positive", &["parallel.tp = 0"]);
-        rejects(ParallelConfig { dp: 8, ..good() }, "grid-equals-gpus", &["8 · 8 · 8 = 512", "1024 GPUs"]);
-        let (mut m, c) = gpt3();
-        m.heads = 100;
-        let e = ParallelConfig { ..good() }.validate(&m, &c).unwrap_err();
-        assert!(e.has("tp-divides-heads") && e.to_string().contains("model.heads = 100"));
-        m.heads = 96;
-        m.kv_heads = 12;
-        let e = ParallelConfig { tp: 8, ..good() }.validate(&m, &c);
-        assert!(e.is_err() && e.unwrap_err().has("tp-divides-kv-heads"));
-        m.kv_heads = 96;
-        m.ffn_hidden = 49150;
-        assert!(good().validate(&m, &c).unwrap_err().has("tp-divides-ffn"));
-        rejects(
-            ParallelConfig { tp: 16, pp: 4, dp: 16, ..good() },
-            "tp-within-node",
-            &["parallel.tp = 16", "gpus_per_node = 8"],
-        );
-        rejects(ParallelConfig { tp: 1, pp: 128, dp: 8, ..good() }, "layers-split", &["model.layers = 96", "128 · 1"]);
-        rejects(
-            ParallelConfig { global_batch: 1000, ..good() },
-            "batch-divisible",
-            &["global_batch = 1000", "1 · 16 = 16"],
-        );
-        rejects(
-            ParallelConfig { schedule: Schedule::Interleaved, vpp: 1, ..good() },
-            "interleaved-needs-vpp",
-            &["vpp = 1"],
-        );
-        rejects(
-            ParallelConfig { schedule: Schedule::Interleaved, vpp: 2, global_batch: 16 * 12, ..good() },
-            "interleaved-microbatches",
-            &["= 12 is not a multiple of pp = 8"],
-        );
-        rejects(ParallelConfig { vpp: 2, ..good() }, "vpp-needs-interleaved", &["parallel.vpp = 2"]);
-        rejects(ParallelConfig { zero: 4, ..good() }, "zero-stage", &["parallel.zero = 4"]);
-        rejects(
-            ParallelConfig { tp: 1, pp: 8, dp: 128, sequence_parallel: true, ..good() },
-            "sp-needs-tp",
-            &["tp = 1"],
-        );
-        rejects(ParallelConfig { grad_bucket_mb: 0.0, ..good() }, "bucket-positive", &["grad_bucket_mb = 0"]);
-        let (mut m, c) = gpt3();
-        m.seq_len = 2044;
-        let e = ParallelConfig { sequence_parallel: true, ..good() }.validate(&m, &c).unwrap_err();
-        assert!(e.has("sp-divides-seq"));
-        let e = ParallelConfig { schedule: Schedule::Interleaved, vpp: 2, pp: 1, dp: 128, ..good() }
-            .validate(&m, &c)
-            .unwrap_err();
-        assert!(e.has("interleaved-needs-pp"));
-    }
-
-    #[test]
-    fn uneven_layers_go_short_at_both_ends() {
-        let m = ModelSpec::preset("llama3-405b").unwrap();
-        let p =
-            ParallelConfig { tp: 8, pp: 16, dp: 128, vpp: 2, schedule: Schedule::Interleaved, ..Default::default() };
-        let sizes: Vec<u32> = (0..32).map(|v| p.chunk_layers(&m, v).len() as u32).collect();
-        assert_eq!(sizes.iter().sum::<u32>(), 126);
-        assert_eq!((sizes[0], sizes[31]), (3, 3));
-        assert!(sizes[1..31].iter().all(|s| *s == 4));
-        assert_eq!(p.chunk_layers(&m, 31), 123..126);
-        let even = ParallelConfig { pp: 8, vpp: 1, ..p };
-        let g = ModelSpec::preset("gpt3-175b").unwrap();
-        assert!((0..8).all(|v| even.chunk_layers(&g, v) == (v * 12..(v + 1) * 12)));
-    }
-
-    #[test]
-    fn all_violations_are_reported_together() {
-        let (m, c) = gpt3();
-        let e = ParallelConfig { dp: 5, zero: 7, ..good() }.validate(&m, &c).unwrap_err();
-        assert!(e.has("grid-equals-gpus") && e.has("zero-stage") && e.has("batch-divisible"), "{e}");
-    }
-}
+mod tests;

@@ -95,8 +95,8 @@ raw_table!(RawModel {
     activation: Activation,
     dropout: f64,
     rope_base: f64,
-    moe: crate::model::MoeSpec,
-    mla: crate::model::MlaSpec,
+    moe: moe_raw::RawMoe,
+    mla: moe_raw::RawMla,
     mtp_layers: u32,
 });
 raw_table!(RawCluster {
@@ -213,8 +213,8 @@ impl Scenario {
                 activation: Some(m.activation),
                 dropout: Some(m.dropout),
                 rope_base: Some(m.rope_base),
-                moe: m.moe.clone(),
-                mla: m.mla.clone(),
+                moe: m.moe.as_ref().map(Into::into),
+                mla: m.mla.as_ref().map(Into::into),
                 mtp_layers: Some(m.mtp_layers).filter(|l| *l != 0),
             },
             cluster: RawCluster {
@@ -333,8 +333,14 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
             .unwrap_or(if rm.family == Some(Family::Llama) { Activation::Swiglu } else { Activation::Gelu }),
         dropout: 0.0,
         rope_base: rm.rope_base.or(base.as_ref().map(|b| b.rope_base)).unwrap_or_else(crate::model::default_rope_base),
-        moe: rm.moe.clone().or_else(|| base.as_ref().and_then(|b| b.moe.clone())),
-        mla: rm.mla.clone().or_else(|| base.as_ref().and_then(|b| b.mla.clone())),
+        moe: match rm.moe.clone() {
+            Some(raw) => Some(raw.resolve(base.as_ref().and_then(|b| b.moe.as_ref()), origin, "model.moe")?),
+            None => base.as_ref().and_then(|b| b.moe.clone()),
+        },
+        mla: match rm.mla.clone() {
+            Some(raw) => Some(raw.resolve(base.as_ref().and_then(|b| b.mla.as_ref()), origin, "model.mla")?),
+            None => base.as_ref().and_then(|b| b.mla.clone()),
+        },
         mtp_layers: rm.mtp_layers.or(base.as_ref().map(|b| b.mtp_layers)).unwrap_or(0),
     };
 
@@ -504,6 +510,13 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
     }
     // The split rules only make sense on a well-formed model and cluster.
     let mut config = if lines.is_empty() { s.parallel.validate(&s.model, &s.cluster).err() } else { None };
+    if lines.is_empty() {
+        let precision = training::precision_violations(t, &s.cluster);
+        if !precision.is_empty() {
+            let c = config.get_or_insert_with(|| ConfigError { violations: Vec::new() });
+            c.violations.extend(precision);
+        }
+    }
     // The framework's rules only make sense on a split that is valid in itself.
     if lines.is_empty() && config.is_none() {
         config = s.training.framework.check(s).err();
@@ -526,8 +539,9 @@ fn validate(s: &Scenario, origin: &str) -> Result<(), ScenarioError> {
 
 mod input;
 pub mod jobs;
+mod moe_raw;
 mod training;
-pub use training::{Dtype, TrainingConfig};
+pub use training::{Dtype, TrainingConfig, precision_violations};
 mod placement;
 mod search_base;
 

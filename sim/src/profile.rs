@@ -297,6 +297,7 @@ const A100_40GB: &str = include_str!("../profiles/a100-40gb.toml");
 const A100_80GB: &str = include_str!("../profiles/a100-80gb.toml");
 const H100_SXM: &str = include_str!("../profiles/h100-sxm.toml");
 const H200_SXM: &str = include_str!("../profiles/h200-sxm.toml");
+const H800_SXM: &str = include_str!("../profiles/h800-sxm.toml");
 const B200: &str = include_str!("../profiles/b200.toml");
 const CPU: &str = include_str!("../profiles/cpu.toml");
 
@@ -308,6 +309,7 @@ impl HardwareProfile {
             GpuKind::A100_80gb => (A100_80GB, "a100-80gb.toml"),
             GpuKind::H100Sxm => (H100_SXM, "h100-sxm.toml"),
             GpuKind::H200Sxm => (H200_SXM, "h200-sxm.toml"),
+            GpuKind::H800Sxm => (H800_SXM, "h800-sxm.toml"),
             GpuKind::B200 => (B200, "b200.toml"),
             GpuKind::Cpu => (CPU, "cpu.toml"),
         };

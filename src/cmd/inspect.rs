@@ -92,6 +92,10 @@ struct Report<'a> {
     ranks: u64,
     microbatches: u32,
     total_params: u64,
+    /// Parameters a token passes through (top-k experts, not all of them); the main model's.
+    active_params: u64,
+    /// Of `total_params`, the multi-token-prediction modules'.
+    mtp_params: u64,
     tokens_per_step: u64,
     model_flops_per_step: f64,
     hardware_flops_per_step: f64,
@@ -173,6 +177,8 @@ fn build(s: &Scenario) -> Report<'_> {
         ranks: p.ranks(),
         microbatches: p.microbatches(),
         total_params: params::total_params(&s.model),
+        active_params: params::param_counts(&s.model).active,
+        mtp_params: params::param_counts(&s.model).mtp,
         tokens_per_step: s.tokens_per_step(),
         model_flops_per_step: f.model,
         hardware_flops_per_step: f.hardware,
@@ -216,6 +222,39 @@ fn text(r: &Report) -> String {
         m.activation,
         common::count(r.total_params as f64)
     );
+    if let Some(e) = &m.moe {
+        let _ = writeln!(
+            o,
+            "Experts   {} routed of width {}, top-{} ({:?} router){}, dense first layers {}, {} — {} active parameters per token",
+            e.experts,
+            e.expert_ffn_hidden,
+            e.top_k,
+            e.score,
+            if e.shared_experts > 0 {
+                format!(", {} shared of width {}", e.shared_experts, e.shared_ffn_hidden)
+            } else {
+                String::new()
+            },
+            e.dense_layers,
+            e.capacity_factor.map_or("dropless".to_string(), |c| format!("capacity factor {c}")),
+            common::count(r.active_params as f64)
+        );
+    }
+    if let Some(a) = &m.mla {
+        let _ = writeln!(
+            o,
+            "Attention latent (MLA): q rank {}, kv rank {}, per head {} + {} rotary query/key and {} value channels",
+            a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+        );
+    }
+    if m.mtp_layers > 0 {
+        let _ = writeln!(
+            o,
+            "MTP       {} multi-token-prediction module(s): {} parameters of the total",
+            m.mtp_layers,
+            common::count(r.mtp_params as f64)
+        );
+    }
     let _ = writeln!(
         o,
         "Cluster   {}: {} nodes × {} {} = {} GPUs, {} × {} Gb/s NICs per node, {:?} fabric",
@@ -230,10 +269,12 @@ fn text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Split     TP({})-PP({})-DP({}), {} schedule{}, {} microbatches of {} = global batch {}, ZeRO-{}, recompute {}, sequence parallel {}",
+        "Split     TP({}){}-PP({})-DP({}){}, {} schedule{}, {} microbatches of {} = global batch {}, ZeRO-{}, recompute {}, sequence parallel {}",
         p.tp,
+        if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
         p.pp,
         p.dp,
+        if p.ep > 1 { format!(", EP({}) over expert-dp {}", p.ep, p.expert_dp()) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" with {} chunks per stage", p.vpp) } else { String::new() },
         r.microbatches,

@@ -52,7 +52,7 @@ fn corpus() -> Vec<(String, String, bool)> {
 
 /// Large shipped scenarios: picked rarely, they dominate a campaign's time.
 fn heavy(name: &str) -> bool {
-    name.starts_with("gpt3-175b") || name.starts_with("llama3-405b")
+    name.starts_with("gpt3-175b") || name.starts_with("llama3-405b") || name.starts_with("deepseek-v3")
 }
 
 struct Case {

@@ -148,6 +148,18 @@ const CASES: &[Case] = &[
         split: "zero = 1\nrecompute = \"none\"\nsequence_parallel = false\nmicro_batch = 4\nglobal_batch = 64\n[training]\nflash_attention = true\ngrad_reduce_in_bf16 = true\n",
         targets: &[("megatron", false), ("deepspeed", false)],
     },
+    // A mixture of experts (Megatron-LM's Mixtral example split, TP2 PP4 EP8): the MoE flags
+    // are checked against Megatron-LM's flag list with the rest.
+    Case {
+        model: "mixtral-8x7b",
+        cluster: "dgx-h100",
+        nodes: 8,
+        tp: 2,
+        pp: 4,
+        dp: 8,
+        split: "ep = 8\nschedule = \"1f1b\"\nzero = 1\nrecompute = \"none\"\nsequence_parallel = true\nglobal_batch = 256\n[training]\nflash_attention = true\n",
+        targets: &[("megatron", false)],
+    },
     Case {
         model: "tiny-llama",
         cluster: "dgx-h100",

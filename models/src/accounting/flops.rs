@@ -12,27 +12,82 @@
 //! forward work: the attention core (4·s·h per token and layer) under selective
 //! recomputation, the whole layer forward under full recomputation — the latter gives
 //! Narayanan et al. SC'21 Eq. 3: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+//!
+//! **Mixtures of experts** count what a token runs, not what the layer holds: its top-k
+//! routed experts, the shared experts and the router GEMM (2·h·E), so model FLOPs — and
+//! MFU — use the *active* shapes (the convention of DeepSeek-V3's and Megatron-LM's MoE
+//! throughput figures). Dropped tokens under a capacity factor are not subtracted (an upper
+//! bound; dropless routing runs exactly k per token). **Latent attention** counts its five
+//! projections (2 FLOPs per weight per token) and a core of 2·s·a·(d_nope + d_rope) for QKᵀ
+//! and 2·s·a·d_v for P·V. **Multi-token prediction** adds per module its 2h·h projection,
+//! one layer and the output layer again (the head is shared, its GEMM is not).
 
 use serde::Serialize;
 
 use crate::model::ModelSpec;
 use crate::parallel::Recompute;
 
-/// Forward FLOPs of one transformer layer for one token (sequence length s of context).
+/// Forward FLOPs of one dense transformer layer for one token (sequence length s of
+/// context).
 pub fn layer_forward_flops_per_token(m: &ModelSpec) -> u64 {
+    attention_linear_forward_flops_per_token(m)
+        + attention_core_forward_flops_per_token(m)
+        + 2 * m.mlp_matrices() * m.hidden as u64 * m.ffn_hidden as u64
+}
+
+/// Forward FLOPs of layer `layer` for one token: a dense layer's, or with a MoE MLP the
+/// top-k routed experts, the shared experts and the router.
+pub fn layer_forward_flops_per_token_at(m: &ModelSpec, layer: u32) -> u64 {
+    match &m.moe {
+        Some(e) if m.is_moe_layer(layer) => {
+            let h = m.hidden as u64;
+            let mlp = |f: u32| 2 * m.mlp_matrices() * h * f as u64;
+            attention_linear_forward_flops_per_token(m)
+                + attention_core_forward_flops_per_token(m)
+                + e.top_k as u64 * mlp(e.expert_ffn_hidden)
+                + e.shared_experts as u64 * mlp(e.shared_ffn_hidden)
+                + 2 * h * e.experts as u64
+        }
+        _ => layer_forward_flops_per_token(m),
+    }
+}
+
+/// Forward FLOPs of the attention's linear layers for one token: QKV and projection, or
+/// latent attention's down, up and output projections.
+pub fn attention_linear_forward_flops_per_token(m: &ModelSpec) -> u64 {
     let h = m.hidden as u64;
-    let f = m.ffn_hidden as u64;
-    2 * h * (h + 2 * m.kv_dim()) + attention_core_forward_flops_per_token(m) + 2 * h * h + 2 * m.mlp_matrices() * h * f
+    match &m.mla {
+        Some(a) => {
+            let n = m.heads as u64;
+            let (r_q, r_kv) = (a.q_lora_rank as u64, a.kv_lora_rank as u64);
+            let (nope, rope, v) = (a.qk_nope_head_dim as u64, a.qk_rope_head_dim as u64, a.v_head_dim as u64);
+            let q = if r_q > 0 { h * r_q + r_q * n * (nope + rope) } else { h * n * (nope + rope) };
+            2 * (q + h * (r_kv + rope) + r_kv * n * (nope + v) + n * v * h)
+        }
+        None => 2 * h * (h + 2 * m.kv_dim()) + 2 * h * h,
+    }
 }
 
 /// Forward FLOPs of the attention core (QKᵀ and probabilities · V) for one token.
 pub fn attention_core_forward_flops_per_token(m: &ModelSpec) -> u64 {
-    4 * m.seq_len as u64 * m.hidden as u64
+    2 * m.seq_len as u64 * m.heads as u64 * (m.qk_head_dim() + m.v_head_dim())
 }
 
 /// Forward FLOPs of the output layer for one token.
 pub fn logits_forward_flops_per_token(m: &ModelSpec) -> u64 {
     2 * m.hidden as u64 * m.vocab as u64
+}
+
+/// Forward FLOPs of all layers for one token.
+fn layers_forward_flops_per_token(m: &ModelSpec) -> u64 {
+    (0..m.layers).map(|l| layer_forward_flops_per_token_at(m, l)).sum()
+}
+
+/// Forward FLOPs of the multi-token-prediction modules for one token.
+pub fn mtp_forward_flops_per_token(m: &ModelSpec) -> u64 {
+    let h = m.hidden as u64;
+    let module = 2 * 2 * h * h + layer_forward_flops_per_token_at(m, m.layers) + logits_forward_flops_per_token(m);
+    m.mtp_layers as u64 * module
 }
 
 /// FLOPs of one step of `global_batch` sequences.
@@ -48,25 +103,28 @@ pub struct StepFlops {
 pub fn step_flops(m: &ModelSpec, global_batch: u64, recompute: Recompute) -> StepFlops {
     let tokens = global_batch as f64 * m.seq_len as f64;
     let l = m.layers as f64;
-    let layer = layer_forward_flops_per_token(m) as f64;
+    let layers = layers_forward_flops_per_token(m) as f64;
     let logits = logits_forward_flops_per_token(m) as f64;
-    let model = 3.0 * tokens * (l * layer + logits);
+    let model = 3.0 * tokens * (layers + logits + mtp_forward_flops_per_token(m) as f64);
     let extra = match recompute {
         Recompute::None => 0.0,
         Recompute::Selective => tokens * l * attention_core_forward_flops_per_token(m) as f64,
-        Recompute::Full => tokens * l * layer,
+        Recompute::Full => tokens * layers,
     };
     StepFlops { model, hardware: model + extra }
 }
 
 /// FLOPs of one step of a scenario: [`step_flops`] plus, with fused (flash) attention,
-/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·h per token and layer).
+/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·a·d_qk per token and layer,
+/// 2·s·h without latent attention).
 pub fn scenario_step_flops(s: &crate::scenario::Scenario) -> StepFlops {
     let m = &s.model;
     let mut f = step_flops(m, s.parallel.global_batch as u64, s.parallel.recompute);
     if s.training.flash_attention {
+        // QKᵀ: 2·s·a·d_qk per token and layer (half the core when d_qk = d_v), MTP layers too.
         let tokens = s.tokens_per_step() as f64;
-        f.hardware += tokens * m.layers as f64 * attention_core_forward_flops_per_token(m) as f64 / 2.0;
+        let qk = 2 * m.seq_len as u64 * m.heads as u64 * m.qk_head_dim();
+        f.hardware += tokens * (m.layers + m.mtp_layers) as f64 * qk as f64;
     }
     f
 }
@@ -92,6 +150,38 @@ pub fn narayanan_flops(b: f64, l: f64, s: f64, h: f64, v: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_flops_count_the_active_experts() {
+        // Mixtral 8x7B, 4,096 tokens of context: 2 of 8 experts, router 2·h·8 per token.
+        let m = ModelSpec::preset("mixtral-8x7b").unwrap();
+        let (h, s, f) = (4096u64, 4096u64, 14336u64);
+        let attn = 2 * h * (h + 2 * 1024) + 2 * h * h + 4 * s * h;
+        assert_eq!(layer_forward_flops_per_token_at(&m, 0), attn + 2 * 3 * 2 * h * f + 2 * h * 8);
+        // Per token the linear FLOPs are twice the active non-embedding parameters.
+        let c = crate::accounting::params::param_counts(&m);
+        let linear = 32 * (layer_forward_flops_per_token_at(&m, 0) - 4 * s * h) + 2 * h * 32000;
+        let norms = 32 * 2 * h + h;
+        assert_eq!(linear, 2 * (c.active - 32000 * h - norms));
+        // DeepSeek-V3's dense first layers keep their 18,432-wide MLP, as wide as the 8 routed
+        // and 1 shared experts of 2,048 a token passes through: they differ by the router.
+        let d = ModelSpec::preset("deepseek-v3").unwrap();
+        let dense = layer_forward_flops_per_token_at(&d, 2);
+        assert_eq!(layer_forward_flops_per_token_at(&d, 3) - dense, 2 * 7168 * 256);
+    }
+
+    #[test]
+    fn mla_flops_are_twice_its_weights_plus_its_core() {
+        let m = ModelSpec::preset("deepseek-v3").unwrap();
+        let (sharded, replicated) = crate::accounting::params::attention_params(&m);
+        let norms = 1536 + 512;
+        assert_eq!(attention_linear_forward_flops_per_token(&m), 2 * (sharded + replicated - norms));
+        // QKᵀ over 128 heads of 192 channels, P·V of 128: 2·s·128·(192 + 128).
+        assert_eq!(attention_core_forward_flops_per_token(&m), 2 * 4096 * 128 * 320);
+        // One MTP module: its projection, a MoE layer, the output layer again.
+        let mtp = mtp_forward_flops_per_token(&m);
+        assert_eq!(mtp, 4 * 7168 * 7168 + layer_forward_flops_per_token_at(&m, 60) + 2 * 7168 * 129_280);
+    }
 
     fn rel(a: f64, b: f64) -> f64 {
         (a / b - 1.0).abs()

@@ -256,7 +256,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
         .into_iter()
         .map(|sp| {
             let psi = sp.per_rank();
-            let (weights_bytes, grads_bytes, optimizer_bytes) = layout_state_bytes(psi, &layout, p.dp);
+            let (weights_bytes, grads_bytes, optimizer_bytes) = crate::accounting::states::stage_state_bytes(s, &sp);
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;

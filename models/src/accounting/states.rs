@@ -29,6 +29,19 @@
 //!
 //! In fp32 training every framework holds 4 + 4 + 8 bytes (the weights are the master copy),
 //! sharded by stage as ZeRO does, and reduces in fp32.
+//!
+//! **Experts** are replicated over the expert-data-parallel ranks (tp · cp · dp / ep), not
+//! over the dense parameters' cp · dp ([`crate::parallel::ParallelConfig::grad_ranks`]):
+//! ZeRO and the distributed optimizer shard each over its own group, as Megatron-LM's
+//! `theoretical_memory_usage.py` does with d_expert ([`stage_state_bytes`]).
+//!
+//! **fp8 training** (`training.dtype = "fp8"`, Transformer Engine's delayed-scaling recipe
+//! without `--fp8-param-gather`) keeps every state above as bf16 training does — fp32 master
+//! weights, main gradients and Adam moments unchanged — and the bf16 weights too, and adds
+//! per linear-layer weight an fp8 copy and its transposed fp8 copy for the backward's data
+//! gradient, 2 bytes per linear parameter (TE modules cache both between steps by default;
+//! `transformer_engine/pytorch/quantization.py`): [`fp8_weight_bytes`]. Under ZeRO-3 the
+//! copies live only while a layer is gathered, so none persist.
 
 use serde::Serialize;
 
@@ -178,6 +191,29 @@ pub fn scenario_layout(s: &Scenario) -> StateLayout {
     layout(s.training.framework, s.training.storage_dtype(), s.parallel.zero, s.training.grad_reduce_in_bf16)
 }
 
+/// Model-state bytes on one rank of a stage, (weights, gradients, optimizer): the dense
+/// parameters sharded over cp · dp, the routed experts over the expert-data-parallel ranks,
+/// and under fp8 the weights' fp8 copies ([`fp8_weight_bytes`]) in the weights.
+pub fn stage_state_bytes(s: &Scenario, sp: &crate::accounting::params::StageParams) -> (f64, f64, f64) {
+    let l = scenario_layout(s);
+    let p = &s.parallel;
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let (dense, experts) = (sp.dense_per_rank() as f64, sp.expert_params as f64);
+    let (dd, ed) = (clamp(p.grad_ranks()), clamp(p.expert_dp()));
+    let of = |x: PerParam| x.bytes_f64(dense, dd) + x.bytes_f64(experts, ed);
+    (of(l.weights) + fp8_weight_bytes(s, sp.stage) as f64, of(l.grads), of(l.optimizer))
+}
+
+/// Bytes of Transformer Engine's persistent fp8 weight copies on one rank of `stage`: the
+/// fp8 weight and its transpose, 1 byte each per linear-layer parameter; 0 without fp8 or
+/// under ZeRO-3.
+pub fn fp8_weight_bytes(s: &Scenario, stage: u32) -> u64 {
+    if !s.training.fp8() || s.parallel.zero >= 3 {
+        return 0;
+    }
+    2 * crate::accounting::params::stage_linear_params(&s.model, &s.parallel, stage)
+}
+
 /// Bytes on one rank that the framework's own formula counts beside the states but Strata's
 /// plan does not allocate as such: DeepSpeed ZeRO-3's estimator term 4·P_largest (the
 /// largest module's 16-bit weights and gradients gathered whole; Strata's plan gathers
@@ -227,6 +263,42 @@ mod tests {
         assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 3, false).per_param(8), 2.0);
         assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 2, false).per_param(8), 4.0);
         assert_eq!(layout(Framework::Torchtitan, Dtype::Bf16, 3, false).grad_reduce, Dtype::Fp32);
+    }
+
+    fn scenario(text: &str) -> Scenario {
+        Scenario::from_toml(text, "t.toml", "t", &[]).unwrap()
+    }
+
+    #[test]
+    fn fp8_adds_two_bytes_per_linear_weight_and_keeps_the_rest() {
+        let base = "[model]\npreset = \"llama3-8b\"\n[cluster]\npreset = \"dgx-h100\"\n[parallel]\ntp = 8\npp = 1\nsequence_parallel = true\nglobal_batch = 8\nzero = 1\n";
+        let bf16 = scenario(base);
+        let fp8 = scenario(&format!("{base}[training]\ndtype = \"fp8\"\n"));
+        let sp = &crate::accounting::params::stage_params(&bf16.model, &bf16.parallel)[0];
+        let (w0, g0, o0) = stage_state_bytes(&bf16, sp);
+        let (w1, g1, o1) = stage_state_bytes(&fp8, sp);
+        // Gradients and optimizer unchanged; weights gain 2 B per linear parameter.
+        assert_eq!((g0, o0), (g1, o1));
+        // Llama 3 8B per tp rank: 32 layers of (4096·6144 + 4096² + 3·4096·14336) / 8.
+        let linear: u64 = 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336) / 8;
+        assert_eq!(w1 - w0, 2.0 * linear as f64);
+        // Under ZeRO-3 the copies are transient.
+        let z3 = scenario(&format!(
+            "{}[training]\ndtype = \"fp8\"\nframework = \"torchtitan\"\n",
+            base.replace("zero = 1", "zero = 3")
+        ));
+        assert_eq!(fp8_weight_bytes(&z3, 0), 0);
+    }
+
+    #[test]
+    fn experts_shard_over_the_expert_data_parallel_ranks() {
+        // Mixtral 8x7B on 64 H100: tp 1, pp 4, dp 16, ep 8 → expert-dp 2, dense dp 16.
+        let text = "[model]\npreset = \"mixtral-8x7b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 8\n[parallel]\ntp = 1\npp = 4\nep = 8\nglobal_batch = 64\nzero = 1\n";
+        let s = scenario(text);
+        let sp = &crate::accounting::params::stage_params(&s.model, &s.parallel)[1];
+        let (_, _, opt) = stage_state_bytes(&s, sp);
+        let want = 12.0 * (sp.dense_per_rank() as f64 / 16.0 + sp.expert_params as f64 / 2.0);
+        assert!((opt - want).abs() < 1.0, "{opt} vs {want}");
     }
 
     #[test]

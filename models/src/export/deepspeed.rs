@@ -13,7 +13,13 @@
 //! - `tensor_parallel.autotp_size` (AutoTP training; `tp_size` is an inference key);
 //! - `activation_checkpointing` only with recomputation, with `number_checkpoints` and
 //!   without `contiguous_memory_optimization` (which needs `partition_activations`);
-//! - `pipeline.activation_checkpoint_interval = 1` for full recomputation in a pipeline.
+//! - `pipeline.activation_checkpoint_interval = 1` for full recomputation in a pipeline;
+//! - `sequence_parallel_size` = cp for DeepSpeed-Ulysses (the only context parallelism
+//!   DeepSpeed runs; `deepspeed-cp-ring`), the `DistributedAttention` wrapper in the notes.
+//!
+//! A mixture of experts (DeepSpeed-MoE's `deepspeed.moe.layer.MoE`, with `ep_size`, `k`,
+//! `capacity_factor`, `drop_tokens`) and fp8 (Transformer Engine modules under
+//! `fp8_autocast`) are model code, not config keys: the notes say how to build them.
 
 use std::fmt::Write as _;
 
@@ -100,6 +106,9 @@ pub fn config(s: &Scenario) -> Value {
     if p.tp > 1 {
         c.insert("tensor_parallel".into(), json!({ "autotp_size": p.tp }));
     }
+    if p.cp > 1 {
+        c.insert("sequence_parallel_size".into(), json!(p.cp));
+    }
     if p.pp > 1 {
         let mut pipe = json!({ "stages": p.pp });
         if p.recompute == Recompute::Full {
@@ -124,9 +133,10 @@ fn notes(s: &Scenario) -> String {
     );
     let _ = writeln!(
         o,
-        "- World: {} GPUs = tp {} × pp {} × dp {}; `deepspeed --num_nodes {} --num_gpus {} train.py --deepspeed_config deepspeed.json`.",
+        "- World: {} GPUs = tp {} × cp {} × pp {} × dp {}; `deepspeed --num_nodes {} --num_gpus {} train.py --deepspeed_config deepspeed.json`.",
         p.ranks(),
         p.tp,
+        p.cp,
         p.pp,
         p.dp,
         s.cluster.nodes,
@@ -167,6 +177,43 @@ fn notes(s: &Scenario) -> String {
                 }
             );
         }
+    }
+    if let Some(e) = &m.moe {
+        let capacity = match e.capacity_factor {
+            Some(c) => format!("capacity_factor={c}, drop_tokens=True"),
+            None => "drop_tokens=False (dropless)".to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "- Mixture of experts: the MLP of layers {}..{} is `deepspeed.moe.layer.MoE(hidden_size={}, expert=<the MLP of width {}>, num_experts={}, ep_size={}, k={}, {capacity}{})`; experts are split over ep = {} data-parallel ranks and their gradients reduced over the other dp/ep = {}.",
+            e.dense_layers,
+            m.layers,
+            m.hidden,
+            e.expert_ffn_hidden,
+            e.experts,
+            p.ep,
+            e.top_k,
+            if e.shared_experts > 0 {
+                format!(", use_residual=True (the shared expert of width {})", e.shared_ffn_hidden)
+            } else {
+                String::new()
+            },
+            p.ep,
+            p.dp / p.ep.max(1)
+        );
+    }
+    if p.cp > 1 {
+        let _ = writeln!(
+            o,
+            "- Context parallelism: DeepSpeed-Ulysses over {} ranks — wrap the attention core in `deepspeed.sequence.layer.DistributedAttention(attn, sequence_process_group)` and feed each rank 1/{} of every sequence (`sequence_parallel_size`).",
+            p.cp, p.cp
+        );
+    }
+    if s.training.fp8() {
+        let _ = writeln!(
+            o,
+            "- fp8: build the linear layers from Transformer Engine (`transformer_engine.pytorch.Linear`) and run forward under `te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling(fp8_format=Format.HYBRID))`; the config trains in bf16 around it."
+        );
     }
     let _ = writeln!(
         o,

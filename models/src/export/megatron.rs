@@ -17,15 +17,27 @@
 //!   (Megatron's default would give every stage the same count);
 //! - `--attention-backend flash` with `training.flash_attention`, else `unfused` (scores
 //!   stored, as the plan's activation memory counts them);
-//! - `CUDA_DEVICE_MAX_CONNECTIONS=1`, which `validate_args` asserts when tp > 1 on GPUs
-//!   before Blackwell.
+//! - `CUDA_DEVICE_MAX_CONNECTIONS=1`, which `validate_args` asserts when tp > 1 or cp > 1 on
+//!   GPUs before Blackwell;
+//! - mixtures of experts (megatron-core `MoELayer`): `--num-experts --moe-router-topk
+//!   --moe-ffn-hidden-size`, `--moe-shared-expert-intermediate-size` (all shared experts'
+//!   width together), `--moe-layer-freq ([0]*d+[1]*(l-d))` for dense first layers,
+//!   `--moe-router-score-function`, `--moe-aux-loss-coeff`, `--moe-expert-capacity-factor`
+//!   (absent = dropless), `--expert-model-parallel-size` with `--expert-tensor-parallel-size
+//!   1` (Strata's experts are not tensor-parallel), `--moe-grouped-gemm` and the all-to-all
+//!   dispatcher; latent attention `--multi-latent-attention --q-lora-rank --kv-lora-rank
+//!   --qk-head-dim --qk-pos-emb-head-dim --v-head-dim`; `--mtp-num-layers`;
+//! - context parallelism: `--context-parallel-size --cp-comm-type p2p|allgather|a2a`;
+//! - fp8: `--fp8-format hybrid --fp8-recipe delayed` (Transformer Engine's delayed scaling,
+//!   E4M3 forward and E5M2 backward) beside `--bf16`, without `--fp8-param-gather` (the bf16
+//!   weights are kept, as the memory model counts).
 
 use std::fmt::Write as _;
 
 use super::{Dropped, File, bucket_elements, even_split, vstage_layers};
 use crate::hardware::GpuKind;
-use crate::model::{Activation, Family};
-use crate::parallel::Recompute;
+use crate::model::{Activation, Family, RouterScore};
+use crate::parallel::{CpComm, Recompute};
 use crate::scenario::{Dtype, Scenario};
 
 /// The files, and the settings they cannot carry.
@@ -46,8 +58,11 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
 /// Whether Megatron-LM asserts `CUDA_DEVICE_MAX_CONNECTIONS=1`: tensor (or context)
 /// parallelism on a GPU older than Blackwell (compute capability < 10).
 pub fn needs_max_connections_1(s: &Scenario) -> bool {
-    s.parallel.tp > 1
-        && matches!(s.cluster.gpu, GpuKind::A100_40gb | GpuKind::A100_80gb | GpuKind::H100Sxm | GpuKind::H200Sxm)
+    (s.parallel.tp > 1 || s.parallel.cp > 1)
+        && matches!(
+            s.cluster.gpu,
+            GpuKind::A100_40gb | GpuKind::A100_80gb | GpuKind::H100Sxm | GpuKind::H200Sxm | GpuKind::H800Sxm
+        )
 }
 
 /// `--make-vocab-size-divisible-by`: the largest power of two ≤ 128 that pads the
@@ -134,8 +149,68 @@ fn arguments(s: &Scenario) -> (Vec<String>, Vec<Dropped>) {
     a.push(format!("--vocab-size {}", m.vocab.saturating_sub(1).max(1)));
     a.push("--mock-data".into());
 
+    if let Some(e) = &m.moe {
+        a.push(format!("--num-experts {}", e.experts));
+        a.push(format!("--moe-router-topk {}", e.top_k));
+        a.push(format!("--moe-ffn-hidden-size {}", e.expert_ffn_hidden));
+        if e.shared_experts > 0 {
+            a.push(format!(
+                "--moe-shared-expert-intermediate-size {}",
+                e.shared_experts as u64 * e.shared_ffn_hidden as u64
+            ));
+        }
+        if e.dense_layers > 0 {
+            let moe = m.layers.saturating_sub(e.dense_layers);
+            a.push(format!("--moe-layer-freq ([0]*{}+[1]*{moe})", e.dense_layers));
+        }
+        a.push(format!(
+            "--moe-router-score-function {}",
+            match e.score {
+                RouterScore::Softmax => "softmax",
+                RouterScore::Sigmoid => "sigmoid",
+            }
+        ));
+        a.push("--moe-router-load-balancing-type aux_loss".into());
+        a.push(format!("--moe-aux-loss-coeff {}", e.aux_loss_coeff));
+        if let Some(c) = e.capacity_factor {
+            a.push(format!("--moe-expert-capacity-factor {c}"));
+        }
+        a.push("--moe-grouped-gemm".into());
+        a.push("--moe-token-dispatcher-type alltoall".into());
+        // `skew` is what the simulator draws for routing imbalance; a real run's router
+        // decides it, so no flag carries it.
+    }
+    if let Some(l) = &m.mla {
+        a.push("--multi-latent-attention".into());
+        if l.q_lora_rank > 0 {
+            a.push(format!("--q-lora-rank {}", l.q_lora_rank));
+        }
+        a.push(format!("--kv-lora-rank {}", l.kv_lora_rank));
+        a.push(format!("--qk-head-dim {}", l.qk_nope_head_dim));
+        a.push(format!("--qk-pos-emb-head-dim {}", l.qk_rope_head_dim));
+        a.push(format!("--v-head-dim {}", l.v_head_dim));
+    }
+    if m.mtp_layers > 0 {
+        a.push(format!("--mtp-num-layers {}", m.mtp_layers));
+    }
+
     a.push(format!("--tensor-model-parallel-size {}", p.tp));
     a.push(format!("--pipeline-model-parallel-size {}", p.pp));
+    if p.cp > 1 {
+        a.push(format!("--context-parallel-size {}", p.cp));
+        a.push(format!(
+            "--cp-comm-type {}",
+            match p.cp_comm {
+                CpComm::Ring => "p2p",
+                CpComm::AllGather => "allgather",
+                CpComm::Ulysses => "a2a",
+            }
+        ));
+    }
+    if m.moe.is_some() {
+        a.push(format!("--expert-model-parallel-size {}", p.ep));
+        a.push("--expert-tensor-parallel-size 1".into());
+    }
     if p.pp > 1 && !even_split(s) {
         a.push(format!("--pipeline-model-parallel-layout {}", layout(s)));
     } else if p.schedule.chunked() {
@@ -177,7 +252,11 @@ fn arguments(s: &Scenario) -> (Vec<String>, Vec<Dropped>) {
     match t.dtype {
         Dtype::Bf16 => a.push("--bf16".into()),
         // Transformer Engine's delayed scaling with E4M3 forward and E5M2 backward.
-        Dtype::Fp8 => a.push("--bf16 --fp8-format hybrid --fp8-recipe delayed".into()),
+        Dtype::Fp8 => {
+            a.push("--bf16".into());
+            a.push("--fp8-format hybrid".into());
+            a.push("--fp8-recipe delayed".into());
+        }
         Dtype::Fp16 => a.push("--fp16".into()),
         Dtype::Fp32 => {}
     }

@@ -124,4 +124,6 @@ pub fn even_split(s: &Scenario) -> bool {
 }
 
 #[cfg(test)]
+mod moe_tests;
+#[cfg(test)]
 mod tests;

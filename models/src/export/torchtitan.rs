@@ -12,6 +12,19 @@
 //! - `[activation_checkpoint]` mode;
 //! - mixed precision: bf16 parameters, fp32 reduction (the only reduce dtype v0.2.2 has).
 //!
+//! - context parallelism: `context_parallel_degree` with `context_parallel_rotate_method`
+//!   `"alltoall"` for ring attention (K/V shards passed round) or `"allgather"` (K/V
+//!   gathered whole); expert parallelism: `expert_parallel_degree` with
+//!   `expert_tensor_parallel_degree = 1`;
+//! - fp8: `[model] converters = ["quantize.linear.float8"]` and `[quantize.linear.float8]
+//!   recipe_name = "tensorwise"` — torchao's float8 linear layers, with per-tensor *dynamic*
+//!   scaling (torchao has no delayed scaling any more) and no cached fp8 weights, which the
+//!   file says in a comment; the GEMMs that run in fp8 are the same linear layers.
+//!
+//! DeepSeek-V3 is torchtitan's `deepseek_v3` model, flavor `671B` (without its
+//! multi-token-prediction module, which torchtitan does not build). Other mixtures of
+//! experts have no torchtitan model here.
+//!
 //! torchtitan builds its models by name and flavor, not by dimensions: a Llama shape that
 //! is not one of its llama3 flavors, a GPT model, or a tokenizer other than Llama 3's
 //! cannot be written, nor can a gradient-bucket size (FSDP2 reduces per layer).
@@ -19,8 +32,8 @@
 use std::fmt::Write as _;
 
 use super::{Dropped, File};
-use crate::model::Family;
-use crate::parallel::{Recompute, Schedule};
+use crate::model::{Family, ModelSpec};
+use crate::parallel::{CpComm, Recompute, Schedule};
 use crate::scenario::{Dtype, Scenario};
 
 /// torchtitan v0.2.2's llama3 flavors (`torchtitan/models/llama3/__init__.py`): name,
@@ -54,13 +67,23 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     let flavor = LLAMA3_FLAVORS
         .iter()
         .find(|f| (f.1, f.2, f.3, f.4, f.5) == (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden));
-    let flavor_name = match (m.family, flavor) {
+    let deepseek = ModelSpec::preset("deepseek-v3")
+        .is_some_and(|d| (d.layers, d.hidden, &d.moe, &d.mla) == (m.layers, m.hidden, &m.moe, &m.mla));
+    let (model_name, flavor_name) = match (m.family, flavor) {
+        _ if deepseek => ("deepseek_v3", "671B".to_string()),
+        _ if m.moe.is_some() || m.mla.is_some() => {
+            drop(
+                format!("model.moe / model.mla of {}", m.name),
+                "torchtitan v0.2.2 builds DeepSeek-V3 (deepseek_v3 671B) among mixtures of experts here, not this one; written as llama3 with the scenario's name as the flavor, which torchtitan must be taught",
+            );
+            ("llama3", m.name.clone())
+        }
         (Family::Gpt, _) => {
             drop(
                 "model.family = \"gpt\"".into(),
                 "torchtitan v0.2.2 has no GPT model (learned positions, LayerNorm, GELU, tied embeddings); written as llama3 with the scenario's name as the flavor, which torchtitan must be taught",
             );
-            m.name.clone()
+            ("llama3", m.name.clone())
         }
         (Family::Llama, None) => {
             drop(
@@ -70,11 +93,17 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
                 ),
                 "not a torchtitan llama3 flavor (8B, 70B, 405B); written as flavor = the scenario's model name, to be registered in torchtitan/models/llama3/__init__.py",
             );
-            m.name.clone()
+            ("llama3", m.name.clone())
         }
-        (Family::Llama, Some(f)) => f.0.to_string(),
+        (Family::Llama, Some(f)) => ("llama3", f.0.to_string()),
     };
-    if m.family == Family::Llama {
+    if deepseek && m.mtp_layers > 0 {
+        drop(
+            format!("model.mtp_layers = {}", m.mtp_layers),
+            "torchtitan's deepseek_v3 model has no multi-token-prediction module",
+        );
+    }
+    if m.family == Family::Llama && !deepseek {
         if m.vocab != LLAMA3_VOCAB {
             drop(
                 format!("model.vocab = {}", m.vocab),
@@ -100,13 +129,8 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
         if p.pp > 1 { (p.micro_batch * p.microbatches(), Some(p.micro_batch)) } else { (p.micro_batch, None) };
     let param_dtype = match t.dtype {
         Dtype::Bf16 => "bfloat16",
-        Dtype::Fp8 => {
-            drop(
-                "training.dtype = \"fp8\"".into(),
-                "written as bfloat16; torchtitan's float8 is a model converter, not written yet",
-            );
-            "bfloat16"
-        }
+        // The float8 converter below; parameters are gathered in bf16.
+        Dtype::Fp8 => "bfloat16",
         Dtype::Fp32 => "float32",
         Dtype::Fp16 => {
             drop(
@@ -159,10 +183,11 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     };
 
     let mut o = format!(
-        "# torchtitan v0.2.2 job config for {}: {} GPUs = dp {} × tp {} × pp {}.\n# Run: NGPU={} CONFIG_FILE=torchtitan.toml ./run_train.sh (torchrun over {} node(s) for more).\n\n",
+        "# torchtitan v0.2.2 job config for {}: {} GPUs = dp {} × cp {} × tp {} × pp {}.\n# Run: NGPU={} CONFIG_FILE=torchtitan.toml ./run_train.sh (torchrun over {} node(s) for more).\n\n",
         s.name,
         p.ranks(),
         p.dp,
+        p.cp,
         p.tp,
         p.pp,
         s.cluster.gpus_per_node.min(p.ranks() as u32),
@@ -172,10 +197,18 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     // torchtitan's download script puts the Llama 3.1 tokenizer under ./assets/hf/<repo>.
     let _ = writeln!(
         o,
-        "[model]\nname = \"llama3\"\nflavor = {}\nhf_assets_path = {}\n",
+        "[model]\nname = \"{model_name}\"\nflavor = {}\nhf_assets_path = {}",
         quote(&flavor_name),
-        quote(&format!("./assets/hf/Llama-3.1-{}", flavor.map_or("8B", |f| f.0)))
+        quote(&if deepseek {
+            "./assets/hf/DeepSeek-V3".to_string()
+        } else {
+            format!("./assets/hf/Llama-3.1-{}", flavor.map_or("8B", |f| f.0))
+        })
     );
+    if t.fp8() {
+        o.push_str("converters = [\"quantize.linear.float8\"]\n");
+    }
+    o.push('\n');
     let _ = writeln!(
         o,
         "[optimizer]\nname = \"AdamW\"\nlr = {}\neps = 1e-8\nweight_decay = {}\n\n[lr_scheduler]\nwarmup_steps = {}\n",
@@ -193,9 +226,17 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     );
     let _ = writeln!(
         o,
-        "[parallelism]\ndata_parallel_replicate_degree = {replicate}\ndata_parallel_shard_degree = {shard}\ntensor_parallel_degree = {}\npipeline_parallel_degree = {}\ncontext_parallel_degree = 1",
-        p.tp, p.pp
+        "[parallelism]\ndata_parallel_replicate_degree = {replicate}\ndata_parallel_shard_degree = {shard}\ntensor_parallel_degree = {}\npipeline_parallel_degree = {}\ncontext_parallel_degree = {}",
+        p.tp, p.pp, p.cp
     );
+    if p.cp > 1 {
+        // The rules already rejected Ulysses.
+        let rotate = if p.cp_comm == CpComm::AllGather { "allgather" } else { "alltoall" };
+        let _ = writeln!(o, "context_parallel_rotate_method = \"{rotate}\"");
+    }
+    if m.moe.is_some() {
+        let _ = writeln!(o, "expert_parallel_degree = {}\nexpert_tensor_parallel_degree = 1", p.ep);
+    }
     if let Some(r) = reshard {
         let _ = writeln!(o, "fsdp_reshard_after_forward = \"{r}\"");
     }
@@ -210,6 +251,9 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     let _ = writeln!(o, "\n[activation_checkpoint]\nmode = \"{ac}\"");
     if ac == "selective" {
         o.push_str("selective_ac_option = \"op\"\n");
+    }
+    if t.fp8() {
+        o.push_str("\n# fp8: torchao float8 linear layers with dynamic per-tensor scaling (Strata models\n# Transformer Engine's delayed scaling; the same linear GEMMs run in fp8).\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\n");
     }
     (vec![File { name: "torchtitan.toml", text: o }], dropped)
 }

@@ -87,3 +87,61 @@ fn an_unknown_framework_is_a_parse_error_naming_the_key() {
     let e = scenario("colossalai", "tp = 8\npp = 8").unwrap_err().to_string();
     assert!(e.contains("colossalai"), "{e}");
 }
+
+/// A Mixtral 8x7B split on 8 DGX H100 nodes under Strata's executor, checked against `fw`.
+fn moe_rules(fw: Framework, model: &str, parallel: &str, training: &str) -> Vec<&'static str> {
+    let text = format!(
+        "[model]\npreset = \"{model}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 8\n\
+         [parallel]\nglobal_batch = 64\n{parallel}\n[training]\nframework = \"strata\"\n{training}\n"
+    );
+    let s = Scenario::from_toml(&text, "t.toml", "t", &[]).expect("a valid split");
+    fw.violations(&s).into_iter().map(|v| v.rule).collect()
+}
+
+#[test]
+fn moe_and_cp_rules_fire_on_their_splits() {
+    let ring = "tp = 1\npp = 1\ncp = 8\nep = 8";
+    let ulysses = "tp = 1\npp = 1\ncp = 8\nep = 8\ncp_comm = \"ulysses\"";
+    assert_eq!(moe_rules(Framework::Megatron, "mixtral-8x7b", ring, ""), Vec::<&str>::new());
+    assert_eq!(
+        moe_rules(Framework::Megatron, "mixtral-8x7b", ring, "flash_attention = false"),
+        vec!["megatron-cp-unfused"]
+    );
+    assert_eq!(moe_rules(Framework::DeepSpeed, "mixtral-8x7b", ring, ""), vec!["deepspeed-cp-ring"]);
+    assert_eq!(moe_rules(Framework::DeepSpeed, "mixtral-8x7b", ulysses, ""), Vec::<&str>::new());
+    // ep 8 over dp 1 (the experts split over the cp ranks): DeepSpeed-MoE cuts them from dp.
+    let cut = moe_rules(Framework::DeepSpeed, "mixtral-8x7b", "tp = 4\nsequence_parallel = true\ncp = 4\nep = 8", "");
+    assert!(cut.contains(&"deepspeed-ep-dp"), "{cut:?}");
+    assert_eq!(moe_rules(Framework::Torchtitan, "mixtral-8x7b", ulysses, ""), vec!["torchtitan-cp-ulysses"]);
+    // ep 64 over DDP (zero 0): only cp·tp = 1 to carve from; FSDP2 (zero 2) carves from dp.
+    let ep64 = "tp = 1\npp = 1\nep = 8";
+    assert_eq!(moe_rules(Framework::Torchtitan, "mixtral-8x7b", ep64, ""), vec!["torchtitan-ep-shard"]);
+    assert_eq!(moe_rules(Framework::Torchtitan, "mixtral-8x7b", &format!("{ep64}\nzero = 2"), ""), Vec::<&str>::new());
+    // DeepSeek-V3 (MLA, MTP): Megatron-LM runs it; DeepSpeed does not.
+    let ds = "tp = 1\npp = 8\nep = 8";
+    assert_eq!(moe_rules(Framework::Megatron, "deepseek-v3", ds, ""), Vec::<&str>::new());
+    assert_eq!(moe_rules(Framework::DeepSpeed, "deepseek-v3", ds, ""), vec!["deepspeed-mla"]);
+}
+
+#[test]
+fn the_cpu_executor_refuses_latent_attention_and_fp8() {
+    let cpu = |model: &str, training: &str| {
+        let text = format!(
+            "[model]\npreset = \"{model}\"\n[cluster]\npreset = \"cpu-local\"\n[parallel]\ntp = 1\npp = 1\nep = 8\nglobal_batch = 8\n[training]\n{training}\n"
+        );
+        Scenario::from_toml(&text, "t.toml", "t", &[])
+    };
+    cpu("tiny-moe", "").expect("tiny-moe runs on CPU ranks with ep 8");
+    let mut mla = String::from("[model]\npreset = \"tiny-moe\"\nheads = 4\nkv_heads = 4\n");
+    mla.push_str(
+        "mla = { q_lora_rank = 0, kv_lora_rank = 16, qk_nope_head_dim = 16, qk_rope_head_dim = 8, v_head_dim = 16 }\n",
+    );
+    mla.push_str("[cluster]\npreset = \"cpu-local\"\n[parallel]\ntp = 1\npp = 1\nep = 8\nglobal_batch = 8\n");
+    let e = Scenario::from_toml(&mla, "t.toml", "t", &[]).unwrap_err().to_string();
+    assert!(e.contains("strata-cpu-mla") || e.contains("Strata's executor runs multi-head"), "{e}");
+    let e = cpu("tiny-moe", "dtype = \"fp8\"").unwrap_err();
+    match e {
+        ScenarioError::Invalid { config: Some(c), .. } => assert!(c.has("fp8-needs-hardware"), "{c}"),
+        other => panic!("expected fp8-needs-hardware, got {other:?}"),
+    }
+}

@@ -15,8 +15,28 @@
 //! RMSNorm has a weight and no bias; RoPE reads and writes the local q and k
 //! (2·T·(h_t + kv_t)·e bytes) after the projection, and its backward rotates dq and dk.
 //!
+//! Multi-head latent attention (DeepSeek-V3; Megatron-core `MLASelfAttention`): the query
+//! down projection (R × r_q × h) and the key/value down projection (R × (r_kv + d_rope) × h)
+//! run on every tp rank (`TELinear`, duplicated) over the rows it holds — under sequence
+//! parallelism its T/t tokens, whose small latents are then gathered, else all T — then
+//! the column-parallel up projections (T × a_t·(d_nope + d_rope) × r_q, T × a_t·(d_nope + d_v)
+//! × r_kv; or one T × a_t·(d_nope + d_rope) × h without a query rank), the core with
+//! queries/keys of d_nope + d_rope and values of d_v channels, and the row-parallel output
+//! (T × h × a_t·d_v). RMSNorms over the two latents and RoPE over the rotary channels (the
+//! query's a_t·d_rope and the one shared rotary key) are element-wise bytes.
+//!
+//! Under fp8 training (`dtype` = [`Dtype::Fp8`]: tensors are bf16, linear GEMMs fp8) every
+//! linear-layer GEMM — QKV/MLA projections, output projection, MLP — is marked `fp8` and
+//! runs at the GPU's fp8 rate in Fprop, Dgrad and Wgrad (Transformer Engine's `Linear`;
+//! DeepSeek-V3 §3.3), while the attention core, the embedding, the output layer and the
+//! router stay bf16 (TE's `DotProductAttention` computes in bf16 under delayed scaling;
+//! Megatron-LM's output layer is not a TE module; DeepSeek-V3 §3.3 keeps embedding, head,
+//! gating and attention in high precision). [`linear`] builds such a GEMM for other pieces.
+//!
 //! FLOPs count GEMMs only (2·m·n·k), the Megatron-LM papers' convention, so the FLOPs of a
-//! plan's compute ops summed over all ranks equal [`crate::accounting::flops::step_flops`].
+//! plan's compute ops summed over all ranks equal [`crate::accounting::flops::step_flops`]
+//! (with latent attention, when sequence parallelism or tp = 1 keeps the duplicated down
+//! projections from running twice on a token).
 //! Element-wise work (norms, softmax, dropout, activations, residual adds, optimizer) is
 //! carried as bytes read and written, with `e` bytes per activation element.
 
@@ -27,6 +47,11 @@ use crate::scenario::Dtype;
 
 fn gemm(m: u64, n: u64, k: u64) -> Gemm {
     Gemm { m, n, k, batch: 1, fp8: false }
+}
+
+/// A linear layer's GEMM (m × n × k), in fp8 when the run trains in fp8.
+pub(crate) fn linear(m: u64, n: u64, k: u64, fp8: bool) -> Gemm {
+    Gemm { m, n, k, batch: 1, fp8 }
 }
 
 fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
@@ -41,13 +66,17 @@ struct Dims {
     b: u64,
     s: u64,
     h: u64,
-    d: u64,
     q_t: u64,
     kv_t: u64,
     f_t: u64,
     v_t: u64,
     a_t: u64,
     e: u64,
+    /// Linear-layer GEMMs run in fp8.
+    fp8: bool,
+    /// Per-head query/key and value widths of the core (h/a each without MLA).
+    qk_d: u64,
+    v_d: u64,
     swiglu: bool,
     dropout: bool,
     /// Rotary positions: q and k are rotated after the QKV projection (Llama).
@@ -68,13 +97,15 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
         b,
         s,
         h: m.hidden as u64,
-        d: m.head_dim(),
         q_t: m.hidden as u64 / t,
         kv_t: m.kv_dim() / t,
         f_t: m.ffn_hidden as u64 / t,
         v_t: (m.vocab as u64).div_ceil(t),
         a_t: m.heads as u64 / t,
-        e: dtype.bytes(),
+        e: if dtype == Dtype::Fp8 { Dtype::Bf16.bytes() } else { dtype.bytes() },
+        fp8: dtype == Dtype::Fp8,
+        qk_d: m.qk_head_dim(),
+        v_d: m.v_head_dim(),
         swiglu: m.activation == Activation::Swiglu,
         dropout: crate::accounting::memory::has_dropout(m),
         rope: !m.learned_positions(),
@@ -82,11 +113,36 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
     }
 }
 
+/// The attention's linear layers as (m, n, k) forward shapes: the input projections, then
+/// the output projection last; and the bytes their outputs take (written and read once).
+fn attn_linears(m: &ModelSpec, x: &Dims) -> (Vec<(u64, u64, u64)>, u64) {
+    let Some(a) = &m.mla else {
+        let qkv_n = x.q_t + 2 * x.kv_t;
+        return (vec![(x.tokens, qkv_n, x.h), (x.tokens, x.h, x.q_t)], x.tokens * qkv_n * x.e);
+    };
+    let (r_q, r_kv) = (a.q_lora_rank as u64, a.kv_lora_rank as u64);
+    let (nope, rope, v) = (a.qk_nope_head_dim as u64, a.qk_rope_head_dim as u64, a.v_head_dim as u64);
+    let (q_n, kv_n) = (x.a_t * (nope + rope), x.a_t * (nope + v));
+    let mut g = Vec::new();
+    if r_q > 0 {
+        g.push((x.rows, r_q, x.h));
+        g.push((x.tokens, q_n, r_q));
+    } else {
+        g.push((x.tokens, q_n, x.h));
+    }
+    g.push((x.rows, r_kv + rope, x.h));
+    g.push((x.tokens, kv_n, r_kv));
+    g.push((x.tokens, x.h, x.a_t * v));
+    let out = x.tokens * (q_n + kv_n + r_q + r_kv + rope) * x.e;
+    (g, out)
+}
+
 /// The cost of one piece in one phase, for one microbatch on one tensor-parallel rank.
 /// `Recompute` costs what the recomputation runs: the attention core alone for `Attn`
 /// under selective recomputation, the full forward otherwise.
 /// With `flash` (fused attention) the s×s scores never travel through memory, and the
-/// backward kernel recomputes QKᵀ: five core GEMMs instead of four.
+/// backward kernel recomputes QKᵀ: five core GEMMs instead of four. `dtype` is the training
+/// dtype (`training.dtype`): fp8 means bf16 tensors and fp8 linear GEMMs.
 pub fn piece_cost(
     m: &ModelSpec,
     p: &ParallelConfig,
@@ -100,22 +156,33 @@ pub fn piece_cost(
     let phase = if phase == Phase::Recompute && !selective { Phase::Forward } else { phase };
     let mask = u64::from(x.dropout);
     let rh = x.rows * x.h;
-    let qkv_n = x.q_t + 2 * x.kv_t;
     let fc1_n = x.f_t * if x.swiglu { 2 } else { 1 };
+    // The core's head width: h/a, or under MLA the mean of the query/key and value widths,
+    // so that a kernel model's 4·s²·d per head is the core's FLOPs.
+    let core_d = (x.qk_d + x.v_d) / 2;
     let core =
-        AttnShape { batch_heads: x.b * x.a_t, seq_q: x.s, seq_k: x.s, head_dim: x.d, causal: true, fused: flash };
+        AttnShape { batch_heads: x.b * x.a_t, seq_q: x.s, seq_k: x.s, head_dim: core_d, causal: true, fused: flash };
     let core_gemms = |backward: bool| {
         let bh = x.b * x.a_t;
         let g = |m, n, k| Gemm { m, n, k, batch: bh, fp8: false };
+        let (qk, v) = (x.qk_d, x.v_d);
         if backward {
-            let mut v = vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s), g(x.s, x.d, x.s), g(x.s, x.d, x.s)];
+            // dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q (+ QKᵀ recomputed when fused).
+            let mut out = vec![g(x.s, x.s, v), g(x.s, v, x.s), g(x.s, qk, x.s), g(x.s, qk, x.s)];
             if flash {
-                v.push(g(x.s, x.s, x.d));
+                out.push(g(x.s, x.s, qk));
             }
-            v
+            out
         } else {
-            vec![g(x.s, x.s, x.d), g(x.s, x.d, x.s)]
+            vec![g(x.s, x.s, qk), g(x.s, v, x.s)]
         }
+    };
+    let (linears, linear_out_bytes) = attn_linears(m, &x);
+    let lin = |(m, n, k): (u64, u64, u64)| linear(m, n, k, x.fp8);
+    // Latent attention's extra element-wise work: RMSNorms over the two latents.
+    let (mla_bytes, mla_kernels) = match &m.mla {
+        Some(a) => (2 * x.tokens * (a.q_lora_rank as u64 + a.kv_lora_rank as u64) * x.e, 2),
+        None => (0, 0),
     };
     let scores = x.b * x.a_t * x.s * x.s;
     // Softmax reads scores and writes probabilities; dropout writes a mask and its output.
@@ -123,7 +190,11 @@ pub fn piece_cost(
     let norm_bytes = 2 * rh * x.e + x.norm_params * x.e;
     // RoPE reads and writes the local q and k heads (one fused kernel), forward and again
     // for their gradients in backward; the attention recomputation starts after it.
-    let rope_bytes = if x.rope { 2 * x.tokens * (x.q_t + x.kv_t) * x.e } else { 0 };
+    let rope_width = match &m.mla {
+        Some(a) => (x.a_t + 1) * a.qk_rope_head_dim as u64,
+        None => x.q_t + x.kv_t,
+    };
+    let rope_bytes = if x.rope { 2 * x.tokens * rope_width * x.e } else { 0 };
     let rope_kernels = u32::from(x.rope);
     match (piece, phase) {
         // Context-parallel and mixture-of-experts pieces: not costed yet (the lowering does
@@ -142,36 +213,42 @@ pub fn piece_cost(
         (Piece::LayerOut, Phase::Forward) => cost(vec![], None, 3 * rh * x.e + mask * rh, 1),
         (Piece::LayerOut, _) => cost(vec![], None, rh * x.e + mask * rh, 1),
         (Piece::Attn, Phase::Forward) => {
-            let mut g = vec![gemm(x.tokens, qkv_n, x.h)];
+            let (out, ins) = linears.split_last().expect("attention has an output projection");
+            let mut g: Vec<Gemm> = ins.iter().copied().map(lin).collect();
             g.extend(core_gemms(false));
-            g.push(gemm(x.tokens, x.h, x.q_t));
-            cost(g, Some(core), 2 * x.tokens * qkv_n * x.e + softmax_fwd_bytes + rope_bytes, 7 + rope_kernels)
+            g.push(lin(*out));
+            let bytes = 2 * linear_out_bytes + softmax_fwd_bytes + rope_bytes + mla_bytes;
+            cost(g, Some(core), bytes, 7 + rope_kernels + mla_kernels)
         }
         (Piece::Attn, Phase::BackwardInput) => {
-            let mut g = vec![gemm(x.tokens, x.q_t, x.h)];
+            // Data gradients, (m, n, k) → (m, k, n): the output projection's first.
+            let (out, ins) = linears.split_last().expect("attention has an output projection");
+            let dgrad = |(m, n, k): (u64, u64, u64)| lin((m, k, n));
+            let mut g = vec![dgrad(*out)];
             g.extend(core_gemms(true));
-            g.push(gemm(x.tokens, x.h, qkv_n));
+            g.extend(ins.iter().rev().copied().map(dgrad));
             // Softmax backward reads P and dP and writes dS; dropout backward reads its mask.
             let softmax_bwd = if flash { 0 } else { scores * (3 * x.e + mask * (1 + 2 * x.e)) };
-            let bytes = softmax_bwd + 2 * x.tokens * qkv_n * x.e + rope_bytes;
-            cost(g, Some(core), bytes, 8 + rope_kernels)
+            let bytes = softmax_bwd + 2 * linear_out_bytes + rope_bytes + 2 * mla_bytes;
+            cost(g, Some(core), bytes, 8 + rope_kernels + mla_kernels)
         }
         (Piece::Attn, _) => {
-            let g = vec![gemm(x.h, qkv_n, x.tokens), gemm(x.q_t, x.h, x.tokens)];
-            cost(g, None, x.tokens * qkv_n * x.e, 3)
+            // Weight gradients, (m, n, k) → (k, n, m), the input projections first.
+            let g = linears.iter().map(|&(m, n, k)| lin((k, n, m))).collect();
+            cost(g, None, linear_out_bytes, 3)
         }
         (Piece::Mlp, Phase::Forward) => {
-            let g = vec![gemm(x.tokens, fc1_n, x.h), gemm(x.tokens, x.h, x.f_t)];
+            let g = vec![linear(x.tokens, fc1_n, x.h, x.fp8), linear(x.tokens, x.h, x.f_t, x.fp8)];
             let act = if x.swiglu { 3 } else { 2 } * x.tokens * x.f_t * x.e;
             cost(g, None, act, 3)
         }
         (Piece::Mlp, Phase::BackwardInput) => {
-            let g = vec![gemm(x.tokens, x.f_t, x.h), gemm(x.tokens, x.h, fc1_n)];
+            let g = vec![linear(x.tokens, x.f_t, x.h, x.fp8), linear(x.tokens, x.h, fc1_n, x.fp8)];
             let act = if x.swiglu { 5 } else { 3 } * x.tokens * x.f_t * x.e;
             cost(g, None, act, 3)
         }
         (Piece::Mlp, _) => {
-            let g = vec![gemm(x.h, fc1_n, x.tokens), gemm(x.f_t, x.h, x.tokens)];
+            let g = vec![linear(x.h, fc1_n, x.tokens, x.fp8), linear(x.f_t, x.h, x.tokens, x.fp8)];
             cost(g, None, x.tokens * (fc1_n + x.h) * x.e, 3)
         }
         (Piece::Logits, Phase::Forward) => cost(vec![gemm(x.tokens, x.v_t, x.h)], None, 2 * x.tokens * x.v_t * 4, 2),
@@ -299,5 +376,66 @@ mod tests {
                 + f(Piece::Mlp, Phase::BackwardWeight);
             assert_eq!(bwd, 2 * tokens * per_token);
         }
+    }
+
+    #[test]
+    fn mla_gemms_follow_deepseek_v3_shapes_and_sum_to_the_accounting() {
+        let m = ModelSpec::preset("deepseek-v3").unwrap();
+        let (s, h) = (4096u64, 7168u64);
+        let p = ParallelConfig { tp: 1, micro_batch: 1, ..Default::default() };
+        let f = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Attn, Phase::Forward);
+        let shapes: Vec<(u64, u64, u64, u64)> = f.gemms.iter().map(|g| (g.m, g.n, g.k, g.batch)).collect();
+        assert_eq!(
+            shapes,
+            vec![
+                (s, 1536, h, 1),         // q down
+                (s, 128 * 192, 1536, 1), // q up: 128 heads of 128 + 64
+                (s, 512 + 64, h, 1),     // kv down with the shared rotary key
+                (s, 128 * 256, 512, 1),  // kv up: 128 heads of 128 (key) + 128 (value)
+                (s, s, 192, 128),        // QKᵀ
+                (s, 128, s, 128),        // P·V
+                (s, h, 128 * 128, 1),    // output
+            ]
+        );
+        assert_eq!(f.attention.unwrap().head_dim, 160);
+        // Forward and backward sum to the accounting's latent-attention FLOPs, for tp 1 and
+        // for tp 8 with sequence parallelism (the duplicated down projections see T/8 rows).
+        for p in [p.clone(), ParallelConfig { tp: 8, sequence_parallel: true, ..p.clone() }] {
+            let tp = p.tp as u64;
+            let c = |phase| piece_cost(&m, &p, Dtype::Bf16, false, Piece::Attn, phase).flops * tp;
+            let per_token = crate::accounting::flops::attention_linear_forward_flops_per_token(&m)
+                + crate::accounting::flops::attention_core_forward_flops_per_token(&m);
+            assert_eq!(c(Phase::Forward), s * per_token, "tp {tp}");
+            assert_eq!(c(Phase::BackwardInput) + c(Phase::BackwardWeight), 2 * s * per_token, "tp {tp}");
+        }
+        // Without sequence parallelism every tp rank runs the down projections on all T rows.
+        let no_sp = ParallelConfig { tp: 8, ..p };
+        let dup = piece_cost(&m, &no_sp, Dtype::Bf16, false, Piece::Attn, Phase::Forward).flops * 8;
+        let down = 2 * s * h * (1536 + 576);
+        assert_eq!(
+            dup - s
+                * (crate::accounting::flops::attention_linear_forward_flops_per_token(&m)
+                    + crate::accounting::flops::attention_core_forward_flops_per_token(&m)),
+            7 * down
+        );
+    }
+
+    #[test]
+    fn fp8_marks_linear_gemms_only() {
+        let (m, p) = llama70b_tp8();
+        for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight] {
+            let a = piece_cost(&m, &p, Dtype::Fp8, true, Piece::Attn, phase);
+            // QKV and projection in fp8, the core (batched over heads) in bf16.
+            assert!(a.gemms.iter().all(|g| g.fp8 == (g.batch == 1)), "{phase:?}: {:?}", a.gemms);
+            let mlp = piece_cost(&m, &p, Dtype::Fp8, true, Piece::Mlp, phase);
+            assert!(mlp.gemms.iter().all(|g| g.fp8));
+            let head = piece_cost(&m, &p, Dtype::Fp8, true, Piece::Logits, phase);
+            assert!(head.gemms.iter().all(|g| !g.fp8));
+            // Tensors stay bf16: the same bytes and FLOPs as bf16 training.
+            let b = piece_cost(&m, &p, Dtype::Bf16, true, Piece::Attn, phase);
+            assert_eq!((a.flops, a.mem_bytes), (b.flops, b.mem_bytes));
+            assert!(b.gemms.iter().all(|g| !g.fp8));
+        }
+        assert_eq!(linear(2, 3, 4, true), Gemm { m: 2, n: 3, k: 4, batch: 1, fp8: true });
     }
 }

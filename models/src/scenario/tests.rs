@@ -63,7 +63,7 @@ fn overrides_parse_values_and_bare_words() {
 fn impossible_splits_name_the_rule() {
     let e = Scenario::from_toml(GPT3, "t", "t", &["parallel.dp=3".into()]).unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("8 · 8 · 3 = 192"), "{text}");
+    assert!(text.contains("8 · 1 · 3 · 8 = 192"), "{text}");
     match e {
         ScenarioError::Invalid { config: Some(c), .. } => assert!(c.has("grid-equals-gpus")),
         other => panic!("wrong error {other:?}"),
@@ -115,4 +115,25 @@ fn fabric_names_parse_and_unknown_ones_list_the_known() {
     assert!(e.contains("dragonfly") && e.contains("rail-optimized") && e.contains("leaf-spine"), "{e}");
     let e = Scenario::from_toml(GPT3, "t", "t", &["cluster.fabric=torus".into()]).unwrap_err().to_string();
     assert!(e.contains("torus") && e.contains("leaf-spine"), "{e}");
+}
+
+#[test]
+fn moe_keys_lay_over_the_presets_and_round_trip() {
+    let text = "[model]\npreset = \"mixtral-8x7b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 8\n[parallel]\ntp = 1\npp = 4\nep = 8\nglobal_batch = 64\n";
+    let s = Scenario::from_toml(text, "t", "t", &["model.moe.top_k=1".into()]).unwrap();
+    let moe = s.model.moe.as_ref().unwrap();
+    assert_eq!((moe.experts, moe.top_k, moe.expert_ffn_hidden), (8, 1, 14336));
+    let s = Scenario::from_toml(text, "t", "t", &["model.moe.capacity_factor=1.5".into()]).unwrap();
+    assert_eq!(s.model.moe.as_ref().unwrap().capacity_factor, Some(1.5));
+    // Written back and read again: the same scenario, experts and all.
+    let again = Scenario::from_toml(&s.to_toml(), "t", "t", &[]).unwrap();
+    assert_eq!(again, s);
+    let ds = "[model]\npreset = \"deepseek-v3\"\n[cluster]\npreset = \"dgx-h800\"\nnodes = 256\n[parallel]\npp = 16\nep = 64\nglobal_batch = 1920\n[training]\ndtype = \"fp8\"\n";
+    let d = Scenario::from_toml(ds, "t", "t", &["model.mla.q_lora_rank=0".into()]).unwrap();
+    assert_eq!(d.model.mla.as_ref().unwrap().q_lora_rank, 0);
+    assert_eq!(Scenario::from_toml(&d.to_toml(), "t", "t", &[]).unwrap(), d);
+    // A dense preset given experts must say the required keys.
+    let dense = "[model]\npreset = \"tiny-llama\"\nmoe = { top_k = 2 }\n[cluster]\npreset = \"cpu-local\"\n[parallel]\nglobal_batch = 8\n";
+    let e = Scenario::from_toml(dense, "t", "t", &[]).unwrap_err().to_string();
+    assert!(e.contains("model.moe.experts is missing"), "{e}");
 }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::framework::Framework;
+use crate::parallel::Violation;
 
 /// Numeric format of weights and activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,6 +76,25 @@ impl TrainingConfig {
     pub fn fp8(&self) -> bool {
         self.dtype == Dtype::Fp8
     }
+}
+
+/// The precision rules a cluster imposes on the training dtype: fp8 needs fp8 tensor cores
+/// (Hopper or later; Transformer Engine refuses fp8 below compute capability 8.9, its
+/// `check_fp8_support`). One [`Violation`] per broken rule, as the split's rules.
+pub fn precision_violations(t: &TrainingConfig, cluster: &crate::cluster::ClusterSpec) -> Vec<Violation> {
+    let gpu = cluster.gpu.spec();
+    let mut v = Vec::new();
+    if t.fp8() && !gpu.has_fp8() {
+        v.push(Violation {
+            rule: "fp8-needs-hardware",
+            message: format!(
+                "training.dtype = \"fp8\" on cluster.gpu = \"{}\" ({}): it has no fp8 tensor cores (Hopper H100/H200 and Blackwell B200 do); use dtype = \"bf16\" or an fp8 GPU",
+                cluster.gpu.key(),
+                gpu.name
+            ),
+        });
+    }
+    v
 }
 
 impl Default for TrainingConfig {

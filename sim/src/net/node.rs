@@ -79,6 +79,8 @@ impl NodeNet {
         let (arch, cpu, nvswitch, nvlink_gb_per_s, pcie_gb_per_s) = match cluster.gpu {
             GpuKind::A100_40gb | GpuKind::A100_80gb => (Arch::Ampere, CpuVendor::Amd, true, 12.0 * 20.0, 24.0),
             GpuKind::H100Sxm | GpuKind::H200Sxm => (Arch::Hopper, CpuVendor::Intel, true, 18.0 * 20.6, 48.0),
+            // H800: the same NVLink4 links, 8 of them (DeepSeek-V3 measures 160 GB/s).
+            GpuKind::H800Sxm => (Arch::Hopper, CpuVendor::Intel, true, 8.0 * 20.6, 48.0),
             GpuKind::B200 => (Arch::Blackwell, CpuVendor::Intel, true, 18.0 * 40.1, 48.0),
             // CPU ranks: the catalog's nominal figure, shared-memory class, no NVSwitch.
             GpuKind::Cpu => {

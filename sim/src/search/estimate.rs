@@ -102,7 +102,9 @@ impl Estimator {
         let p = &s.parallel;
         let dtype = s.training.storage_dtype();
         let flash = s.training.flash_attention;
-        let piece = |this: &Estimator, piece, phase| this.compute.cost_s(&piece_cost(m, p, dtype, flash, piece, phase));
+        // The training dtype, so that fp8 runs its linear GEMMs at the fp8 rate.
+        let train = s.training.dtype;
+        let piece = |this: &Estimator, piece, phase| this.compute.cost_s(&piece_cost(m, p, train, flash, piece, phase));
         let e = dtype.bytes();
         let tensor = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * e;
         let tp_kind = |k| CommKind::Collective(k);

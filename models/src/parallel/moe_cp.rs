@@ -1,0 +1,88 @@
+//! The split rules of expert and context parallelism.
+//!
+//! | rule | what must hold | source |
+//! |---|---|---|
+//! | `ep-needs-moe` | ep > 1 only with `model.moe` | Megatron-core `TransformerConfig`: EP > 1 needs `num_moe_experts` |
+//! | `ep-divides-experts` | experts % ep = 0 | Megatron-LM `arguments.py`: `num_experts % expert_model_parallel_size == 0` |
+//! | `ep-divides-stage` | ep divides tp · cp · dp | Megatron-core `parallel_state`: the expert grid ETP·EP·EDP·PP is the world, with ETP = 1 |
+//! | `moe-tp-needs-sp` | MoE with tp > 1 needs sequence parallelism | Megatron-LM `arguments.py`: "When using MoE and tensor parallelism, sequence parallelism must be used." |
+//! | `cp-divides-seq` | seq_len % (2·cp) = 0 | Megatron-LM's `get_batch_on_this_cp_rank` cuts each sequence into 2·cp chunks (rank r holds r and 2cp−1−r) |
+//! | `ulysses-divides-heads` | heads/tp and kv_heads/tp divisible by cp under `cp_comm = "ulysses"` | Transformer Engine `AttnFuncWithCPAndQKVOA2A` asserts heads % cp for Q, K and V; DeepSpeed-Ulysses `heads % sp_size` |
+
+use super::{CpComm, ParallelConfig};
+use crate::model::ModelSpec;
+
+impl ParallelConfig {
+    /// Reports every broken expert- and context-parallel rule through `bad`.
+    pub(super) fn moe_cp_rules(&self, model: &ModelSpec, bad: &mut impl FnMut(&'static str, String)) {
+        let p = self;
+        match &model.moe {
+            None if p.ep > 1 => bad(
+                "ep-needs-moe",
+                format!(
+                    "parallel.ep = {} but the model has no experts (model.moe is absent): expert parallelism splits a mixture of experts; set ep = 1",
+                    p.ep
+                ),
+            ),
+            None => {}
+            Some(moe) => {
+                if moe.experts > 0 && !moe.experts.is_multiple_of(p.ep) {
+                    bad(
+                        "ep-divides-experts",
+                        format!(
+                            "parallel.ep = {} does not divide model.moe.experts = {}: each expert-parallel rank holds experts/ep whole experts",
+                            p.ep, moe.experts
+                        ),
+                    );
+                }
+                if !p.stage_ranks().is_multiple_of(p.ep as u64) {
+                    bad(
+                        "ep-divides-stage",
+                        format!(
+                            "parallel.ep = {} does not divide tp · cp · dp = {} · {} · {} = {}: expert-parallel groups are cut from the ranks of one pipeline stage",
+                            p.ep,
+                            p.tp,
+                            p.cp,
+                            p.dp,
+                            p.stage_ranks()
+                        ),
+                    );
+                }
+                if p.tp > 1 && !p.sequence_parallel {
+                    bad(
+                        "moe-tp-needs-sp",
+                        format!(
+                            "parallel.tp = {} with sequence_parallel = false and a mixture of experts: Megatron-LM asserts that MoE with tensor parallelism uses sequence parallelism (tokens reach the router split along the sequence); set sequence_parallel = true",
+                            p.tp
+                        ),
+                    );
+                }
+            }
+        }
+        if p.cp > 1 {
+            if !model.seq_len.is_multiple_of(2 * p.cp) {
+                bad(
+                    "cp-divides-seq",
+                    format!(
+                        "model.seq_len = {} is not divisible by 2 · parallel.cp = 2 · {} = {}: context parallelism cuts each sequence into 2·cp chunks for load balancing",
+                        model.seq_len,
+                        p.cp,
+                        2 * p.cp
+                    ),
+                );
+            }
+            if p.cp_comm == CpComm::Ulysses {
+                let (heads, kv) = (model.heads / p.tp.max(1), model.kv_heads / p.tp.max(1));
+                if !heads.is_multiple_of(p.cp) || !kv.is_multiple_of(p.cp) {
+                    bad(
+                        "ulysses-divides-heads",
+                        format!(
+                            "parallel.cp_comm = \"ulysses\" with parallel.cp = {}: the all-to-all gives each rank heads/cp whole heads, but model.heads / tp = {} / {} = {} and model.kv_heads / tp = {} / {} = {} are not both divisible by cp",
+                            p.cp, model.heads, p.tp, heads, model.kv_heads, p.tp, kv
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
