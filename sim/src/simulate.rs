@@ -152,6 +152,8 @@ pub struct ProfileTimer {
     ns: Vec<u64>,
     /// Set when the profile has measured piece rates: op times then depend on the piece.
     model: Option<ComputeModel>,
+    /// The shape model (for pieces whose time is not their cost's alone).
+    shapes: ComputeModel,
     step_overhead_ns: u64,
     loop_ns: u64,
     /// Host time per cost id beside the device time (DeepSpeed ZeRO-3's module hooks).
@@ -171,7 +173,8 @@ impl ProfileTimer {
         };
         ProfileTimer {
             ns: plan.costs.iter().map(|c| model.cost_ns(c)).collect(),
-            model: model.has_piece_rates().then_some(model),
+            model: model.has_piece_rates().then(|| model.clone()),
+            shapes: model,
             step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
             loop_ns,
             host_ns: plan.host_ns.clone(),
@@ -184,6 +187,8 @@ impl ComputeTimer for ProfileTimer {
         let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
         let ns = match &self.model {
             Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
+            // Experts run as one grouped GEMM: their time is the piece's, not the cost's.
+            None if op.piece == Piece::Experts => (self.shapes.piece_cost_s(op.piece, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
         };
         let host = self.host_ns.get(op.cost as usize).copied().unwrap_or(0);
