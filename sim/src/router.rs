@@ -48,11 +48,6 @@ pub fn model_gini(model: &ModelSpec) -> Option<f64> {
 
 /// Gini coefficient of non-negative values: Σ_i Σ_j |x_i − x_j| / (2 n² mean).
 pub fn gini(x: &[f64]) -> f64 {
-    let n = x.len() as f64;
-    let sum: f64 = x.iter().sum();
-    if x.len() < 2 || sum <= 0.0 {
-        return 0.0;
-    }
     let mut s = x.to_vec();
     s.sort_by(f64::total_cmp);
     gini_sorted(&s)

@@ -207,13 +207,14 @@ pub fn simulate_timed(
     let g = plan.grid;
     let faults = &plan.scenario.faults;
     let (mode, mode_note) = if faults.step_is_fault_free() {
-        crate::mode::resolve(
+        let resolved = crate::mode::resolve(
             options.mode,
             &plan.scenario.cluster,
             g.ranks(),
             FULL_MODE_RANKS_MAX,
             net.name() == "fabric",
-        )
+        );
+        crate::mode::with_router(options.mode, resolved, plan, FULL_MODE_RANKS_MAX)
     } else {
         crate::mode::with_what_ifs(options.mode, &what_ifs(faults), g.ranks(), FULL_MODE_RANKS_MAX)?
     };
@@ -354,7 +355,7 @@ pub(crate) fn report(
 
 /// The rank with the longest wait on its peers (the lowest rank among equals).
 fn most_waiting(plan: &Plan, out: &Outcome) -> Option<RankBreakdown> {
-    let mut best: Option<(u64, usize, [u64; 6])> = None;
+    let mut best: Option<(u64, usize, [u64; crate::breakdown::CAUSES])> = None;
     for (i, a) in out.actors.iter().enumerate() {
         let ns = breakdown_ns(a, &out.tables[a.table], &plan.programs[out.table_program[a.table]]);
         if best.is_none_or(|b| ns[BUBBLE] > b.0) {

@@ -25,6 +25,11 @@ impl Engine<'_> {
             Arrival::Alone => None,
             Arrival::Complete(members) => Some(members),
         };
+        // A dispatch or combine moves what its most loaded rank receives (`crate::router`).
+        let bytes = match self.routed(ai, op) {
+            Some((_, max)) => (bytes as f64 * max).ceil() as u64,
+            None => bytes,
+        };
         let k = group.index();
         let slot = self.rendezvous.slot(ai, group) as usize;
         if self.group_req[k][slot].is_none() {
