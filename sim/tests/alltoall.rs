@@ -94,8 +94,12 @@ fn a_ring_exchange_is_one_block_over_one_link_per_member() {
     let ring = coll(CollKind::RingExchange, vec![0, 8, 16, 24], s);
     let inter = run(&mut fresh(), std::slice::from_ref(&ring))[0];
     assert!((inter as f64 / (s as f64 / nic * 1e9) - 1.0).abs() < 0.02, "{inter}");
-    let two = run(&mut fresh(), &[ring.clone(), ring])[1];
+    let two = run(&mut fresh(), &[ring.clone(), ring.clone()])[1];
     assert!((two as f64 / (2.0 * s as f64 / nic * 1e9) - 1.0).abs() < 0.02, "{two}");
+    // The closed-form network costs a step the same way: latency + S / link.
+    let mut cf = ClosedFormNetwork::new(&c, NcclEnv::default()).unwrap();
+    let t_cf = run(&mut cf, &[ring])[0];
+    assert!((t_cf as f64 / inter as f64 - 1.0).abs() < 0.05, "closed form {t_cf} vs fabric {inter}");
 }
 
 /// DeepEP's figures against the fabric's all-to-all on an H800 node: an H100 with 8 of its 18

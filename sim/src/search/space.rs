@@ -248,7 +248,6 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                     grad_bucket_mb: bucket,
                                                     overlap_grad_reduce: ogr,
                                                     overlap_param_gather: opg,
-                                                    ..ParallelConfig::default()
                                                 };
                                                 if let Err(e) = parallel.validate(&base.model, &base.cluster) {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
