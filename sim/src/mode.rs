@@ -31,7 +31,7 @@
 //! and microbatch — an upper bound of the full run, which sums each rank's own ops between
 //! two all-to-alls of its group (a layer's weight gradients and the next layer's input
 //! gradients) and lets several EP groups of a stage draw apart. So `Auto` runs full mode for
-//! such a plan within full mode's limit ([`with_router`]) and says so; past the limit, or
+//! such a plan within full mode's limits ([`with_router`]) and says so; past them, or
 //! forced, symmetric mode runs and the note says it is an upper bound.
 //!
 //! Step what-ifs (a slow rank, a degraded or downed link, `[faults]`) make the ranks of a
@@ -102,18 +102,17 @@ pub fn router_inexact(plan: &strata_models::plan::Plan) -> Option<String> {
 }
 
 /// The mode after [`resolve`] once router imbalance is counted: `Auto`'s symmetric becomes
-/// full where [`router_inexact`] and full mode is within `full_limit` ranks; a symmetric run
-/// that stays says it is an upper bound.
+/// full where [`router_inexact`] and full mode is within its limits (`full_fits`: ranks and
+/// ops); a symmetric run that stays says it is an upper bound.
 pub fn with_router(
     asked: Mode,
     resolved: (Mode, Option<String>),
     plan: &strata_models::plan::Plan,
-    full_limit: u32,
+    full_fits: bool,
 ) -> (Mode, Option<String>) {
     let (mode, note) = resolved;
     let Some(why) = router_inexact(plan).filter(|_| mode == Mode::Symmetric) else { return (mode, note) };
-    let ranks = plan.grid.ranks();
-    if asked == Mode::Auto && ranks <= full_limit {
+    if asked == Mode::Auto && full_fits {
         return (Mode::Full, Some(format!("full mode: {why}")));
     }
     let bound = format!("symmetric mode, an upper bound: {why}");

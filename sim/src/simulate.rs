@@ -214,7 +214,10 @@ pub fn simulate_timed(
             FULL_MODE_RANKS_MAX,
             net.name() == "fabric",
         );
-        crate::mode::with_router(options.mode, resolved, plan, FULL_MODE_RANKS_MAX)
+        // Full mode for router imbalance only where it is within full mode's budgets.
+        let full_ops: u64 = (0..g.ranks()).map(|r| plan.programs[plan.program_index(r)].ops.len() as u64).sum();
+        let full_fits = g.ranks() <= FULL_MODE_RANKS_MAX && full_ops <= FULL_MODE_OPS_MAX;
+        crate::mode::with_router(options.mode, resolved, plan, full_fits)
     } else {
         crate::mode::with_what_ifs(options.mode, &what_ifs(faults), g.ranks(), FULL_MODE_RANKS_MAX)?
     };

@@ -28,6 +28,10 @@
 //! **Stragglers** ([`EngineConfig::slow`], full mode): a slow rank's compute ops take
 //! factor × their costed time; everything that waits for them waits longer.
 //!
+//! **Router imbalance** (a MoE model, [`crate::router`]): a rank's `Experts` ops take its
+//! load ÷ balanced × their costed time, a dispatch or combine moves its group's most loaded
+//! rank's bytes; symmetric mode's actor takes the stage's most loaded rank.
+//!
 //! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
 //! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
 //! bandwidth); a running compute op is re-timed whenever that factor changes.
@@ -474,21 +478,6 @@ impl<'a> Engine<'a> {
         let a = &self.actors[ai as usize];
         let overlap = 1.0 + (0..3).filter(|&c| a.comm_active[c] > 0).map(|c| self.cfg.slowdown[c] - 1.0).sum::<f64>();
         overlap * self.share()
-    }
-
-    /// Router imbalance of op `op` of actor `ai`: (its load ÷ balanced, its EP group's most
-    /// loaded rank's), both the stage's most loaded in symmetric mode; `None` if the op
-    /// does not follow the routing.
-    fn routed(&mut self, ai: u32, op: u32) -> Option<(f64, f64)> {
-        let a = &self.actors[ai as usize];
-        let (layer, mb) = (*self.tables[a.table as usize].moe.get(op as usize)?)?;
-        let router = self.router.as_mut()?;
-        Some(if self.cfg.mode == Mode::Symmetric {
-            let max = router.stage_max(a.stage, layer, mb);
-            (max, max)
-        } else {
-            router.of_rank(a.rank, layer, mb)
-        })
     }
 
     fn start_compute(&mut self, ai: u32, op: u32, ns: u64) {

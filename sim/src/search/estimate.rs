@@ -25,7 +25,7 @@
 //!
 //! Mixture-of-experts layers (router, all-to-alls, grouped experts, shared experts, router
 //! imbalance) and context parallelism (every piece / cp, the K/V exchange) are costed in
-//! [`moe_cp`]; expert gradients reduce over the expert-data-parallel group (tp·cp·dp/ep
+//! `estimate/moe_cp.rs`; expert gradients reduce over the expert-data-parallel group (tp·cp·dp/ep
 //! ranks), dense ones over the cp·dp ranks of the data-parallel group.
 //!
 //! The estimate ranks candidates; it is not the prediction. `search` simulates the best
