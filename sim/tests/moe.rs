@@ -200,6 +200,20 @@ fn the_most_loaded_rank_sets_the_pace_of_its_group() {
 }
 
 #[test]
+fn a_capacity_factor_caps_the_most_loaded_rank() {
+    // Capacity = the balanced share (factor 1): no rank computes more than the plan says and
+    // the dropped tokens make the step shorter than the balanced one.
+    let mut plan = moe_plan(4, 2, 4, 4, 0.3);
+    plan.scenario.model.moe.as_mut().unwrap().capacity_factor = Some(1.0);
+    let (r, _) = run(&plan, Mode::Full, 1);
+    let balanced = expert_keys(&plan).len() as u64 * EXPERT_NS;
+    let step = (r.step_time_s * 1e9).round() as u64;
+    assert!(step < balanced, "{step} vs {balanced}");
+    let (dropless, _) = run(&moe_plan(4, 2, 4, 4, 0.3), Mode::Full, 1);
+    assert!(r.step_time_s < dropless.step_time_s);
+}
+
+#[test]
 fn symmetric_mode_bounds_the_full_run_by_the_most_loaded_rank() {
     // One EP group per stage (ep = tp·dp) or two (ep = tp): symmetric runs every Experts op
     // at the stage's most loaded rank; the full run sums each rank's own ops between two
