@@ -154,20 +154,23 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} on {} × {}: TP({})-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}",
+        "{} on {} × {}: TP({})-PP({})-DP({}){}{}, {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}{}",
         s.model.name,
         s.cluster.gpus(),
         s.cluster.gpu,
         p.tp,
         p.pp,
         p.dp,
+        if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
+        if p.ep > 1 { format!(" EP({})", p.ep) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" (vpp {})", p.vpp) } else { String::new() },
         p.micro_batch,
         p.microbatches(),
         p.zero,
         p.recompute.key(),
-        if p.sequence_parallel { "on" } else { "off" }
+        if p.sequence_parallel { "on" } else { "off" },
+        if s.training.dtype == strata_models::Dtype::Fp8 { ", fp8" } else { "" }
     );
     let _ = writeln!(
         o,
