@@ -587,5 +587,10 @@ mod tests {
         let e = p.check().unwrap_err();
         assert!(e.contains("compute.gemm_efficiency = 1.5") && e.contains("overlap.dp_slowdown = 0.5"), "{e}");
         assert!(e.contains("compute.attention") && e.contains("causal_seq_extra: -1.0"), "{e}");
+        let mut p = HardwareProfile::builtin(GpuKind::H100Sxm);
+        p.compute.fp8_tflops = Some(-1.0);
+        p.compute.fp8_gemm_efficiency = Some(1.2);
+        let e = p.check().unwrap_err();
+        assert!(e.contains("compute.fp8_tflops = -1") && e.contains("compute.fp8_gemm_efficiency = 1.2"), "{e}");
     }
 }

@@ -138,6 +138,9 @@ impl RouterLoads {
             .collect();
         // x → x^p keeps the experts' order and signs and raises the Gini monotonically from 0
         // (p = 0) towards (E − 1)/E (one expert takes every token): bisect p for G exactly.
+        // Scaled to a maximum of 1, so that x^p stays in [0, 1] for any p (no overflow).
+        let top = x.iter().copied().fold(f64::MIN_POSITIVE, f64::max);
+        x.iter_mut().for_each(|v| *v /= top);
         let mut sorted = x.clone();
         sorted.sort_by(f64::total_cmp);
         let target = self.gini.min((e as f64 - 1.0) / e as f64 * (1.0 - 1e-9));

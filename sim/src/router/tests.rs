@@ -83,3 +83,18 @@ fn a_stage_max_covers_every_ep_group_of_the_stage() {
     assert_eq!(own, r.rank_loads(1, 2, 1).0[5]);
     assert_eq!(max, each[1]);
 }
+
+#[test]
+fn extreme_skews_stay_finite() {
+    for g in [0.99, 1.0, 7.0, -1.0, f64::NAN, f64::INFINITY] {
+        let mut r = RouterLoads::with(8, g, None, 1, grid(8, 8));
+        let (ranks, max) = r.rank_loads(0, 0, 0);
+        assert!(ranks.iter().all(|v| v.is_finite() && *v >= 0.0) && max.is_finite(), "{g}: {ranks:?}");
+        let x = r.expert_loads(0, 0, 0);
+        assert!((x.iter().sum::<f64>() / 8.0 - 1.0).abs() < 1e-9, "{g}: {x:?}");
+    }
+    // Near the limit (E − 1)/E one expert takes almost every token.
+    let r = RouterLoads::with(8, 0.99, None, 1, grid(8, 8));
+    let x = r.expert_loads(0, 0, 0);
+    assert!((gini(&x) - 7.0 / 8.0).abs() < 1e-6 && x.iter().copied().fold(0.0, f64::max) > 7.99, "{x:?}");
+}
