@@ -410,6 +410,7 @@ mod tests {
         let ratio = m.gemm_s(&bf16) / m.gemm_s(&fp8);
         assert!((ratio - 1979.0 / 989.4).abs() < 1e-9, "{ratio}");
         let tflops = fp8.flops() as f64 / m.gemm_s(&fp8) / 1e12;
+        println!("H100 8192³: fp8 {tflops:.1} TFLOP/s, bf16 {:.1}", bf16.flops() as f64 / m.gemm_s(&bf16) / 1e12);
         assert!(tflops > 1400.0 && tflops < 1979.0, "{tflops}");
         // A memory-bound fp8 GEMM reads one-byte operands: faster than bf16 by less than 2×.
         let thin = Gemm { m: 16, n: 8192, k: 8192, batch: 1, fp8: false };
