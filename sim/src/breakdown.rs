@@ -13,6 +13,16 @@
 //!   send (or a send for its receive) → `bubble`: waiting for a peer stage's work;
 //! - before such an op itself started, whatever held *it* up (its own blocker), and so on.
 //!
+//! Three causes get lines of their own, whatever stream their collectives are on: a MoE
+//! layer's dispatch and combine (`CollPurpose::Moe`) → `ep_exposed` for their transfer time
+//! and `moe_imbalance` for the time a rank waits at them for its EP group (the most loaded
+//! rank, `crate::router`) — in a MoE plan, a wait at any group within the stage (tp, cp,
+//! dp, ep, expert-dp: ranks that run one program and differ only by their experts' loads,
+//! absent a straggler what-if) is imbalance; context parallelism's exchanges (`CollPurpose::Cp`) →
+//! `cp_exposed`. An `Experts` op that ran above its balanced time charges that part
+//! (`ActorRun::imbalance`) to `moe_imbalance` too: the most loaded rank computes it, the
+//! others wait for it, and symmetric mode's actor stands for the most loaded.
+//!
 //! Idle time after the last compute op is charged the same way to the op that ends last.
 //! A rank that runs on one thread (the CPU executor) may start an op after its blocker
 //! ended because the thread was busy posting or finishing other communication; that wait
@@ -22,7 +32,7 @@
 //! Units: nanoseconds inside, seconds in [`Breakdown`].
 
 use serde::{Deserialize, Serialize};
-use strata_models::plan::{Program, Stream};
+use strata_models::plan::{CollPurpose, GroupKind, OpKind, Program, Stream};
 
 use crate::engine::ActorRun;
 use crate::program::{NONE, OpInfo, ProgramTable};
@@ -36,11 +46,29 @@ pub struct Breakdown {
     pub pp_exposed: f64,
     pub bubble: f64,
     pub optimizer: f64,
+    /// Expert-parallel all-to-all (dispatch and combine) not hidden behind compute.
+    #[serde(default)]
+    pub ep_exposed: f64,
+    /// Context-parallel exchange (ring K/V steps, all-gather, Ulysses all-to-all) exposed.
+    #[serde(default)]
+    pub cp_exposed: f64,
+    /// Router imbalance: the time past the balanced share spent on (or waiting for) the
+    /// most loaded expert-parallel rank.
+    #[serde(default)]
+    pub moe_imbalance: f64,
 }
 
 impl Breakdown {
     pub fn total(&self) -> f64 {
-        self.compute + self.tp_exposed + self.dp_exposed + self.pp_exposed + self.bubble + self.optimizer
+        self.compute
+            + self.tp_exposed
+            + self.dp_exposed
+            + self.pp_exposed
+            + self.bubble
+            + self.optimizer
+            + self.ep_exposed
+            + self.cp_exposed
+            + self.moe_imbalance
     }
 }
 
@@ -50,10 +78,15 @@ const DP: usize = 2;
 const PP: usize = 3;
 pub(crate) const BUBBLE: usize = 4;
 const OPTIMIZER: usize = 5;
+const EP: usize = 6;
+const CP: usize = 7;
+const IMBALANCE: usize = 8;
+/// The number of causes.
+pub const CAUSES: usize = 9;
 
 /// Nanoseconds by cause; sums to `run.finish_ns`.
-pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> [u64; 6] {
-    let mut acc = [0u64; 6];
+pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> [u64; CAUSES] {
+    let mut acc = [0u64; CAUSES];
     let mut busy_until = 0u64;
     for &op in &table.streams[Stream::Compute.index()] {
         let o = op as usize;
@@ -63,7 +96,13 @@ pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> 
             let b = blocker(run, table, program, op);
             charge(run, table, program, b, busy_until, start, &mut acc);
         }
-        acc[if optimizer { OPTIMIZER } else { COMPUTE }] += end - start;
+        let ran = end - start;
+        let over = match run.imbalance.binary_search_by_key(&op, |&(o, _)| o) {
+            Ok(i) => ((ran as f64 * run.imbalance[i].1).round() as u64).min(ran),
+            Err(_) => 0,
+        };
+        acc[IMBALANCE] += over;
+        acc[if optimizer { OPTIMIZER } else { COMPUTE }] += ran - over;
         busy_until = busy_until.max(end);
     }
     if run.finish_ns > busy_until {
@@ -76,7 +115,7 @@ pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> 
 }
 
 /// Seconds by cause.
-pub fn to_seconds(ns: [u64; 6]) -> Breakdown {
+pub fn to_seconds(ns: [u64; CAUSES]) -> Breakdown {
     let s = |i: usize| ns[i] as f64 * 1e-9;
     Breakdown {
         compute: s(COMPUTE),
@@ -85,6 +124,9 @@ pub fn to_seconds(ns: [u64; 6]) -> Breakdown {
         pp_exposed: s(PP),
         bubble: s(BUBBLE),
         optimizer: s(OPTIMIZER),
+        ep_exposed: s(EP),
+        cp_exposed: s(CP),
+        moe_imbalance: s(IMBALANCE),
     }
 }
 
@@ -126,7 +168,7 @@ fn charge(
     mut b: u32,
     w0: u64,
     mut w1: u64,
-    acc: &mut [u64; 6],
+    acc: &mut [u64; CAUSES],
 ) {
     // Every step either ends the walk or moves to an earlier op, so program length bounds it.
     for _ in 0..=table.len() {
@@ -147,13 +189,27 @@ fn charge(
             OpInfo::Collective { .. } | OpInfo::Send { .. } | OpInfo::Recv { .. } => {
                 let (start, xfer) = (run.start_ns[o], run.xfer_ns[o]);
                 let class = if class == COMPUTE { DP } else { class };
+                let (class, wait) = match &program.ops[o].kind {
+                    OpKind::Collective(c) => {
+                        // In a MoE plan the members of a stage's groups run one program and
+                        // differ only by their experts' loads: waiting for them is imbalance.
+                        let in_stage = !matches!(c.group, GroupKind::Embedding | GroupKind::World);
+                        let wait = if in_stage && !table.moe.is_empty() { IMBALANCE } else { BUBBLE };
+                        match c.purpose {
+                            CollPurpose::Moe { .. } => (EP, wait),
+                            CollPurpose::Cp { .. } => (CP, wait),
+                            _ => (class, wait),
+                        }
+                    }
+                    _ => (class, BUBBLE),
+                };
                 let t0 = w0.max(xfer);
                 if w1 > t0 {
                     acc[class] += w1 - t0;
                 }
                 let (a0, a1) = (w0.max(start), xfer.min(w1));
                 if a1 > a0 {
-                    acc[BUBBLE] += a1 - a0;
+                    acc[wait] += a1 - a0;
                 }
                 w1 = w1.min(start);
                 b = blocker(run, table, program, b);

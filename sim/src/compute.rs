@@ -60,6 +60,9 @@ use crate::profile::{AttentionParams, HardwareProfile};
 #[derive(Clone, Debug)]
 pub struct ComputeModel {
     per_sm_flops_per_s: f64,
+    /// An fp8 GEMM's (`Gemm::fp8`): per-SM peak and large-GEMM efficiency.
+    fp8_per_sm_flops_per_s: f64,
+    fp8_efficiency: f64,
     sm_count: u64,
     gemm_efficiency: f64,
     k_half: f64,
@@ -67,6 +70,9 @@ pub struct ComputeModel {
     mem_bytes_per_s: f64,
     kernel_s: f64,
     elem_bytes: f64,
+    /// A GPU runs a MoE layer's experts as one grouped GEMM ([`ComputeModel::grouped_s`]);
+    /// a CPU profile (the executor's ranks run one GEMM per expert) does not.
+    grouped_experts: bool,
     /// The fused attention kernel's fit, and the peak its efficiencies are fractions of.
     attention: Option<(AttentionParams, f64)>,
     /// Measured seconds of one GEMM of shape (m, n, k).
@@ -88,6 +94,8 @@ impl ComputeModel {
         let c = &profile.compute;
         ComputeModel {
             per_sm_flops_per_s: profile.peak_flops_per_s(dtype) / c.sm_count as f64,
+            fp8_per_sm_flops_per_s: profile.peak_flops_per_s(Dtype::Fp8) / c.sm_count as f64,
+            fp8_efficiency: c.fp8_gemm_efficiency.unwrap_or(c.gemm_efficiency),
             sm_count: c.sm_count as u64,
             gemm_efficiency: c.gemm_efficiency,
             k_half: c.gemm_k_half,
@@ -95,6 +103,7 @@ impl ComputeModel {
             mem_bytes_per_s: c.hbm_gb_per_s * 1e9 * c.elementwise_bw_efficiency,
             kernel_s: c.kernel_overhead_us * 1e-6,
             elem_bytes: dtype.bytes() as f64,
+            grouped_experts: profile.gpu != strata_models::GpuKind::Cpu,
             attention: c.attention.clone().map(|a| (a, profile.peak_flops_per_s(dtype))),
             measured_gemm_s: c
                 .gemms
@@ -131,22 +140,68 @@ impl ComputeModel {
         if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
             return 0.0;
         }
-        let k = g.k as f64;
-        let main_loop = k / (k + self.k_half);
+        self.grouped_s(std::slice::from_ref(g))
+    }
+
+    /// (per-SM FLOP/s × large-GEMM efficiency, operand bytes of A and B, of C) for a GEMM:
+    /// an fp8 GEMM reads fp8 operands (1 byte) and writes its output in the storage dtype.
+    fn rate_and_bytes(&self, g: &Gemm) -> (f64, f64, f64) {
+        if g.fp8 {
+            (self.fp8_per_sm_flops_per_s * self.fp8_efficiency, 1.0, self.elem_bytes)
+        } else {
+            (self.per_sm_flops_per_s * self.gemm_efficiency, self.elem_bytes, self.elem_bytes)
+        }
+    }
+
+    /// Seconds for GEMMs run as one grouped kernel (CUTLASS grouped GEMM, Megatron-LM's
+    /// `--moe-grouped-gemm`): one launch whose SMs take the tiles of every problem together,
+    /// so waves = ⌈Σ_g tiles_g / SMs⌉ over the whole group (one tile shape for the group,
+    /// the fastest), each wave as long as the group's longest tile (the largest k). Never
+    /// faster than streaming every problem's operands from HBM. With one problem this is
+    /// the tile model of a single GEMM; with many small ones (few rows per expert) the
+    /// last partial tile of each problem and each expert's weights read for few rows make
+    /// the efficiency fall.
+    pub fn grouped_s(&self, gemms: &[Gemm]) -> f64 {
+        let live: Vec<&Gemm> = gemms.iter().filter(|g| g.m > 0 && g.n > 0 && g.k > 0 && g.batch > 0).collect();
+        if live.is_empty() {
+            return 0.0;
+        }
         let compute = self
             .tiles
             .iter()
             .map(|&(tm, tn, eff)| {
-                // In f64 (exact below 2^53, as every real shape is): a hand-edited plan may
-                // hold any u64 dimensions, whose product would overflow.
-                let tiles = g.m.div_ceil(tm) as f64 * g.n.div_ceil(tn) as f64 * g.batch as f64;
+                let mut tiles = 0.0;
+                // The longest tile of the group, as (FLOPs, rate): compared as a ratio, kept
+                // apart so that one GEMM costs exactly what it did as a single kernel.
+                let (mut flops, mut rate) = (0.0, 1.0);
+                for g in &live {
+                    // In f64 (exact below 2^53, as every real shape is): a hand-edited plan
+                    // may hold any u64 dimensions, whose product would overflow.
+                    tiles += g.m.div_ceil(tm) as f64 * g.n.div_ceil(tn) as f64 * g.batch as f64;
+                    let k = g.k as f64;
+                    let main_loop = k / (k + self.k_half);
+                    let (per_sm, _, _) = self.rate_and_bytes(g);
+                    let (f, r) = (2.0 * tm as f64 * tn as f64 * k, per_sm * eff * main_loop);
+                    if f / r > flops / rate {
+                        (flops, rate) = (f, r);
+                    }
+                }
                 let waves = (tiles / self.sm_count as f64).ceil();
-                let tile_flops = 2.0 * tm as f64 * tn as f64 * k;
-                waves * tile_flops / (self.per_sm_flops_per_s * self.gemm_efficiency * eff * main_loop)
+                waves * flops / rate
             })
             .fold(f64::INFINITY, f64::min);
-        let (m, n) = (g.m as f64, g.n as f64);
-        let operands = (m * k + k * n + m * n) * g.batch as f64 * self.elem_bytes;
+        let operands: f64 = live
+            .iter()
+            .map(|g| {
+                let (m, n, k) = (g.m as f64, g.n as f64, g.k as f64);
+                let (_, ab, c) = self.rate_and_bytes(g);
+                if ab == c {
+                    (m * k + k * n + m * n) * g.batch as f64 * ab
+                } else {
+                    ((m * k + k * n) * ab + m * n * c) * g.batch as f64
+                }
+            })
+            .sum();
         compute.max(operands / self.mem_bytes_per_s)
     }
 
@@ -187,6 +242,16 @@ impl ComputeModel {
         self.gemms_s(c) + self.memory_s(c.mem_bytes) + c.kernels as f64 * self.kernel_s
     }
 
+    /// Seconds for one op of `piece` from shapes alone: a MoE layer's `Experts` (one GEMM
+    /// per local expert and pass) as one grouped kernel on a GPU, every other piece as
+    /// [`ComputeModel::cost_s`].
+    pub fn piece_cost_s(&self, piece: Piece, c: &ComputeCost) -> f64 {
+        if piece == Piece::Experts && self.grouped_experts {
+            return self.grouped_s(&c.gemms) + self.memory_s(c.mem_bytes) + c.kernels as f64 * self.kernel_s;
+        }
+        self.cost_s(c)
+    }
+
     /// Nanoseconds for one op of this cost, rounded up.
     pub fn cost_ns(&self, c: &ComputeCost) -> u64 {
         (self.cost_s(c) * 1e9).ceil() as u64
@@ -206,7 +271,7 @@ impl ComputeModel {
             }
         }
         let Some(&(scale, bytes_per_s, fixed_s)) = self.measured_piece.get(&(piece, phase)) else {
-            return self.cost_s(c);
+            return self.piece_cost_s(piece, c);
         };
         scale * self.gemms_s(c) + c.mem_bytes as f64 / bytes_per_s + fixed_s
     }
@@ -333,5 +398,61 @@ mod tests {
         let want = (1u64 << 30) as f64 / (2039e9 * p.elementwise_bw_efficiency) + 3.0 * p.kernel_overhead_us * 1e-6;
         assert!((m.cost_s(&c) - want).abs() < 1e-12);
         assert_eq!(m.cost_ns(&c), (want * 1e9).ceil() as u64);
+    }
+
+    #[test]
+    fn an_fp8_gemm_runs_at_the_fp8_peak_where_the_gpu_has_one() {
+        let h100 = HardwareProfile::builtin(GpuKind::H100Sxm);
+        let m = ComputeModel::new(&h100, Dtype::Bf16);
+        let bf16 = Gemm { m: 8192, n: 8192, k: 8192, batch: 1, fp8: false };
+        let fp8 = Gemm { fp8: true, ..bf16 };
+        // Compute-bound: the same tiles and waves at twice the peak (1,979 vs 989.4 TFLOP/s).
+        let ratio = m.gemm_s(&bf16) / m.gemm_s(&fp8);
+        assert!((ratio - 1979.0 / 989.4).abs() < 1e-9, "{ratio}");
+        let tflops = fp8.flops() as f64 / m.gemm_s(&fp8) / 1e12;
+        println!("H100 8192³: fp8 {tflops:.1} TFLOP/s, bf16 {:.1}", bf16.flops() as f64 / m.gemm_s(&bf16) / 1e12);
+        assert!(tflops > 1400.0 && tflops < 1979.0, "{tflops}");
+        // A memory-bound fp8 GEMM reads one-byte operands: faster than bf16 by less than 2×.
+        let thin = Gemm { m: 16, n: 8192, k: 8192, batch: 1, fp8: false };
+        let r = m.gemm_s(&thin) / m.gemm_s(&Gemm { fp8: true, ..thin });
+        assert!(r > 1.3 && r < 2.0, "{r}");
+        // An A100 has no fp8 tensor cores: an fp8 GEMM runs at bf16's rate.
+        let a = a100();
+        assert!((a.gemm_s(&fp8) / a.gemm_s(&bf16) - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn grouped_experts_lose_efficiency_as_rows_per_expert_shrink() {
+        let p = HardwareProfile::builtin(GpuKind::H100Sxm);
+        let m = ComputeModel::new(&p, Dtype::Bf16);
+        // Mixtral's expert up-projection (h 4096 → 2·14336) over 8 local experts; the rows each
+        // expert gets shrink from 8192 to 64.
+        let eff = |rows: u64| {
+            let gemms: Vec<Gemm> = (0..8).map(|_| Gemm { m: rows, n: 28672, k: 4096, batch: 1, fp8: false }).collect();
+            let flops: f64 = gemms.iter().map(|g| g.flops() as f64).sum();
+            let grouped = m.grouped_s(&gemms);
+            let apart: f64 = gemms.iter().map(|g| m.gemm_s(g)).sum();
+            assert!(grouped <= apart * (1.0 + 1e-12), "{rows}: grouped {grouped} vs apart {apart}");
+            flops / grouped / 989.4e12
+        };
+        let effs: Vec<f64> = [8192, 2048, 512, 128, 64].iter().map(|&r| eff(r)).collect();
+        for w in effs.windows(2) {
+            assert!(w[1] < w[0], "{effs:?}");
+        }
+        assert!(effs[0] > 0.7 && effs[4] < 0.5, "{effs:?}");
+        // One problem is a plain GEMM; a grouped kernel beats one launch per expert when each
+        // expert's tiles fill few SMs (8 × 64 tiles of 256 × 128 in 4 waves on 132 SMs, not 8
+        // half-empty ones; compute-bound at 512 rows). Alone each GEMM takes its best tile
+        // (128 × 128, one wave at 0.9), which softens the gain to about 10%.
+        let one = Gemm { m: 4096, n: 4096, k: 4096, batch: 1, fp8: false };
+        assert_eq!(m.grouped_s(&[one]), m.gemm_s(&one));
+        let small: Vec<Gemm> = (0..8).map(|_| Gemm { m: 512, n: 4096, k: 4096, batch: 1, fp8: false }).collect();
+        let apart: f64 = small.iter().map(|g| m.gemm_s(g)).sum();
+        assert!(m.grouped_s(&small) < 0.92 * apart, "{} vs {apart}", m.grouped_s(&small));
+        // The piece decides: Experts are grouped on a GPU, other pieces are not, nor CPU ranks.
+        let c = ComputeCost { flops: 0, gemms: small.clone(), attention: None, mem_bytes: 0, kernels: 1 };
+        assert!(m.piece_cost_s(Piece::Experts, &c) < m.piece_cost_s(Piece::Mlp, &c));
+        let cpu = ComputeModel::new(&HardwareProfile::builtin(GpuKind::Cpu), Dtype::Fp32);
+        assert_eq!(cpu.piece_cost_s(Piece::Experts, &c), cpu.cost_s(&c));
     }
 }

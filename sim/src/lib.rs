@@ -24,6 +24,7 @@ pub mod mode;
 pub mod net;
 pub mod profile;
 pub mod program;
+pub mod router;
 pub mod sanity;
 pub mod search;
 pub mod simulate;

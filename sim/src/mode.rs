@@ -25,6 +25,15 @@
 //! [`crate::simulate::FULL_MODE_RANKS_MAX`] ranks. Past that, symmetric mode runs and the
 //! report says it is approximate.
 //!
+//! **Router imbalance** (a MoE model with skew > 0 and ep > 1, `crate::router`) makes the
+//! ranks of a stage differ too: each rank's experts get their own load per microbatch.
+//! Symmetric mode runs every `Experts` op at the stage's most loaded EP rank for that layer
+//! and microbatch — an upper bound of the full run, which sums each rank's own ops between
+//! two all-to-alls of its group (a layer's weight gradients and the next layer's input
+//! gradients) and lets several EP groups of a stage draw apart. So `Auto` runs full mode for
+//! such a plan within full mode's limits ([`with_router`]) and says so; past them, or
+//! forced, symmetric mode runs and the note says it is an upper bound.
+//!
 //! Step what-ifs (a slow rank, a degraded or downed link, `[faults]`) make the ranks of a
 //! stage differ, so a run with any of them is full mode ([`with_what_ifs`]): `Auto` says
 //! so in the note, a forced `Symmetric` is refused.
@@ -78,6 +87,36 @@ pub fn resolve(asked: Mode, c: &ClusterSpec, ranks: u32, full_limit: u32, fabric
             ),
         },
     }
+}
+
+/// Why symmetric mode is not exact for a plan's router imbalance: a skew > 0 over ep > 1
+/// ranks. `None` for dense models, balanced routing, or one rank holding every expert.
+pub fn router_inexact(plan: &strata_models::plan::Plan) -> Option<String> {
+    let gini = crate::router::model_gini(&plan.scenario.model)?;
+    let ep = plan.grid.ep;
+    (gini > 0.0 && ep > 1).then(|| {
+        format!(
+            "router imbalance (Gini {gini}) gives each of the {ep} expert-parallel ranks of a group its own load per microbatch, which symmetric mode can only bound by the most loaded"
+        )
+    })
+}
+
+/// The mode after [`resolve`] once router imbalance is counted: `Auto`'s symmetric becomes
+/// full where [`router_inexact`] and full mode is within its limits (`full_fits`: ranks and
+/// ops); a symmetric run that stays says it is an upper bound.
+pub fn with_router(
+    asked: Mode,
+    resolved: (Mode, Option<String>),
+    plan: &strata_models::plan::Plan,
+    full_fits: bool,
+) -> (Mode, Option<String>) {
+    let (mode, note) = resolved;
+    let Some(why) = router_inexact(plan).filter(|_| mode == Mode::Symmetric) else { return (mode, note) };
+    if asked == Mode::Auto && full_fits {
+        return (Mode::Full, Some(format!("full mode: {why}")));
+    }
+    let bound = format!("symmetric mode, an upper bound: {why}");
+    (Mode::Symmetric, Some(note.map_or(bound.clone(), |n| format!("{n}; {bound}"))))
 }
 
 /// The mode a run with step what-ifs (`[faults]` slow, degrade, down; described by `what`)

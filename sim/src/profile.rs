@@ -56,6 +56,15 @@ pub struct ComputeParams {
     /// The peak fp32 training GEMMs run at (CUDA-core fp32; TF32 is off by default in
     /// PyTorch matmuls).
     pub fp32_tflops: f64,
+    /// Dense tensor-core peak for fp8 (E4M3/E5M2) GEMMs, from the datasheet (H100/H200
+    /// SXM 1,979; B200 4,500: twice bf16 on Hopper and Blackwell). Absent on GPUs without
+    /// fp8 tensor cores (A100, V100, CPUs): an fp8 GEMM then runs at the bf16 rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_tflops: Option<f64>,
+    /// Fraction of the fp8 peak a large GEMM sustains (as `gemm_efficiency` for bf16);
+    /// absent = `gemm_efficiency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_gemm_efficiency: Option<f64>,
     pub sm_count: u32,
     pub hbm_gb_per_s: f64,
     /// Fraction of the peak a large, well-shaped GEMM sustains (clocks under load, kernel
@@ -349,6 +358,12 @@ impl HardwareProfile {
         positive("compute.bf16_tflops", c.bf16_tflops);
         positive("compute.fp32_tflops", c.fp32_tflops);
         positive("compute.hbm_gb_per_s", c.hbm_gb_per_s);
+        if let Some(v) = c.fp8_tflops {
+            positive("compute.fp8_tflops", v);
+        }
+        if let Some(v) = c.fp8_gemm_efficiency.filter(|v| !(*v > 0.0 && *v <= 1.0)) {
+            bad.push(format!("compute.fp8_gemm_efficiency = {v}: it is a fraction of the peak, in (0, 1]"));
+        }
         for (key, v) in [
             ("compute.gemm_efficiency", c.gemm_efficiency),
             ("compute.elementwise_bw_efficiency", c.elementwise_bw_efficiency),
@@ -490,9 +505,8 @@ impl HardwareProfile {
     pub fn peak_flops_per_s(&self, dtype: Dtype) -> f64 {
         match dtype {
             Dtype::Bf16 | Dtype::Fp16 => self.compute.bf16_tflops * 1e12,
-            // The fp8 GEMM rate is the GPU's; until a profile carries it, twice bf16 (every
-            // Hopper and Blackwell datasheet).
-            Dtype::Fp8 => 2.0 * self.compute.bf16_tflops * 1e12,
+            // The GPU's fp8 tensor-core peak; a GPU without one runs fp8 GEMMs at bf16.
+            Dtype::Fp8 => self.compute.fp8_tflops.unwrap_or(self.compute.bf16_tflops) * 1e12,
             Dtype::Fp32 => self.compute.fp32_tflops * 1e12,
         }
     }
@@ -511,6 +525,12 @@ mod tests {
             let spec = gpu.spec();
             assert_eq!(p.compute.bf16_tflops, spec.bf16_tflops, "{}", p.name);
             assert_eq!(p.compute.sm_count, spec.sm_count, "{}", p.name);
+            // fp8 tensor cores: Hopper and Blackwell only, at twice bf16 (datasheets).
+            let fp8 = matches!(gpu, GpuKind::H100Sxm | GpuKind::H200Sxm | GpuKind::B200);
+            assert_eq!(p.compute.fp8_tflops.is_some(), fp8, "{}", p.name);
+            if let Some(f) = p.compute.fp8_tflops {
+                assert!((f / spec.bf16_tflops - 2.0).abs() < 0.001, "{}: fp8 {f}", p.name);
+            }
             assert!((p.compute.hbm_gb_per_s * 1e9 - spec.hbm_bw_bytes_per_s).abs() < 1.0, "{}", p.name);
             // A profile written back reads back equal.
             assert_eq!(HardwareProfile::from_toml(&p.to_toml(), "round trip").unwrap(), p);
@@ -569,5 +589,10 @@ mod tests {
         let e = p.check().unwrap_err();
         assert!(e.contains("compute.gemm_efficiency = 1.5") && e.contains("overlap.dp_slowdown = 0.5"), "{e}");
         assert!(e.contains("compute.attention") && e.contains("causal_seq_extra: -1.0"), "{e}");
+        let mut p = HardwareProfile::builtin(GpuKind::H100Sxm);
+        p.compute.fp8_tflops = Some(-1.0);
+        p.compute.fp8_gemm_efficiency = Some(1.2);
+        let e = p.check().unwrap_err();
+        assert!(e.contains("compute.fp8_tflops = -1") && e.contains("compute.fp8_gemm_efficiency = 1.2"), "{e}");
     }
 }

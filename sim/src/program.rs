@@ -9,7 +9,9 @@
 use std::ops::Deref;
 
 use strata_models::plan::exec::ProgramGraph;
-use strata_models::plan::{CollKind, ComputeCost, ComputeOp, GroupKind, OpKind, Peer, Piece, Plan, Program};
+use strata_models::plan::{
+    CollKind, CollPurpose, ComputeCost, ComputeOp, GroupKind, OpKind, Peer, Piece, Plan, Program,
+};
 
 pub use strata_models::plan::exec::NONE;
 
@@ -38,6 +40,9 @@ pub struct ProgramTable {
     pub info: Vec<OpInfo>,
     /// FLOPs of the program's compute ops.
     pub flops: f64,
+    /// Per op, for a MoE model: the (layer, microbatch) whose routing an `Experts` op or a
+    /// dispatch/combine all-to-all follows (`crate::router`); empty for a dense model.
+    pub moe: Vec<Option<(u32, u32)>>,
 }
 
 impl Deref for ProgramTable {
@@ -54,7 +59,19 @@ impl ProgramTable {
         let mut buf_bytes: Vec<u64> = Vec::new();
         let mut info = Vec::with_capacity(program.ops.len());
         let mut flops = 0.0;
+        let moe_model = plan.scenario.model.moe.is_some();
+        let mut moe = Vec::new();
         for (i, op) in program.ops.iter().enumerate() {
+            if moe_model {
+                moe.push(match &op.kind {
+                    OpKind::Compute(c) if c.piece == Piece::Experts => Some((c.layer, c.mb)),
+                    OpKind::Collective(c) => match c.purpose {
+                        CollPurpose::Moe { layer, mb, .. } => Some((layer, mb)),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+            }
             info.push(match &op.kind {
                 OpKind::Compute(c) => {
                     let cost = plan
@@ -82,6 +99,6 @@ impl ProgramTable {
             });
         }
         let graph = ProgramGraph::new(program).map_err(|e| bad(e.op as usize, e.reason))?;
-        Ok(ProgramTable { graph, info, flops })
+        Ok(ProgramTable { graph, info, flops, moe })
     }
 }

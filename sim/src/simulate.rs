@@ -152,6 +152,8 @@ pub struct ProfileTimer {
     ns: Vec<u64>,
     /// Set when the profile has measured piece rates: op times then depend on the piece.
     model: Option<ComputeModel>,
+    /// The shape model (for pieces whose time is not their cost's alone).
+    shapes: ComputeModel,
     step_overhead_ns: u64,
     loop_ns: u64,
     /// Host time per cost id beside the device time (DeepSpeed ZeRO-3's module hooks).
@@ -171,7 +173,8 @@ impl ProfileTimer {
         };
         ProfileTimer {
             ns: plan.costs.iter().map(|c| model.cost_ns(c)).collect(),
-            model: model.has_piece_rates().then_some(model),
+            model: model.has_piece_rates().then(|| model.clone()),
+            shapes: model,
             step_overhead_ns: (profile.host.step_overhead_us * 1e3).round() as u64,
             loop_ns,
             host_ns: plan.host_ns.clone(),
@@ -184,6 +187,8 @@ impl ComputeTimer for ProfileTimer {
         let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
         let ns = match &self.model {
             Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
+            // Experts run as one grouped GEMM: their time is the piece's, not the cost's.
+            None if op.piece == Piece::Experts => (self.shapes.piece_cost_s(op.piece, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
         };
         let host = self.host_ns.get(op.cost as usize).copied().unwrap_or(0);
@@ -202,13 +207,17 @@ pub fn simulate_timed(
     let g = plan.grid;
     let faults = &plan.scenario.faults;
     let (mode, mode_note) = if faults.step_is_fault_free() {
-        crate::mode::resolve(
+        let resolved = crate::mode::resolve(
             options.mode,
             &plan.scenario.cluster,
             g.ranks(),
             FULL_MODE_RANKS_MAX,
             net.name() == "fabric",
-        )
+        );
+        // Full mode for router imbalance only where it is within full mode's budgets.
+        let full_ops: u64 = (0..g.ranks()).map(|r| plan.programs[plan.program_index(r)].ops.len() as u64).sum();
+        let full_fits = g.ranks() <= FULL_MODE_RANKS_MAX && full_ops <= FULL_MODE_OPS_MAX;
+        crate::mode::with_router(options.mode, resolved, plan, full_fits)
     } else {
         crate::mode::with_what_ifs(options.mode, &what_ifs(faults), g.ranks(), FULL_MODE_RANKS_MAX)?
     };
@@ -349,7 +358,7 @@ pub(crate) fn report(
 
 /// The rank with the longest wait on its peers (the lowest rank among equals).
 fn most_waiting(plan: &Plan, out: &Outcome) -> Option<RankBreakdown> {
-    let mut best: Option<(u64, usize, [u64; 6])> = None;
+    let mut best: Option<(u64, usize, [u64; crate::breakdown::CAUSES])> = None;
     for (i, a) in out.actors.iter().enumerate() {
         let ns = breakdown_ns(a, &out.tables[a.table], &plan.programs[out.table_program[a.table]]);
         if best.is_none_or(|b| ns[BUBBLE] > b.0) {

@@ -223,9 +223,20 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             }
         }
     } else {
+        // Expert all-to-all and imbalance columns for a MoE model, the CP exchange where a
+        // ranked candidate splits the sequence.
+        let moe = base.model.moe.is_some();
+        let cp = r.ranking.iter().any(|&i| r.candidates[i].scenario.parallel.cp > 1);
+        let mut extra_head = String::new();
+        if moe {
+            extra_head += &format!(" {:>5} {:>5}", "a2a", "imbal");
+        }
+        if cp {
+            extra_head += &format!(" {:>5}", "cp");
+        }
         let _ = writeln!(
             o,
-            "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}",
+            "{:>3}  {:<44} {:>10} {:>9} {:>11} {:>6}  {:>7} {:>5} {:>5} {:>5} {:>6} {:>5}{extra_head}",
             "#", "split", "memory", "step (s)", "tokens/s", "MFU", "compute", "tp", "dp", "pp", "bubble", "optim"
         );
         // Ranked candidates are simulated; one without a report has no row to show. Exact
@@ -235,9 +246,16 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             let b = &rep.breakdown_s;
             let pct = |x: f64| 100.0 * x / rep.step_time_s;
             let peak = rep.peak_memory_bytes.iter().copied().max().unwrap_or(0);
+            let mut extra = String::new();
+            if moe {
+                extra += &format!(" {:>4.1}% {:>4.1}%", pct(b.ep_exposed), pct(b.moe_imbalance));
+            }
+            if cp {
+                extra += &format!(" {:>4.1}%", pct(b.cp_exposed));
+            }
             let _ = writeln!(
                 o,
-                "{:>3}  {:<44} {:>10} {:>9.3} {:>11} {:>5.1}%  {:>6.1}% {:>4.1}% {:>4.1}% {:>4.1}% {:>5.1}% {:>4.1}%",
+                "{:>3}  {:<44} {:>10} {:>9.3} {:>11} {:>5.1}%  {:>6.1}% {:>4.1}% {:>4.1}% {:>4.1}% {:>5.1}% {:>4.1}%{extra}",
                 rank + 1,
                 row.label,
                 common::bytes(peak as f64),

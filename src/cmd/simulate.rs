@@ -154,20 +154,23 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} on {} × {}: TP({})-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}",
+        "{} on {} × {}: TP({})-PP({})-DP({}){}{}, {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}{}",
         s.model.name,
         s.cluster.gpus(),
         s.cluster.gpu,
         p.tp,
         p.pp,
         p.dp,
+        if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
+        if p.ep > 1 { format!(" EP({})", p.ep) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" (vpp {})", p.vpp) } else { String::new() },
         p.micro_batch,
         p.microbatches(),
         p.zero,
         p.recompute.key(),
-        if p.sequence_parallel { "on" } else { "off" }
+        if p.sequence_parallel { "on" } else { "off" },
+        if s.training.dtype == strata_models::Dtype::Fp8 { ", fp8" } else { "" }
     );
     let _ = writeln!(
         o,
@@ -190,15 +193,26 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         writeln!(o, "hardware {unit} {:>10.1} per GPU (HFU {:.1}%)", r.hardware_tflops_per_gpu * scale, 100.0 * r.hfu);
     let b = &r.breakdown_s;
     let _ = writeln!(o, "\nwhere the time goes (rank {}, stage {}, the last to finish):", r.last_rank, r.last_stage);
-    for (name, v) in [
-        ("compute", b.compute),
-        ("tensor-parallel exposed", b.tp_exposed),
-        ("data-parallel exposed", b.dp_exposed),
-        ("pipeline transfers exposed", b.pp_exposed),
-        (if what_ifs { "bubble, waiting on peers" } else { "pipeline bubble" }, b.bubble),
-        ("optimizer", b.optimizer),
+    // The expert and context-parallel lines only where the model has experts / the split cp.
+    let moe = s.model.moe.is_some();
+    let cp = s.parallel.cp > 1;
+    for (name, v, shown) in [
+        ("compute", b.compute, true),
+        ("tensor-parallel exposed", b.tp_exposed, true),
+        ("data-parallel exposed", b.dp_exposed, true),
+        ("pipeline transfers exposed", b.pp_exposed, true),
+        ("expert all-to-all exposed", b.ep_exposed, moe),
+        ("context-parallel exposed", b.cp_exposed, cp),
+        ("MoE imbalance", b.moe_imbalance, moe),
+        (if what_ifs { "bubble, waiting on peers" } else { "pipeline bubble" }, b.bubble, true),
+        ("optimizer", b.optimizer, true),
     ] {
-        let _ = writeln!(o, "  {name:<27} {v:>10.4} s {:>6.1}%", 100.0 * v / r.step_time_s.max(f64::MIN_POSITIVE));
+        if shown {
+            let _ = writeln!(o, "  {name:<27} {v:>10.4} s {:>6.1}%", 100.0 * v / r.step_time_s.max(f64::MIN_POSITIVE));
+        }
+    }
+    if moe && let Some(g) = strata_sim::router::model_gini(&s.model) {
+        let _ = writeln!(o, "  (router imbalance: Gini {g} of tokens over experts, drawn per layer and microbatch)");
     }
     if let Some(w) = &r.most_waiting {
         let b = &w.breakdown_s;

@@ -125,7 +125,8 @@ impl<'a> Engine<'a> {
     pub(super) fn outcome(mut self, table_program: Vec<usize>) -> Outcome {
         let mut actors = Vec::with_capacity(self.actors.len());
         let mut makespan_ns = 0;
-        for a in self.actors.drain(..) {
+        for mut a in self.actors.drain(..) {
+            a.imbalance.sort_by_key(|&(op, _)| op);
             let finish_ns = a.end_ns.iter().copied().max().unwrap_or(0);
             makespan_ns = makespan_ns.max(finish_ns);
             actors.push(super::ActorRun {
@@ -137,6 +138,7 @@ impl<'a> Engine<'a> {
                 xfer_ns: a.xfer_ns,
                 finish_ns,
                 memory: a.memory,
+                imbalance: a.imbalance,
             });
         }
         let mode = self.cfg.mode;

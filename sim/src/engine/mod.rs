@@ -28,6 +28,10 @@
 //! **Stragglers** ([`EngineConfig::slow`], full mode): a slow rank's compute ops take
 //! factor × their costed time; everything that waits for them waits longer.
 //!
+//! **Router imbalance** (a MoE model, [`crate::router`]): a rank's `Experts` ops take its
+//! load ÷ balanced × their costed time, a dispatch or combine moves its group's most loaded
+//! rank's bytes; symmetric mode's actor takes the stage's most loaded rank.
+//!
 //! **Interference.** While a TP, DP or pipeline transfer involving an actor is in flight,
 //! its compute runs slower by (1 + Σ_busy (factor − 1)) (NCCL kernels take SMs and HBM
 //! bandwidth); a running compute op is re-timed whenever that factor changes.
@@ -58,6 +62,7 @@ use crate::error::SimError;
 use crate::memory::Timeline;
 use crate::net::{CommKind, CommRequest, Network};
 use crate::program::{OpInfo, ProgramTable};
+use crate::router::RouterLoads;
 
 mod jobs;
 mod rendezvous;
@@ -120,6 +125,9 @@ pub struct ActorRun {
     pub xfer_ns: Vec<u64>,
     pub finish_ns: u64,
     pub memory: Timeline,
+    /// Router imbalance: per `Experts` op that ran above its balanced time, (op, the
+    /// fraction of its time spent on tokens past the balanced share).
+    pub imbalance: Vec<(u32, f64)>,
 }
 
 /// What a run produced.
@@ -158,6 +166,8 @@ struct Actor {
     turn: Turn,
     /// Its compute factor (a straggler what-if; 1 otherwise).
     slow: f64,
+    /// See [`ActorRun::imbalance`].
+    imbalance: Vec<(u32, f64)>,
 }
 
 /// A communication in flight; `finish_ns` is each member's finish work (one thread per rank).
@@ -201,6 +211,8 @@ struct Engine<'a> {
     serve: VecDeque<u32>,
     /// The actor whose non-compute streams are being advanced by its thread.
     posting: Option<u32>,
+    /// The experts' loads of a MoE model's router (`None` for a dense model).
+    router: Option<RouterLoads>,
 }
 
 /// Every kind of group, each with its own table of requests.
@@ -258,6 +270,7 @@ impl<'a> Engine<'a> {
                 queued: false,
                 turn: Turn::Compute,
                 slow: cfg.slow.iter().find(|s| s.0 == rank).map_or(1.0, |s| s.1),
+                imbalance: Vec::new(),
             });
         }
         let partner = pair_messages(&map, |a| &plan.programs[plan.program_index(map.rank(a))]).map_err(|e| {
@@ -289,6 +302,7 @@ impl<'a> Engine<'a> {
             })
             .collect();
         let rendezvous = Rendezvous::new(&map);
+        let router = RouterLoads::new(plan, cfg.seed);
         Ok(Engine {
             plan,
             tables,
@@ -310,6 +324,7 @@ impl<'a> Engine<'a> {
             busy: 0,
             serve: VecDeque::new(),
             posting: None,
+            router,
         })
     }
 
@@ -467,6 +482,12 @@ impl<'a> Engine<'a> {
 
     fn start_compute(&mut self, ai: u32, op: u32, ns: u64) {
         let mut work_ns = ns as f64 * self.actors[ai as usize].slow;
+        if let Some((load, _)) = self.routed(ai, op) {
+            work_ns *= load;
+            if load > 1.0 {
+                self.actors[ai as usize].imbalance.push((op, (load - 1.0) / load));
+            }
+        }
         if self.cfg.jitter > 0.0 {
             work_ns *= 1.0 + self.cfg.jitter * self.rng.random_range(-1.0..1.0);
         }

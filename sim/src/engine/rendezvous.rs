@@ -4,7 +4,8 @@
 //! issues on a group meets the k-th of every other member) and
 //! [`pair_messages`](strata_models::plan::exec::pair_messages) (before the run, first send
 //! with first receive of the same peer pair, kind, microbatch and virtual stage); this file
-//! only turns a match into a [`CommRequest`] at the current instant. In symmetric mode a
+//! only turns a match into a [`CommRequest`] at the current instant (a MoE dispatch or
+//! combine with its group's most loaded rank's bytes, [`Engine::routed`]). In symmetric mode a
 //! stage's TP and DP groups have one member (the stage actor), so they start at once, with
 //! `multiplicity` = dp (a TP collective stands for the dp identical groups of the stage) or
 //! tp (a DP collective for tp).
@@ -12,7 +13,7 @@
 use strata_models::plan::exec::{Arrival, OpState};
 use strata_models::plan::{CollKind, GroupKind, Peer, Stream};
 
-use super::{CommRec, Engine};
+use super::{CommRec, Engine, Mode};
 use crate::net::{CommKind, CommRequest};
 use crate::program::OpInfo;
 
@@ -24,6 +25,11 @@ impl Engine<'_> {
             Arrival::Waiting => return,
             Arrival::Alone => None,
             Arrival::Complete(members) => Some(members),
+        };
+        // A dispatch or combine moves what its most loaded rank receives (`crate::router`).
+        let bytes = match self.routed(ai, op) {
+            Some((_, max)) => (bytes as f64 * max).ceil() as u64,
+            None => bytes,
         };
         let k = group.index();
         let slot = self.rendezvous.slot(ai, group) as usize;
@@ -53,6 +59,21 @@ impl Engine<'_> {
                 self.record(id, CommRec::Many { class, members, finish_ns });
             }
         }
+    }
+
+    /// Router imbalance of op `op` of actor `ai`: (its load ÷ balanced, its EP group's most
+    /// loaded rank's), both the stage's most loaded in symmetric mode; `None` if the op
+    /// does not follow the routing.
+    pub(super) fn routed(&mut self, ai: u32, op: u32) -> Option<(f64, f64)> {
+        let a = &self.actors[ai as usize];
+        let (layer, mb) = (*self.tables[a.table as usize].moe.get(op as usize)?)?;
+        let router = self.router.as_mut()?;
+        Some(if self.cfg.mode == Mode::Symmetric {
+            let max = router.stage_max(a.stage, layer, mb);
+            (max, max)
+        } else {
+            router.of_rank(a.rank, layer, mb)
+        })
     }
 
     /// One thread per rank: the CPU work of posting `op` (a collective or a message), ns.

@@ -23,6 +23,11 @@
 //! it has one. Shared cores and one-thread ranks (the CPU executor) are left to the
 //! simulation.
 //!
+//! Mixture-of-experts layers (router, all-to-alls, grouped experts, shared experts, router
+//! imbalance) and context parallelism (every piece / cp, the K/V exchange) are costed in
+//! `estimate/moe_cp.rs`; expert gradients reduce over the expert-data-parallel group (tp·cp·dp/ep
+//! ranks), dense ones over the cp·dp ranks of the data-parallel group.
+//!
 //! The estimate ranks candidates; it is not the prediction. `search` simulates the best
 //! estimated candidates in full and ranks by the simulation.
 
@@ -42,6 +47,8 @@ use crate::net::closed_form::ClosedFormNetwork;
 use crate::net::{CalibratedNetwork, CommKind, CommRequest, NcclEnv, NetError};
 use crate::profile::HardwareProfile;
 
+mod moe_cp;
+
 /// The network the estimate asks: closed form, or the profile's measured one.
 enum EstimateNet {
     ClosedForm(ClosedFormNetwork),
@@ -53,6 +60,7 @@ pub struct Estimator {
     net: EstimateNet,
     compute: ComputeModel,
     comm: BTreeMap<(u8, u32, u32, u64), f64>,
+    loads: moe_cp::LoadCache,
 }
 
 fn kind_id(k: CommKind) -> u8 {
@@ -73,7 +81,7 @@ impl Estimator {
             Some(p) => EstimateNet::Calibrated(CalibratedNetwork::new(p)?),
             None => EstimateNet::ClosedForm(ClosedFormNetwork::new(&base.cluster, NcclEnv::default())?),
         };
-        Ok(Estimator { net, compute, comm: BTreeMap::new() })
+        Ok(Estimator { net, compute, comm: BTreeMap::new(), loads: BTreeMap::new() })
     }
 
     /// Seconds of a communication over `n` ranks spaced `stride` apart, starting at rank 0.
@@ -102,11 +110,12 @@ impl Estimator {
         let p = &s.parallel;
         let dtype = s.training.storage_dtype();
         let flash = s.training.flash_attention;
-        // The training dtype, so that fp8 runs its linear GEMMs at the fp8 rate.
+        // The training dtype, so that fp8 runs its linear GEMMs at the fp8 rate; the pieces
+        // are one rank's (1/cp of every sequence under context parallelism).
         let train = s.training.dtype;
         let piece = |this: &Estimator, piece, phase| this.compute.cost_s(&piece_cost(m, p, train, flash, piece, phase));
         let e = dtype.bytes();
-        let tensor = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * e;
+        let tensor = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * e / p.cp.max(1) as u64;
         let tp_kind = |k| CommKind::Collective(k);
         // Tensor-parallel collectives of one layer (forward: two reductions, and two gathers
         // under sequence parallelism).
@@ -146,6 +155,19 @@ impl Estimator {
             .sum::<f64>()
             + tp_bwd
             + recompute;
+        let (cp_f, cp_b) = self.cp_exchange(
+            s,
+            piece(self, Piece::Attn, Phase::Forward),
+            piece(self, Piece::Attn, Phase::BackwardInput),
+        );
+        let (layer_f, layer_b) = (layer_f + cp_f, layer_b + cp_b);
+        // A MoE layer runs its router, all-to-alls and experts in place of the dense MLP.
+        let moe = self.moe_layer(s);
+        let dense_mlp = (
+            piece(self, Piece::Mlp, Phase::Forward),
+            piece(self, Piece::Mlp, Phase::BackwardInput),
+            piece(self, Piece::Mlp, Phase::BackwardWeight),
+        );
         let embed_f = piece(self, Piece::Embed, Phase::Forward) + if p.tp > 1 { reduce } else { 0.0 };
         let embed_w = piece(self, Piece::Embed, Phase::BackwardWeight);
         let head_f = piece(self, Piece::FinalNorm, Phase::Forward)
@@ -165,9 +187,10 @@ impl Estimator {
         let mut last_b = 0.0f64;
         for i in 0..p.pp {
             let layers = p.stage_layers(m, i) as f64;
-            let mut f = layers * layer_f;
-            let mut b = layers * layer_b;
-            let mut w = layers * layer_w;
+            let moes = Estimator::moe_layers(s, i) as f64;
+            let mut f = layers * layer_f + moes * (moe.f - dense_mlp.0);
+            let mut b = layers * layer_b + moes * (moe.b - dense_mlp.1);
+            let mut w = layers * layer_w + moes * (moe.w - dense_mlp.2);
             if i == 0 {
                 f += embed_f;
                 w += embed_w;
@@ -190,7 +213,7 @@ impl Estimator {
         let p2p = self.comm_s(
             CommKind::SendRecv,
             2,
-            p.tp * p.dp,
+            p.tp * p.cp * p.dp,
             if p.sequence_parallel { tensor / p.tp as u64 } else { tensor },
         );
         // The critical path crosses each of the vpp · pp − 1 virtual-stage boundaries twice
@@ -208,19 +231,33 @@ impl Estimator {
             let bucket = ((p.grad_bucket_mb * 1024.0 * 1024.0) as u64).max(1);
             let n = bytes.div_ceil(bucket).max(1);
             let per = bytes.div_ceil(n);
-            n as f64 * this.comm_s(CommKind::Collective(kind), p.dp, p.tp, per)
+            n as f64 * this.comm_s(CommKind::Collective(kind), p.cp * p.dp, p.tp, per)
+        };
+        // Expert gradients (a MoE model): the stage's local experts, over the ranks of the stage
+        // that hold the same experts (tp·cp·dp / ep of them, ep apart).
+        let expert_grads = |this: &mut Estimator, kind: CollKind| {
+            let Some(moe) = &m.moe else { return 0.0 };
+            let up = if m.activation == strata_models::model::Activation::Swiglu { 2 } else { 1 };
+            let per_layer =
+                (moe.experts / p.ep.max(1)) as u64 * (up + 1) * moe.expert_ffn_hidden as u64 * m.hidden as u64;
+            let layers = (0..p.pp).map(|i| Estimator::moe_layers(s, i)).max().unwrap_or(0) as u64;
+            let bytes = layers * per_layer * g_bytes;
+            let bucket = ((p.grad_bucket_mb * 1024.0 * 1024.0) as u64).max(1);
+            let n = bytes.div_ceil(bucket).max(1);
+            let group = p.tp * p.cp * p.dp / p.ep.max(1);
+            n as f64 * this.comm_s(CommKind::Collective(kind), group, p.ep.max(1), bytes.div_ceil(n))
         };
         let mut exposed = 0.0;
-        if p.dp > 1 {
+        if p.cp * p.dp > 1 {
             let grad_kind = if p.zero == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
-            let grads = dp_coll(self, grad_kind, psi * g_bytes);
+            let grads = dp_coll(self, grad_kind, psi * g_bytes) + expert_grads(self, grad_kind);
             if p.zero >= 2 {
                 // Every microbatch reduce-scatters its gradients, and ZeRO-3 gathers every unit
                 // before its forward and its backward: one in-order stream of collectives per
                 // microbatch against that microbatch's compute.
                 let unit = layer_params(m).per_rank(p.tp) * w_bytes;
                 let gathers = if p.zero >= 3 {
-                    2.0 * self.comm_s(CommKind::Collective(CollKind::AllGather), p.dp, p.tp, unit)
+                    2.0 * self.comm_s(CommKind::Collective(CollKind::AllGather), p.cp * p.dp, p.tp, unit)
                         * (psi * w_bytes) as f64
                         / unit.max(1) as f64
                 } else {
@@ -237,7 +274,7 @@ impl Estimator {
                 exposed += if p.overlap_param_gather { (gather - first_f).max(0.0) } else { gather };
             }
         }
-        let shard = if p.zero >= 1 { psi.div_ceil(p.dp as u64) } else { psi };
+        let shard = if p.zero >= 1 { psi.div_ceil((p.cp * p.dp) as u64) } else { psi };
         let optimizer = self.compute.cost_s(&optimizer_cost(shard, opt_g_bytes));
         pipe + exposed + optimizer
     }

@@ -185,10 +185,13 @@ pub fn search(
         .iter()
         .zip(&screened)
         .map(|(s, (need, est))| Candidate {
-            label: if opts.space.frameworks.len() > 1 {
-                format!("{} {}", label(&s.parallel), s.training.framework.key())
-            } else {
-                label(&s.parallel)
+            label: {
+                let fp8 = if s.training.dtype == strata_models::Dtype::Fp8 { " fp8" } else { "" };
+                if opts.space.frameworks.len() > 1 {
+                    format!("{}{fp8} {}", label(&s.parallel), s.training.framework.key())
+                } else {
+                    format!("{}{fp8}", label(&s.parallel))
+                }
             },
             framework: s.training.framework,
             scenario: s.clone(),

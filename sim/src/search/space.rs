@@ -8,8 +8,15 @@
 //! gradient bucket size, and whether gradient reduction and parameter all-gathers overlap
 //! compute (only where they can matter: dp > 1, ZeRO ≥ 1), and the framework (the base
 //! scenario's, or several: a valid split becomes one candidate per framework that runs it,
-//! and is counted by rule under each that cannot). Everything else — the model, the
-//! cluster, the global batch, the dtype, fused attention — comes from the base scenario.
+//! and is counted by rule under each that cannot). Three more where they can matter:
+//! expert parallelism ep (divisors of a MoE model's experts that divide the stage's
+//! tp·cp·dp ranks; 1 for a dense model), context parallelism cp with its exchange (powers
+//! of two that leave every rank ≥ 4,096 tokens of a sequence of ≥ 8,192, s divisible by
+//! 2·cp — TE's load-balanced chunks — and Ulysses only where tp·cp divides the heads and
+//! kv heads; ring, all-gather, Ulysses), and fp8 (bf16 and fp8 linear layers, where the base
+//! scenario asks `training.dtype = "fp8"` on a GPU with fp8 tensor cores: precision changes
+//! the numerics, so the search never picks it unasked). Everything else — the model, the
+//! cluster, the global batch, fused attention — comes from the base scenario.
 //!
 //! Enumeration is a plain nested loop in a fixed order, so the candidate list (and every
 //! index into it) is the same on every run.
@@ -17,8 +24,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use strata_models::parallel::{ParallelConfig, Recompute, Schedule};
-use strata_models::{Framework, Scenario, limits};
+use strata_models::parallel::{CpComm, ParallelConfig, Recompute, Schedule};
+use strata_models::{Dtype, Framework, Scenario, limits};
 
 /// What the search varies. `SearchSpace::full` is the default; tests narrow it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,6 +45,44 @@ pub struct SearchSpace {
     /// The frameworks a split may run under: the base scenario's, or several
     /// (`--framework any`: the external ones), each candidate naming its own.
     pub frameworks: Vec<Framework>,
+    /// Expert-parallel sizes (a MoE model's; `[1]` for a dense one).
+    pub ep: Vec<u32>,
+    /// Context-parallel sizes (`[1]` below 8,192 tokens).
+    pub cp: Vec<u32>,
+    /// How a cp > 1 candidate exchanges keys and values.
+    pub cp_comm: Vec<CpComm>,
+    /// Whether the linear layers run in fp8 (`[false]` unless the base asks fp8 on a GPU
+    /// that has it).
+    pub fp8: Vec<bool>,
+}
+
+/// Tokens of a sequence each context-parallel rank keeps at least, and the shortest
+/// sequence context parallelism is searched for.
+const CP_MIN_TOKENS: u32 = 4096;
+const CP_MIN_SEQ: u32 = 8192;
+
+/// The rules of the new dimensions the split's validation does not state (yet): expert
+/// parallelism splits whole experts over ranks of a stage; TE's load-balanced context
+/// parallelism cuts the sequence into 2·cp chunks; Ulysses shards heads over tp·cp.
+fn moe_cp_rule(base: &Scenario, p: &ParallelConfig) -> Option<&'static str> {
+    let m = &base.model;
+    let experts = m.moe.as_ref().map_or(1, |e| e.experts);
+    if !experts.is_multiple_of(p.ep) {
+        return Some("ep-divides-experts");
+    }
+    if !(p.tp * p.cp * p.dp).is_multiple_of(p.ep) {
+        return Some("ep-divides-stage");
+    }
+    if p.cp > 1 && !m.seq_len.is_multiple_of(2 * p.cp) {
+        return Some("cp-divides-seq");
+    }
+    if p.cp > 1
+        && p.cp_comm == CpComm::Ulysses
+        && !(m.heads.is_multiple_of(p.tp * p.cp) && m.kv_heads.is_multiple_of(p.tp * p.cp))
+    {
+        return Some("ulysses-divides-heads");
+    }
+    None
 }
 
 fn divisors(n: u64) -> Vec<u32> {
@@ -62,6 +107,26 @@ impl SearchSpace {
             overlap_grad_reduce: vec![true, false],
             overlap_param_gather: vec![true, false],
             frameworks: vec![base.training.framework],
+            ep: match &base.model.moe {
+                Some(moe) => divisors(moe.experts as u64).into_iter().filter(|e| *e as u64 <= gpus).collect(),
+                None => vec![1],
+            },
+            cp: std::iter::once(1)
+                .chain(
+                    (1..=20)
+                        .map(|i| 1u32 << i)
+                        .take_while(|c| base.model.seq_len >= CP_MIN_SEQ && base.model.seq_len / c >= CP_MIN_TOKENS)
+                        .filter(|c| (*c as u64) <= gpus),
+                )
+                .collect(),
+            cp_comm: CpComm::ALL.to_vec(),
+            fp8: if base.training.dtype == Dtype::Fp8
+                && crate::profile::HardwareProfile::builtin(base.cluster.gpu).compute.fp8_tflops.is_some()
+            {
+                vec![false, true]
+            } else {
+                vec![false]
+            },
         }
     }
 
@@ -107,14 +172,28 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
     let mut out = Enumeration::default();
     let gpus = base.cluster.gpus();
     let gb = base.parallel.global_batch;
+    // (ep, cp_comm, fp8) of one split; cp_comm only varies where cp > 1.
+    let extras = |cp: u32| -> Vec<(u32, CpComm, bool)> {
+        let comms: Vec<CpComm> = if cp > 1 { space.cp_comm.clone() } else { vec![CpComm::default()] };
+        let mut v = Vec::new();
+        for &ep in &space.ep {
+            for &comm in &comms {
+                for &fp8 in &space.fp8 {
+                    v.push((ep, comm, fp8));
+                }
+            }
+        }
+        v
+    };
     for &tp in &space.tp {
-        for &pp in &space.pp {
-            let grid = tp as u64 * pp as u64;
+        for (&pp, &cp) in space.pp.iter().flat_map(|pp| space.cp.iter().map(move |cp| (pp, cp))) {
+            let grid = tp as u64 * pp as u64 * cp as u64;
             if grid == 0 || !gpus.is_multiple_of(grid) {
                 *out.invalid.entry("grid-equals-gpus").or_default() += 1;
                 continue;
             }
             let dp = (gpus / grid) as u32;
+            let extras = extras(cp);
             // (schedule, vpp) pairs.
             let mut scheds: Vec<(Schedule, u32)> = Vec::new();
             for &s in &space.schedules {
@@ -151,41 +230,51 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 out.duplicates += 1;
                                                 continue;
                                             }
-                                            let parallel = ParallelConfig {
-                                                tp,
-                                                pp,
-                                                dp,
-                                                vpp,
-                                                schedule,
-                                                micro_batch: mb,
-                                                global_batch: gb,
-                                                zero,
-                                                recompute,
-                                                sequence_parallel: sp,
-                                                grad_bucket_mb: bucket,
-                                                overlap_grad_reduce: ogr,
-                                                overlap_param_gather: opg,
-                                                ..ParallelConfig::default()
-                                            };
-                                            if let Err(e) = parallel.validate(&base.model, &base.cluster) {
-                                                *out.invalid.entry(e.violations[0].rule).or_default() += 1;
-                                                continue;
-                                            }
-                                            // One candidate per framework that runs the split; a
-                                            // framework that cannot is counted by its rule. The work
-                                            // budget and the search's own bound (docs/limits.md): cut,
-                                            // and counted.
-                                            for &framework in &space.frameworks {
-                                                let mut s = Scenario { parallel: parallel.clone(), ..base.clone() };
-                                                s.training.framework = framework;
-                                                if let Some(v) = framework.violations(&s).first() {
-                                                    *out.unrunnable.entry(v.rule).or_default() += 1;
-                                                } else if limits::check_work(&s).is_err() {
-                                                    *out.invalid.entry("work-budget").or_default() += 1;
-                                                } else if out.valid.len() as u64 >= limits::MAX_SEARCH_CANDIDATES {
-                                                    *out.invalid.entry("search-budget").or_default() += 1;
-                                                } else {
-                                                    out.valid.push(s);
+                                            for &(ep, cp_comm, fp8) in &extras {
+                                                let parallel = ParallelConfig {
+                                                    tp,
+                                                    pp,
+                                                    dp,
+                                                    cp,
+                                                    ep,
+                                                    cp_comm,
+                                                    vpp,
+                                                    schedule,
+                                                    micro_batch: mb,
+                                                    global_batch: gb,
+                                                    zero,
+                                                    recompute,
+                                                    sequence_parallel: sp,
+                                                    grad_bucket_mb: bucket,
+                                                    overlap_grad_reduce: ogr,
+                                                    overlap_param_gather: opg,
+                                                };
+                                                if let Err(e) = parallel.validate(&base.model, &base.cluster) {
+                                                    *out.invalid.entry(e.violations[0].rule).or_default() += 1;
+                                                    continue;
+                                                }
+                                                if let Some(rule) = moe_cp_rule(base, &parallel) {
+                                                    *out.invalid.entry(rule).or_default() += 1;
+                                                    continue;
+                                                }
+                                                // One candidate per framework that runs the split; a
+                                                // framework that cannot is counted by its rule. The work
+                                                // budget and the search's own bound (docs/limits.md): cut,
+                                                // and counted.
+                                                for &framework in &space.frameworks {
+                                                    let mut s = Scenario { parallel: parallel.clone(), ..base.clone() };
+                                                    s.training.framework = framework;
+                                                    s.training.dtype =
+                                                        if fp8 { Dtype::Fp8 } else { s.training.storage_dtype() };
+                                                    if let Some(v) = framework.violations(&s).first() {
+                                                        *out.unrunnable.entry(v.rule).or_default() += 1;
+                                                    } else if limits::check_work(&s).is_err() {
+                                                        *out.invalid.entry("work-budget").or_default() += 1;
+                                                    } else if out.valid.len() as u64 >= limits::MAX_SEARCH_CANDIDATES {
+                                                        *out.invalid.entry("search-budget").or_default() += 1;
+                                                    } else {
+                                                        out.valid.push(s);
+                                                    }
                                                 }
                                             }
                                         }
@@ -201,7 +290,8 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
     out
 }
 
-/// A short label of a candidate's split: `tp8 pp8 dp16 1f1b mb1 z1 sel sp`.
+/// A short label of a candidate's split: `tp8 pp8 dp16 1f1b mb1 z1 sel sp` (`cp4 ring`,
+/// `ep8` where they are not 1).
 pub fn label(p: &ParallelConfig) -> String {
     let sched = p.schedule.label(p.vpp);
     let rc = match p.recompute {
@@ -218,6 +308,12 @@ pub fn label(p: &ParallelConfig) -> String {
         p.zero,
         if p.sequence_parallel { " sp" } else { "" }
     );
+    if p.cp > 1 {
+        l += &format!(" cp{} {}", p.cp, p.cp_comm.key());
+    }
+    if p.ep > 1 {
+        l += &format!(" ep{}", p.ep);
+    }
     // The data-parallel knobs, where they matter.
     if p.dp > 1 {
         l += &format!(" b{}", p.grad_bucket_mb);
