@@ -18,6 +18,8 @@ use crate::cluster::ClusterSpec;
 use crate::model::ModelSpec;
 use crate::plan::grid::Pipeline;
 
+mod moe_rules;
+
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Schedule {
@@ -443,6 +445,7 @@ impl ParallelConfig {
                 ),
             );
         }
+        v.extend(moe_rules::violations(p, model));
         if v.is_empty() { Ok(()) } else { Err(ConfigError { violations: v }) }
     }
 }

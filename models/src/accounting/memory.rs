@@ -41,6 +41,9 @@ use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Recompute};
 use crate::scenario::{Dtype, Scenario};
 
+mod moe;
+pub use moe::{moe_layer_activation_bytes, moe_weight_grad_bytes};
+
 /// Bytes of model state per parameter: (weights, gradients, optimizer state).
 pub fn state_bytes_per_param(dtype: Dtype) -> (u64, u64, u64) {
     match dtype {

@@ -4,7 +4,7 @@
 //! W pass, [`StageLowering::backward_weight`]). A layer's activations are freed and its
 //! gradient marked done once its last gradient op is emitted.
 
-use crate::accounting::memory::{layer_activation_bytes, layer_activation_parts};
+use crate::accounting::memory::layer_activation_parts;
 use crate::parallel::Recompute;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
@@ -116,17 +116,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut d: Vec<OpId> = deps.to_vec();
         d.extend(pdeps);
         if p.recompute == Recompute::Full {
-            let s = self.s();
-            let bytes = layer_activation_bytes(
-                &s.model,
-                p.micro_batch,
-                s.training.storage_dtype(),
-                p.tp,
-                p.sequence_parallel,
-                Recompute::None,
-                s.training.flash_attention,
-            )
-            .ceil() as u64;
+            let bytes = self.act_bytes_of(layer, Recompute::None);
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("recompute L{layer} mb{mb}"));
             self.recompute.insert((layer, mb), buf);
@@ -140,7 +130,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if split {
             // ZB-H1 defers the weight passes: the output gradients they read (of QKV, the
             // attention projection, FC1 and FC2) stay alive until then (freed with the layer).
-            let bytes = self.wgrad_bytes();
+            let bytes = self.wgrad_bytes_of(layer);
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("wgrad L{layer} mb{mb}"));
             self.wgrad.insert((layer, mb), buf);
@@ -152,6 +142,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let first = first.unwrap_or(op);
         let mut prev = op;
         for (piece, norm) in [(Piece::Mlp, Piece::MlpIn), (Piece::Attn, Piece::AttnIn)] {
+            if piece == Piece::Mlp && self.s().model.is_moe_layer(layer) {
+                let wait = self.moe_backward(layer, mb, chunk, split, prev, &bufs);
+                prev = self.compute(norm, Phase::BackwardInput, mb, chunk, layer, &wait, &bufs);
+                continue;
+            }
             let mut wait = Vec::new();
             let mut scores = None;
             // Selective recomputation re-runs the attention core; fused attention already
@@ -264,7 +259,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
         for layer in layers {
             let act = self.act[&(layer, mb)];
-            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+            if self.s().model.is_moe_layer(layer) {
+                self.moe_weight(layer, mb, chunk, act);
+            } else {
+                self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+            }
             let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act, None);
             self.layer_done(layer, mb, chunk, op);
         }

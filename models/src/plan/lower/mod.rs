@@ -34,7 +34,7 @@
 //!
 //! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
 //! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
-//! passes, `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! passes (`moe` a mixture-of-experts layer's MLP half), `zero` the data-parallel parameter and gradient traffic, `step` the end of the
 //! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
 
 mod backward;
@@ -42,6 +42,7 @@ mod buckets;
 mod emit;
 mod forward;
 mod modules;
+mod moe;
 mod step;
 mod units;
 mod zero;
@@ -77,6 +78,8 @@ pub struct Planner<'a> {
     host_ns: Vec<u64>,
     /// (piece, phase) → the cost id of that piece with its modules' host time.
     host_cost_ids: BTreeMap<(Piece, Phase), CostId>,
+    /// phase → the cost id of a mixture-of-experts layer's `LayerOut` (empty when dense).
+    moe_out_ids: BTreeMap<Phase, CostId>,
 }
 
 impl<'a> Planner<'a> {
@@ -102,10 +105,15 @@ impl<'a> Planner<'a> {
         }
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
-            let params: u64 = b.iter().map(|b| b.params).sum();
-            let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let (dense, expert) = moe::split_params(b.iter());
+            let shard = if p.zero >= 1 {
+                dense.div_ceil(p.dp as u64) + expert.div_ceil(p.expert_dp().max(1))
+            } else {
+                dense + expert
+            };
             costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.storage_dtype()).1));
         }
+        let moe_out_ids = moe::moe_costs(s, &mut costs, &mut cost_ids);
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
         // runs it (forward, recomputation, backward), charged to the piece as a copy of its
         // cost with the host time beside it.
@@ -125,7 +133,7 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids })
+        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, moe_out_ids })
     }
 
     pub fn grid(&self) -> RankGrid {
@@ -342,10 +350,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let p = self.s().parallel.clone();
         let layout = scenario_layout(self.s());
         for chunk in 0..p.vpp {
-            let params: u64 = self.buckets().iter().filter(|b| b.chunk == chunk).map(|b| b.params).sum();
-            let weights = layout.weights.bytes(params, p.dp);
-            let grads = layout.grads.bytes(params, p.dp);
-            let optim = layout.optimizer.bytes(params, p.dp);
+            let (dense, expert) = moe::split_params(self.buckets().iter().filter(|b| b.chunk == chunk));
+            // Expert state shards over the expert-data-parallel group, the rest over dp.
+            let edp = p.expert_dp().max(1) as u32;
+            let by = |per: crate::accounting::states::PerParam| per.bytes(dense, p.dp) + per.bytes(expert, edp);
+            let weights = by(layout.weights);
+            let grads = by(layout.grads);
+            let optim = by(layout.optimizer);
             for (class, bytes, what) in [
                 (BufClass::Params, weights, "params"),
                 (BufClass::Grads, grads, "grads"),

@@ -1,5 +1,6 @@
 //! Parameter accounting per ZeRO unit: how many parameters one tensor-parallel rank holds
-//! of a layer or an embedding piece ([`crate::accounting::params`] does the counting).
+//! of a layer or an embedding piece ([`crate::accounting::params`] does the counting; a
+//! mixture-of-experts layer's dense part and local experts, [`crate::plan::moe`]).
 
 use crate::accounting::params::{embedding_params, layer_params};
 use crate::plan::lowered::Unit;
@@ -13,7 +14,13 @@ pub fn unit_params(s: &Scenario, unit: Unit) -> u64 {
     match unit {
         Unit::WordEmbedding | Unit::OutputLayer => word / t,
         Unit::PosEmbedding => pos,
+        Unit::Layer(l) if m.is_moe_layer(l) => {
+            let (sharded, replicated) = crate::plan::moe::moe_dense_params(m);
+            sharded / t + replicated
+        }
         Unit::Layer(_) => layer_params(m).per_rank(s.parallel.tp),
+        Unit::Experts(l) if m.is_moe_layer(l) => crate::plan::moe::local_expert_params(m, &s.parallel),
+        Unit::Experts(_) => 0,
         Unit::FinalNorm => m.norm_params(),
     }
 }
