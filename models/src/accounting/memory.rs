@@ -258,13 +258,23 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     stage_params(m, p)
         .into_iter()
         .map(|sp| {
-            let psi = sp.per_rank();
-            let (weights_bytes, grads_bytes, optimizer_bytes) = layout_state_bytes(psi, &layout, p.dp);
+            // A MoE model's stage: expert state shards over the expert-data-parallel group,
+            // and its layers save what `moe::moe_stage` counts.
+            let moe = m.moe.is_some().then(|| moe::moe_stage(s, &sp));
+            let (psi, (weights_bytes, grads_bytes, optimizer_bytes)) = match &moe {
+                Some(x) => {
+                    let d = layout_state_bytes(x.dense_params, &layout, p.dp);
+                    let e = layout_state_bytes(x.expert_params, &layout, p.expert_dp().max(1) as u32);
+                    (x.dense_params + x.expert_params, (d.0 + e.0, d.1 + e.1, d.2 + e.2))
+                }
+                None => (sp.per_rank(), layout_state_bytes(sp.per_rank(), &layout, p.dp)),
+            };
+            let per_layer = moe.as_ref().map_or(per_layer, |x| x.per_layer);
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
             let activations_bytes = if p.schedule.splits_backward() {
-                let wgrad = weight_grad_bytes(m, b, dtype, p.tp);
+                let wgrad = moe.as_ref().map_or_else(|| weight_grad_bytes(m, b, dtype, p.tp), |x| x.wgrad);
                 layers_per_chunk * split_backward_peak(p, sp.stage, per_layer, wgrad)
             } else {
                 in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer
@@ -289,8 +299,10 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             }
             let mut transient_bytes = 0.0;
             if p.recompute == Recompute::Full {
-                transient_bytes +=
-                    layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash);
+                transient_bytes += moe.as_ref().map_or_else(
+                    || layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash),
+                    |x| x.full_rc,
+                );
             } else if p.recompute == Recompute::Selective && !flash {
                 transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t;
             }
@@ -317,7 +329,9 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             if p.zero >= 2 {
                 // The full gradient of the largest unit, before its reduce-scatter, in the
                 // framework's reduction dtype (fp32 for FSDP2).
-                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp);
+                let layer = moe
+                    .as_ref()
+                    .map_or_else(|| crate::accounting::params::layer_params(m).per_rank(p.tp), |x| x.largest_unit);
                 let vocab = if first || last { m.vocab as u64 * m.hidden as u64 / p.tp as u64 } else { 0 };
                 transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
             }

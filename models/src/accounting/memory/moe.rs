@@ -6,10 +6,61 @@
 //! output gradients its deferred weight passes read under a split backward (ZB).
 
 use crate::accounting::memory::{layer_activation_bytes, weight_grad_bytes};
+use crate::accounting::params::StageParams;
 use crate::model::{Activation, ModelSpec};
 use crate::parallel::{ParallelConfig, Recompute};
+use crate::plan::lowered::Unit;
 use crate::plan::moe::MoeShape;
-use crate::scenario::Dtype;
+use crate::scenario::{Dtype, Scenario};
+
+/// What a stage of a MoE model holds and saves, as the plan counts it: parameters per rank
+/// apart (dense ones shard over dp, expert ones over the expert-data-parallel group) and
+/// the per-layer averages and maxima of its layers' activations.
+pub(super) struct MoeStage {
+    pub dense_params: u64,
+    pub expert_params: u64,
+    /// Mean saved activations per layer and microbatch, under the split's recomputation.
+    pub per_layer: f64,
+    /// Mean deferred weight-pass gradients per layer (ZB).
+    pub wgrad: f64,
+    /// The largest layer's activations without recomputation (full recomputation's working set).
+    pub full_rc: f64,
+    /// The largest unit's parameters (ZeRO-2's full-gradient bucket).
+    pub largest_unit: u64,
+}
+
+pub(super) fn moe_stage(s: &Scenario, sp: &StageParams) -> MoeStage {
+    let (m, p, dtype) = (&s.model, &s.parallel, s.training.storage_dtype());
+    let flash = s.training.flash_attention;
+    let pipe = p.pipeline();
+    let layers: Vec<u32> = (0..p.vpp).flat_map(|c| p.chunk_layers(m, pipe.vstage(c, sp.stage))).collect();
+    let unit = |u| crate::plan::lower::unit_params(s, u);
+    let dense_layers: u64 = layers.iter().map(|l| unit(Unit::Layer(*l))).sum();
+    let expert_params: u64 = layers.iter().map(|l| unit(Unit::Experts(*l))).sum();
+    let act = |l: u32, rc: Recompute| {
+        if m.is_moe_layer(l) {
+            moe_layer_activation_bytes(m, p, dtype, rc, flash)
+        } else {
+            layer_activation_bytes(m, p.micro_batch, dtype, p.tp, p.sequence_parallel, rc, flash)
+        }
+    };
+    let wgrad = |l: u32| {
+        if m.is_moe_layer(l) {
+            moe_weight_grad_bytes(m, p, dtype)
+        } else {
+            weight_grad_bytes(m, p.micro_batch, dtype, p.tp)
+        }
+    };
+    let n = layers.len().max(1) as f64;
+    MoeStage {
+        dense_params: dense_layers + sp.embedding_params + sp.head_params,
+        expert_params,
+        per_layer: layers.iter().map(|l| act(*l, p.recompute)).sum::<f64>() / n,
+        wgrad: layers.iter().map(|l| wgrad(*l)).sum::<f64>() / n,
+        full_rc: layers.iter().map(|l| act(*l, Recompute::None)).fold(0.0, f64::max),
+        largest_unit: layers.iter().flat_map(|l| [unit(Unit::Layer(*l)), unit(Unit::Experts(*l))]).max().unwrap_or(0),
+    }
+}
 
 /// The dense MLP's internals a dense layer saves on one tp rank: 2|3 tensors of f/t per token.
 fn dense_mlp_internals(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> f64 {
