@@ -30,6 +30,25 @@ fn moe_scenario(
     moe_scenario_with(family, tp, pp, dp, ep, schedule, zero, m, "", extra)
 }
 
+/// As [`moe_scenario`] with `mtp` multi-token-prediction modules.
+#[allow(clippy::too_many_arguments)]
+fn mtp_scenario(
+    family: &str,
+    tp: u32,
+    pp: u32,
+    dp: u32,
+    ep: u32,
+    schedule: Schedule,
+    zero: u8,
+    m: u32,
+    mtp: u32,
+    extra: &str,
+) -> Result<Scenario, String> {
+    let text = moe_scenario(family, tp, pp, dp, ep, schedule, zero, m, extra)?.to_toml();
+    let text = text.replacen("[model]\n", &format!("[model]\nmtp_layers = {mtp}\n"), 1);
+    Scenario::from_toml(&text, "mtp", "mtp", &[]).map_err(|e| e.to_string())
+}
+
 /// As [`moe_scenario`], with more keys of `[model.moe]` (`moe_extra`).
 #[allow(clippy::too_many_arguments)]
 fn moe_scenario_with(
@@ -74,11 +93,15 @@ fn moe_step_flops(s: &Scenario) -> f64 {
         + 2.0 * h * moe.experts as f64
         + 2.0 * mats * h * moe.expert_ffn_hidden as f64 * moe.top_k as f64
         + 2.0 * mats * h * (moe.shared_experts * moe.shared_ffn_hidden) as f64;
-    let layers: f64 = (0..m.layers).map(|l| if m.is_moe_layer(l) { moe_layer } else { dense }).sum();
-    let fwd = tokens * (layers + logits_forward_flops_per_token(m) as f64);
+    let all = m.layers + m.mtp_layers;
+    let layers: f64 = (0..all).map(|l| if m.is_moe_layer(l) { moe_layer } else { dense }).sum();
+    // Each multi-token-prediction depth: its layer (above), eh_proj (2·2h·h) and a head.
+    let logits = logits_forward_flops_per_token(m) as f64;
+    let mtp = m.mtp_layers as f64 * (4.0 * h * h + logits);
+    let fwd = tokens * (layers + logits + mtp);
     let recompute = match s.parallel.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => tokens * m.layers as f64 * attention_core_forward_flops_per_token(m) as f64,
+        Recompute::Selective => tokens * all as f64 * attention_core_forward_flops_per_token(m) as f64,
         Recompute::Full => tokens * layers,
     };
     3.0 * fwd + recompute
@@ -117,6 +140,37 @@ fn plan_flops_are_the_moe_step_flops() {
         let want = moe_step_flops(&s);
         let got = plan_flops(&plan);
         assert!((got - want).abs() <= want * 1e-12, "{family} tp{tp} pp{pp} dp{dp} ep{ep}: plan {got} vs {want}");
+    }
+}
+
+/// Multi-token prediction (DeepSeek-V3's one depth, or two): the plan's FLOPs gain each
+/// depth's layer, projection and head, and every split verifies.
+#[test]
+fn mtp_modules_are_costed_on_the_last_stage() {
+    for (family, tp, pp, dp, ep, sched, zero, mtp, rc) in [
+        ("llama", 1, 1, 2, 2, Schedule::OneFOneB, 0, 1, "none"),
+        ("llama", 2, 2, 2, 4, Schedule::OneFOneB, 1, 2, "full"),
+        ("gpt", 2, 2, 1, 2, Schedule::ZbH1, 2, 1, "selective"),
+        ("llama", 1, 2, 2, 2, Schedule::Interleaved, 1, 1, "none"),
+    ] {
+        let s = mtp_scenario(family, tp, pp, dp, ep, sched, zero, 4, mtp, &format!("recompute = \"{rc}\"\n")).unwrap();
+        let plan = lower(&s).unwrap();
+        verify(&plan).unwrap_or_else(|e| panic!("{e}\n{}", s.to_toml()));
+        let want = moe_step_flops(&s);
+        let got = plan_flops(&plan);
+        assert!((got - want).abs() <= want * 1e-12, "{family} tp{tp} pp{pp} mtp{mtp}: plan {got} vs {want}");
+        // The MTP ops sit on the last stage only.
+        let mtp_ops = |stage: usize| {
+            plan.programs[stage]
+                .ops
+                .iter()
+                .filter(|o| matches!(&o.kind, OpKind::Compute(c) if c.piece == Piece::MtpProj))
+                .count()
+        };
+        assert_eq!(mtp_ops(pp as usize - 1), (3 * mtp * plan.scenario.parallel.microbatches()) as usize);
+        if pp > 1 {
+            assert_eq!(mtp_ops(0), 0);
+        }
     }
 }
 
@@ -206,7 +260,7 @@ prop_compose! {
                           ep in prop::sample::select(vec![1u32, 2, 4, 8]), sched in 0usize..Schedule::ALL.len(),
                           zero in 0u8..3, rc in 0usize..3, mfac in 1u32..4, gelu: bool,
                           bucket in prop::sample::select(vec![0.001f64, 1.0]), cf in prop::sample::select(vec![0.0f64, 0.5, 1.25]),
-                          overlap_grad: bool, overlap_param: bool, clip: bool) -> Option<Scenario> {
+                          overlap_grad: bool, overlap_param: bool, clip: bool, mtp in 0u32..3) -> Option<Scenario> {
         let schedule = Schedule::ALL[sched];
         let m = if schedule == Schedule::Interleaved { pp * mfac } else { mfac + pp / 2 };
         let extra = format!(
@@ -214,7 +268,9 @@ prop_compose! {
              [training]\ngrad_clip = {}\n",
             Recompute::ALL[rc].key(), if clip { 1.0 } else { 0.0 });
         let moe = if cf > 0.0 { format!("capacity_factor = {cf}\n") } else { String::new() };
-        moe_scenario_with(if gelu { "gpt" } else { "llama" }, tp, pp, dp, ep, schedule, zero, m, &moe, &extra).ok()
+        let s = moe_scenario_with(if gelu { "gpt" } else { "llama" }, tp, pp, dp, ep, schedule, zero, m, &moe, &extra).ok()?;
+        let text = s.to_toml().replacen("[model]\n", &format!("[model]\nmtp_layers = {mtp}\n"), 1);
+        Scenario::from_toml(&text, "prop", "prop", &[]).ok()
     }
 }
 
@@ -254,18 +310,21 @@ fn program_order_peak(p: &Program) -> u64 {
 /// The plan's Alloc/Free peak of a Mixtral-like MoE (Llama-3 70B shapes, 8 experts top-2,
 /// the first layer dense) agrees with the analytic memory within 3% on every stage, as the
 /// dense plans do (`models/tests/plan.rs`): expert state sharded over the expert-data-parallel
-/// group and the MoE activations are counted alike.
+/// group, the MoE activations and the multi-token-prediction modules on the last stage are
+/// counted alike.
 #[test]
 fn moe_alloc_free_peak_agrees_with_the_analytic_model() {
     use strata_models::accounting::memory::stage_memory;
-    for (tp, pp, dp, ep, sched, zero, rc) in [
-        (4, 4, 4, 8, Schedule::OneFOneB, 1, Recompute::Selective),
-        (2, 4, 8, 16, Schedule::OneFOneB, 2, Recompute::None),
-        (4, 4, 4, 4, Schedule::ZbH1, 1, Recompute::Selective),
-        (8, 2, 4, 8, Schedule::Gpipe, 0, Recompute::Full),
+    for (tp, pp, dp, ep, sched, zero, rc, mtp) in [
+        (4, 4, 4, 8, Schedule::OneFOneB, 1, Recompute::Selective, 0),
+        (2, 4, 8, 16, Schedule::OneFOneB, 2, Recompute::None, 0),
+        (4, 4, 4, 4, Schedule::ZbH1, 1, Recompute::Selective, 0),
+        (8, 2, 4, 8, Schedule::Gpipe, 0, Recompute::Full, 0),
+        (4, 4, 4, 8, Schedule::OneFOneB, 1, Recompute::Selective, 1),
+        (2, 4, 8, 16, Schedule::OneFOneB, 2, Recompute::None, 2),
     ] {
         let text = format!(
-            "[model]\npreset = \"llama3-70b\"\n[model.moe]\nexperts = 16\ntop_k = 2\nexpert_ffn_hidden = 7168\ndense_layers = 1\n\
+            "[model]\npreset = \"llama3-70b\"\nmtp_layers = {mtp}\n[model.moe]\nexperts = 16\ntop_k = 2\nexpert_ffn_hidden = 7168\ndense_layers = 1\n\
              [cluster]\npreset = \"dgx-h100\"\nnodes = {}\n[parallel]\ntp = {tp}\npp = {pp}\ndp = {dp}\nep = {ep}\nschedule = \"{}\"\n\
              global_batch = {}\nzero = {zero}\nrecompute = \"{}\"\nsequence_parallel = true\n[training]\nframework = \"strata\"\n",
             tp * pp * dp / 8,
@@ -282,7 +341,7 @@ fn moe_alloc_free_peak_agrees_with_the_analytic_model() {
             let err = (ours / theirs - 1.0).abs();
             assert!(
                 err < 0.03,
-                "tp{tp} pp{pp} dp{dp} ep{ep} {sched:?} zero{zero} {rc:?} stage {stage}: plan {ours:.4e} vs analytic {theirs:.4e} ({:.2}%)",
+                "tp{tp} pp{pp} dp{dp} ep{ep} {sched:?} zero{zero} {rc:?} mtp{mtp} stage {stage}: plan {ours:.4e} vs analytic {theirs:.4e} ({:.2}%)",
                 err * 100.0
             );
         }

@@ -260,7 +260,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
         .map(|sp| {
             // A MoE model's stage: expert state shards over the expert-data-parallel group,
             // and its layers save what `moe::moe_stage` counts.
-            let moe = m.moe.is_some().then(|| moe::moe_stage(s, &sp));
+            let moe = (m.moe.is_some() || m.mtp_layers > 0).then(|| moe::moe_stage(s, &sp));
             let (psi, (weights_bytes, grads_bytes, optimizer_bytes)) = match &moe {
                 Some(x) => {
                     let d = layout_state_bytes(x.dense_params, &layout, p.dp);
@@ -281,6 +281,8 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             };
             let first = sp.stage == 0;
             let last = sp.stage == p.pp - 1;
+            let mtp_act = moe.as_ref().map_or(0.0, |x| x.mtp_act) * in_flight(p, sp.stage) as f64;
+            let activations_bytes = activations_bytes + mtp_act;
             // Microbatches in flight on this stage (for the embedding and logits buffers).
             let mbs_in_flight = p.schedule.edge_in_flight(p.pp, p.vpp, p.microbatches(), sp.stage) as f64;
             let mut embedding_logits_bytes = 0.0;
@@ -296,6 +298,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 // deferred weight pass.
                 let held = mbs_in_flight;
                 embedding_logits_bytes += held * head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) as f64;
+                embedding_logits_bytes += held * moe.as_ref().map_or(0.0, |x| x.mtp_head);
             }
             let mut transient_bytes = 0.0;
             if p.recompute == Recompute::Full {

@@ -131,6 +131,15 @@ pub fn piece_cost(
     match (piece, phase) {
         // Context-parallel pieces: not costed yet (the lowering does not emit them yet).
         (Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj, _) => cost(vec![], None, 0, 0),
+        // Two norms (the hidden state's and the shifted embedding's), the concatenation and
+        // the column-parallel 2h → h projection over all T tokens.
+        (Piece::MtpProj, Phase::Forward) => {
+            cost(vec![gemm(x.tokens, x.q_t, 2 * x.h)], None, 2 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+        }
+        (Piece::MtpProj, Phase::BackwardInput) => {
+            cost(vec![gemm(x.tokens, 2 * x.h, x.q_t)], None, 4 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+        }
+        (Piece::MtpProj, _) => cost(vec![gemm(2 * x.h, x.q_t, x.tokens)], None, 2 * x.tokens * x.h * x.e, 1),
         (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => match MoeShape::new(m, p, dtype) {
             Some(moe) => moe::moe_piece_cost(&moe, piece, phase),
             None => cost(vec![], None, 0, 0),

@@ -3,9 +3,10 @@
 //! probabilities and top-k, the permuted tokens, the experts' internals, the combined
 //! expert outputs and the shared experts' internals ([`crate::plan::moe::MoeShape`]);
 //! under full recomputation only the layer input, as for a dense layer. Likewise the
-//! output gradients its deferred weight passes read under a split backward (ZB).
+//! output gradients its deferred weight passes read under a split backward (ZB), and the
+//! stage totals the analytic memory takes from them ([`moe_stage`]).
 
-use crate::accounting::memory::{layer_activation_bytes, weight_grad_bytes};
+use crate::accounting::memory::{head_buffer_bytes, layer_activation_bytes, weight_grad_bytes};
 use crate::accounting::params::StageParams;
 use crate::model::{Activation, ModelSpec};
 use crate::parallel::{ParallelConfig, Recompute};
@@ -13,9 +14,10 @@ use crate::plan::lowered::Unit;
 use crate::plan::moe::MoeShape;
 use crate::scenario::{Dtype, Scenario};
 
-/// What a stage of a MoE model holds and saves, as the plan counts it: parameters per rank
-/// apart (dense ones shard over dp, expert ones over the expert-data-parallel group) and
-/// the per-layer averages and maxima of its layers' activations.
+/// What a stage of a MoE model (or one with multi-token prediction) holds and saves, as
+/// the plan counts it: parameters per rank apart (dense ones shard over dp, expert ones
+/// over the expert-data-parallel group), the per-layer averages and maxima of its layers'
+/// activations, and on the last stage the multi-token-prediction modules'.
 pub(super) struct MoeStage {
     pub dense_params: u64,
     pub expert_params: u64,
@@ -27,6 +29,10 @@ pub(super) struct MoeStage {
     pub full_rc: f64,
     /// The largest unit's parameters (ZeRO-2's full-gradient bucket).
     pub largest_unit: u64,
+    /// Multi-token prediction on the last stage, per microbatch held: its layers'
+    /// activations with the projection's saved input, and its heads' buffers.
+    pub mtp_act: f64,
+    pub mtp_head: f64,
 }
 
 pub(super) fn moe_stage(s: &Scenario, sp: &StageParams) -> MoeStage {
@@ -34,9 +40,11 @@ pub(super) fn moe_stage(s: &Scenario, sp: &StageParams) -> MoeStage {
     let flash = s.training.flash_attention;
     let pipe = p.pipeline();
     let layers: Vec<u32> = (0..p.vpp).flat_map(|c| p.chunk_layers(m, pipe.vstage(c, sp.stage))).collect();
+    let mtp: Vec<u32> = if sp.stage + 1 == p.pp { (m.layers..m.layers + m.mtp_layers).collect() } else { vec![] };
     let unit = |u| crate::plan::lower::unit_params(s, u);
-    let dense_layers: u64 = layers.iter().map(|l| unit(Unit::Layer(*l))).sum();
-    let expert_params: u64 = layers.iter().map(|l| unit(Unit::Experts(*l))).sum();
+    let owned = || layers.iter().chain(&mtp);
+    let dense_layers: u64 = owned().map(|l| unit(Unit::Layer(*l))).sum();
+    let expert_params: u64 = owned().map(|l| unit(Unit::Experts(*l))).sum();
     let act = |l: u32, rc: Recompute| {
         if m.is_moe_layer(l) {
             moe_layer_activation_bytes(m, p, dtype, rc, flash)
@@ -52,13 +60,16 @@ pub(super) fn moe_stage(s: &Scenario, sp: &StageParams) -> MoeStage {
         }
     };
     let n = layers.len().max(1) as f64;
+    let sbh_e = p.micro_batch as f64 * m.seq_len as f64 * m.hidden as f64 * dtype.bytes() as f64;
     MoeStage {
         dense_params: dense_layers + sp.embedding_params + sp.head_params,
         expert_params,
         per_layer: layers.iter().map(|l| act(*l, p.recompute)).sum::<f64>() / n,
         wgrad: layers.iter().map(|l| wgrad(*l)).sum::<f64>() / n,
         full_rc: layers.iter().map(|l| act(*l, Recompute::None)).fold(0.0, f64::max),
-        largest_unit: layers.iter().flat_map(|l| [unit(Unit::Layer(*l)), unit(Unit::Experts(*l))]).max().unwrap_or(0),
+        largest_unit: owned().flat_map(|l| [unit(Unit::Layer(*l)), unit(Unit::Experts(*l))]).max().unwrap_or(0),
+        mtp_act: mtp.iter().map(|l| act(*l, p.recompute) + 2.0 * sbh_e).sum(),
+        mtp_head: mtp.len() as f64 * head_buffer_bytes(m, p.micro_batch, dtype, p.tp, p.sequence_parallel) as f64,
     }
 }
 

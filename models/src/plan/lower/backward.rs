@@ -25,6 +25,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
             grad_in = Some(buf);
         } else {
+            self.mtp_backward(chunk, mb, split);
             self.head_backward(chunk, mb, split);
         }
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
@@ -206,7 +207,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             );
         }
         self.release_gathered(&pbufs, prev);
-        if !split {
+        if !split && !self.is_mtp(layer) {
             self.layer_done(layer, mb, chunk, prev);
         }
         first
@@ -254,22 +255,28 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn backward_weight(&mut self, chunk: u32, mb: u32) {
         let vs = self.vstage(chunk);
         if vs == self.last_vs {
+            self.mtp_weight(chunk, mb);
             self.head_weight(chunk, mb, None);
         }
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
         for layer in layers {
             let act = self.act[&(layer, mb)];
-            if self.s().model.is_moe_layer(layer) {
-                self.moe_weight(layer, mb, chunk, act);
-            } else {
-                self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
-            }
-            let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act, None);
+            let op = self.layer_weight(layer, mb, chunk, act);
             self.layer_done(layer, mb, chunk, op);
         }
         if vs == 0 {
             self.embed_backward(chunk, mb);
         }
+    }
+
+    /// The weight passes of one layer (ZB's W slot): its MLP half's, then its attention's.
+    pub(super) fn layer_weight(&mut self, layer: u32, mb: u32, chunk: u32, act: BufId) -> OpId {
+        if self.s().model.is_moe_layer(layer) {
+            self.moe_weight(layer, mb, chunk, act);
+        } else {
+            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+        }
+        self.piece_weight(Piece::Attn, layer, mb, chunk, act, None)
     }
 
     pub(super) fn embed_backward(&mut self, chunk: u32, mb: u32) {

@@ -22,6 +22,13 @@ pub(super) fn stage_buckets(s: &Scenario, stage: u32) -> Vec<Bucket> {
         let vs = pipe.vstage(chunk, stage);
         let mut units = Vec::new();
         if vs == pipe.last_vstage() {
+            // Multi-token-prediction modules finish their backward first, deepest first.
+            for l in (m.layers..m.layers + m.mtp_layers).rev() {
+                if m.is_moe_layer(l) {
+                    units.push(Unit::Experts(l));
+                }
+                units.push(Unit::Layer(l));
+            }
             if m.tied_embeddings() {
                 if p.pp > 1 {
                     units.push(Unit::WordEmbedding);

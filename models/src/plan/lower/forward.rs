@@ -67,6 +67,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
         if vs == self.last_vs {
             self.head_forward(chunk, mb);
+            self.mtp_forward(chunk, mb);
         } else {
             let bytes = self.residual_bytes();
             let after = self.last_compute.expect("a chunk has layers");

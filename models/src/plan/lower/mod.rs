@@ -34,7 +34,7 @@
 //!
 //! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
 //! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
-//! passes (`moe` a mixture-of-experts layer's MLP half), `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! passes (`moe` a mixture-of-experts layer's MLP half, `mtp` multi-token prediction), `zero` the data-parallel parameter and gradient traffic, `step` the end of the
 //! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
 
 mod backward;
@@ -43,6 +43,7 @@ mod emit;
 mod forward;
 mod modules;
 mod moe;
+mod mtp;
 mod step;
 mod units;
 mod zero;
@@ -114,6 +115,7 @@ impl<'a> Planner<'a> {
             costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.storage_dtype()).1));
         }
         let moe_out_ids = moe::moe_costs(s, &mut costs, &mut cost_ids);
+        mtp::mtp_costs(s, &mut costs, &mut cost_ids);
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
         // runs it (forward, recomputation, backward), charged to the piece as a copy of its
         // cost with the host time beside it.
@@ -210,6 +212,8 @@ struct StageLowering<'p, 'a> {
     /// mb → embedding / head buffers (only chunk 0 embeds, only the last chunk has the head).
     embed_buf: BTreeMap<u32, BufId>,
     head_buf: BTreeMap<u32, BufId>,
+    /// (MTP layer, mb) → a multi-token-prediction head's buffer.
+    mtp_head_buf: BTreeMap<(u32, u32), BufId>,
     /// (chunk, unit) → index of its bucket.
     unit_bucket: BTreeMap<(u32, Unit), usize>,
     bucket_state: Vec<BucketState>,
@@ -257,6 +261,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             wgrad: BTreeMap::new(),
             embed_buf: BTreeMap::new(),
             head_buf: BTreeMap::new(),
+            mtp_head_buf: BTreeMap::new(),
             unit_bucket,
             bucket_state: buckets.iter().map(|_| BucketState::default()).collect(),
             param_ready: BTreeMap::new(),

@@ -49,6 +49,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let mut params: u64 = (0..p.vpp).map(|c| self.layers(c).map(replicated).sum::<u64>()).sum();
             if self.stage == p.pp - 1 {
                 params += m.norm_params();
+                // Multi-token-prediction modules: their layer's and their three norms.
+                params += (m.layers..m.layers + m.mtp_layers).map(|l| replicated(l) + 3 * m.norm_params()).sum::<u64>();
             }
             let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
             let bytes = owned * self.grad_reduce_bytes();
