@@ -3,9 +3,11 @@
 //! cuts its groups from a stage's ranks, every expert-parallel rank holds the same number
 //! of whole experts, a tensor-parallel MoE layer runs under sequence parallelism (the
 //! router and the token dispatcher see each rank's own tokens), and the router's top-k is
-//! within the experts. ZeRO-3 with experts is refused: the plan gathers whole units over
+//! within the experts; the MoE sizes are within their limits (`crate::limits`). ZeRO-3
+//! with experts is refused: the plan gathers whole units over
 //! the data-parallel group, and experts shard over a different one.
 
+use crate::limits::{MAX_CAPACITY_FACTOR, MAX_EXPERTS, MAX_FFN_HIDDEN, MAX_MTP_LAYERS, MAX_ROUTED_WIDTH};
 use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Violation};
 
@@ -16,6 +18,15 @@ pub(super) fn violations(p: &ParallelConfig, model: &ModelSpec) -> Vec<Violation
     if p.ep == 0 {
         bad("positive", "parallel.ep = 0: it must be at least 1".to_string());
         return v;
+    }
+    if model.mtp_layers as u64 > MAX_MTP_LAYERS {
+        bad(
+            "limit",
+            format!(
+                "model.mtp_layers = {} is over the limit of {MAX_MTP_LAYERS} (see docs/limits.md)",
+                model.mtp_layers
+            ),
+        );
     }
     let Some(moe) = &model.moe else {
         if p.ep > 1 {
@@ -39,6 +50,19 @@ pub(super) fn violations(p: &ParallelConfig, model: &ModelSpec) -> Vec<Violation
         );
         return v;
     }
+    let routed = moe.experts as u64 * moe.expert_ffn_hidden as u64;
+    let shared = moe.shared_experts as u64 * moe.shared_ffn_hidden as u64;
+    let cf_ok = moe.capacity_factor.is_none_or(|c| c > 0.0 && c <= MAX_CAPACITY_FACTOR);
+    if moe.experts as u64 > MAX_EXPERTS || routed > MAX_ROUTED_WIDTH || shared > MAX_FFN_HIDDEN || !cf_ok {
+        bad(
+            "limit",
+            format!(
+                "model.moe: experts = {} (at most {MAX_EXPERTS}), experts · expert_ffn_hidden = {routed} (at most {MAX_ROUTED_WIDTH}), shared_experts · shared_ffn_hidden = {shared} (at most {MAX_FFN_HIDDEN}), capacity_factor = {:?} (above 0, at most {MAX_CAPACITY_FACTOR}): over a limit (see docs/limits.md)",
+                moe.experts, moe.capacity_factor
+            ),
+        );
+        return v;
+    }
     if moe.top_k > moe.experts {
         bad(
             "moe-top-k",
@@ -57,7 +81,6 @@ pub(super) fn violations(p: &ParallelConfig, model: &ModelSpec) -> Vec<Violation
             ),
         );
     }
-    let shared = moe.shared_experts as u64 * moe.shared_ffn_hidden as u64;
     if !shared.is_multiple_of(p.tp as u64) {
         bad(
             "tp-divides-shared-ffn",
