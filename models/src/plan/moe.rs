@@ -8,8 +8,10 @@
 //! dispatcher see the rank's own sequence shard; a tensor-parallel MoE layer requires
 //! sequence parallelism). Each token goes to k experts, so the dispatch sends R = T·k rows
 //! of h (all-to-all on the expert-parallel group, k·h·e bytes per token each way, the
-//! reference's §2); with a capacity factor cf each expert takes at most
-//! C = ⌈T·k/E · cf⌉ rows from a rank and R = min(T·k, E·C). The plan carries the balanced
+//! volume DeepEP and Megatron-core's dispatcher move without de-duplication); with a
+//! capacity factor cf each expert takes at most C = ⌈T·k/E · cf⌉ rows from a rank
+//! (Megatron-LM's `moe_utils.get_capacity`, `--moe-expert-capacity-factor`; unset =
+//! dropless) and R = min(T·k, E·C). The plan carries the balanced
 //! expectation: a rank's E/ep local experts receive R rows in all, R/(E/ep) each (the first
 //! R mod (E/ep) one row more), and the simulator draws the imbalance.
 
