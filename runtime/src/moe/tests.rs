@@ -1,6 +1,7 @@
 //! The MoE MLP against finite differences (input, router, experts, shared expert; softmax
-//! and sigmoid scores) and expert parallelism over threads against one rank holding every
-//! expert (outputs, input gradients, summed weight gradients).
+//! and sigmoid scores) and expert parallelism over threads (ep = 2, 4, 8) against one rank
+//! holding every expert: outputs and input gradients bit-identical, weight gradients within
+//! f32 rounding of the summation order.
 
 use std::sync::Arc;
 use std::thread;
@@ -152,7 +153,7 @@ fn local_slice(full: &[f32], r: usize, ep: usize) -> Vec<f32> {
 
 #[test]
 fn expert_parallel_ranks_match_one_rank_holding_every_expert() {
-    for ep in [2usize, 4] {
+    for ep in [2usize, 4, 8] {
         let full = seeded_vec(flat_len(E), 7, 0.5);
         let t = 5;
         let xs: Vec<Vec<f32>> = (0..ep).map(|r| seeded_vec(t * H, 200 + r as u64, 1.0)).collect();
@@ -182,14 +183,21 @@ fn expert_parallel_ranks_match_one_rank_holding_every_expert() {
             (out, dx, g)
         });
         let close = |a: &[f32], b: &[f32], what: &str| {
-            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1e-3 + y.abs())).fold(0.0f32, f32::max);
-            assert!(worst < 1e-5, "ep {ep}: {what} differs by {worst:e} (relative)");
+            // Against the tensor's largest entry: the expert gradients sum the same rows in
+            // another order (by source rank), so they differ by f32 rounding only.
+            let scale = b.iter().map(|y| y.abs()).fold(0.0f32, f32::max).max(1e-12);
+            let max_abs = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            if std::env::var_os("GRADCHECK_VERBOSE").is_some() {
+                eprintln!("ep {ep}: {what}: max |Δ| {max_abs:.2e}, of the largest entry {:.2e}", max_abs / scale);
+            }
+            assert!(max_abs <= 1e-5 * scale, "ep {ep}: {what} differs by {max_abs:e} (largest entry {scale:e})");
         };
         let mut router = vec![0.0f32; H * E];
         let mut shared = vec![0.0f32; expert_len(FS)];
         for (r, (out, dx, g)) in got.iter().enumerate() {
-            close(out, &ref_out[r].0, &format!("rank {r} output"));
-            close(dx, &ref_out[r].1, &format!("rank {r} input gradient"));
+            // Each token's rows meet the same weights in the same order on either side.
+            assert_eq!(out, &ref_out[r].0, "ep {ep}: rank {r}'s output");
+            assert_eq!(dx, &ref_out[r].1, "ep {ep}: rank {r}'s input gradient");
             // Local experts' gradients are the reference's for those experts.
             let n = E / ep;
             let at = H * E + r * n * expert_len(F);
