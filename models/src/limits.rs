@@ -14,6 +14,12 @@
 //! | `model.hidden` | 1 | 131,072 (2^17) | 5× GPT-1T's 25,600 |
 //! | `model.heads`, `model.kv_heads` | 1 | 4,096 | 25× GPT-1T's 160 |
 //! | `model.ffn_hidden` | 1 | 524,288 (2^19) | 5× GPT-1T's 102,400 |
+//! | `model.moe.experts` | 1 | 4,096 | 16× DeepSeek-V3's 256 |
+//! | `model.moe.experts · expert_ffn_hidden` | 1 | 8,388,608 (2^23) | 8× Llama 4 Maverick's 128 · 8192 |
+//! | `model.moe.shared_experts · shared_ffn_hidden` | 0 | 524,288 (2^19) | as `model.ffn_hidden` |
+//! | `model.moe.capacity_factor` | > 0 | 64 | finite; Switch uses 1–2 |
+//! | `model.mtp_layers` | 0 | 16 | DeepSeek-V3 trains with 1 |
+//! | `parallel.ep` | 1 | tp · cp · dp | divides it and the experts |
 //! | `model.vocab` | 1 | 4,194,304 (2^22) | 16× Gemma's 256k |
 //! | `model.seq_len` | 1 | 1,048,576 (2^20) | million-token contexts |
 //! | `model.moe.experts`, `model.moe.top_k` | 1 | 1,024 | 4× DeepSeek-V3's 256 routed experts |
@@ -74,6 +80,11 @@ pub const MAX_LAYERS: u64 = 4096;
 pub const MAX_HIDDEN: u64 = 1 << 17;
 pub const MAX_HEADS: u64 = 4096;
 pub const MAX_FFN_HIDDEN: u64 = 1 << 19;
+/// experts · expert_ffn_hidden: all routed experts' width in one layer (8× Llama 4
+/// Maverick's 128 · 8192 = 2^20), so a MoE model's parameters stay within the dense bound.
+pub const MAX_ROUTED_WIDTH: u64 = 1 << 23;
+/// The router's capacity factor (Switch Transformer uses 1–2).
+pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
 pub const MAX_VOCAB: u64 = 1 << 22;
 pub const MAX_SEQ_LEN: u64 = 1 << 20;
 pub const MAX_EXPERTS: u64 = 1024;
@@ -167,6 +178,15 @@ pub fn check_model(m: &ModelSpec) -> Result<(), String> {
         r.int("model.moe.shared_experts", e.shared_experts.into(), 0, MAX_SHARED_EXPERTS);
         r.int("model.moe.shared_ffn_hidden", e.shared_ffn_hidden.into(), 0, MAX_FFN_HIDDEN);
         r.int("model.moe.dense_layers", e.dense_layers.into(), 0, MAX_LAYERS);
+        r.int(
+            "model.moe.experts · expert_ffn_hidden",
+            e.experts as u64 * e.expert_ffn_hidden as u64,
+            1,
+            MAX_ROUTED_WIDTH,
+        );
+        if let Some(c) = e.capacity_factor {
+            r.real("model.moe.capacity_factor", c, 0.0, MAX_CAPACITY_FACTOR, "");
+        }
     }
     if let Some(a) = &m.mla {
         r.int("model.mla.q_lora_rank", a.q_lora_rank.into(), 0, MAX_HIDDEN);

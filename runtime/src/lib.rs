@@ -10,6 +10,9 @@
 //! - [`shard`]: what tensor-parallel rank r of t holds ([`shard::ShardDims`]);
 //! - [`params`]: the flat per-chunk parameter buffer, its fixed order, views, init, sharding;
 //! - [`embed`], [`layer`], [`head`]: the model pieces and what each saves for backward;
+//!   [`moe`]: a mixture-of-experts MLP (router, experts, shared expert) on one
+//!   expert-parallel rank with its dispatch and combine all-to-alls (not yet driven by the
+//!   plan interpreter);
 //! - [`optim`]: AdamW on an (offset, size) ZeRO shard, gradient clipping in two halves;
 //! - [`reference`]: the single-rank trainer, the oracle for parallel runs;
 //! - [`data`]: a Markov corpus of known entropy rate and a byte-level text loader;
@@ -97,6 +100,7 @@ pub mod kernels;
 pub mod layer;
 pub mod matmul;
 pub mod micro;
+pub mod moe;
 pub mod optim;
 pub mod params;
 pub mod probe;

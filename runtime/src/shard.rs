@@ -75,6 +75,15 @@ impl ShardDims {
                 model.kv_heads, model.heads
             ));
         }
+        if let Some(moe) = &model.moe {
+            bad.push(format!(
+                "model.moe = {} experts top-{}; mixture-of-experts layers are not wired into the plan executor yet (runtime::moe has the layer itself)",
+                moe.experts, moe.top_k
+            ));
+        }
+        if model.mtp_layers > 0 {
+            bad.push(format!("model.mtp_layers = {}; multi-token prediction is not implemented", model.mtp_layers));
+        }
         if !bad.is_empty() {
             return Err(RuntimeError::UnsupportedModel { model: model.name.clone(), reason: bad.join("; ") });
         }

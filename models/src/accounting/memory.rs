@@ -41,6 +41,9 @@ use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Recompute};
 use crate::scenario::{Dtype, Scenario};
 
+mod moe;
+pub use moe::{moe_layer_activation_bytes, moe_weight_grad_bytes};
+
 /// Bytes of model state per parameter: (weights, gradients, optimizer state).
 pub fn state_bytes_per_param(dtype: Dtype) -> (u64, u64, u64) {
     match dtype {
@@ -257,17 +260,22 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
         .map(|sp| {
             let psi = sp.per_rank();
             let (weights_bytes, grads_bytes, optimizer_bytes) = crate::accounting::states::stage_state_bytes(s, &sp);
+            // A MoE model's layers save what `moe::moe_stage` counts.
+            let moe = (m.moe.is_some() || m.mtp_layers > 0).then(|| moe::moe_stage(s, &sp));
+            let per_layer = moe.as_ref().map_or(per_layer, |x| x.per_layer);
             // Layers per microbatch-chunk: the stage's layers over its chunks (uneven splits
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
             let activations_bytes = if p.schedule.splits_backward() {
-                let wgrad = weight_grad_bytes(m, b, dtype, p.tp);
+                let wgrad = moe.as_ref().map_or_else(|| weight_grad_bytes(m, b, dtype, p.tp), |x| x.wgrad);
                 layers_per_chunk * split_backward_peak(p, sp.stage, per_layer, wgrad)
             } else {
                 in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer
             };
             let first = sp.stage == 0;
             let last = sp.stage == p.pp - 1;
+            let mtp_act = moe.as_ref().map_or(0.0, |x| x.mtp_act) * in_flight(p, sp.stage) as f64;
+            let activations_bytes = activations_bytes + mtp_act;
             // Microbatches in flight on this stage (for the embedding and logits buffers).
             let mbs_in_flight = p.schedule.edge_in_flight(p.pp, p.vpp, p.microbatches(), sp.stage) as f64;
             let mut embedding_logits_bytes = 0.0;
@@ -283,11 +291,14 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 // deferred weight pass.
                 let held = mbs_in_flight;
                 embedding_logits_bytes += held * head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) as f64;
+                embedding_logits_bytes += held * moe.as_ref().map_or(0.0, |x| x.mtp_head);
             }
             let mut transient_bytes = 0.0;
             if p.recompute == Recompute::Full {
-                transient_bytes +=
-                    layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash);
+                transient_bytes += moe.as_ref().map_or_else(
+                    || layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash),
+                    |x| x.full_rc,
+                );
             } else if p.recompute == Recompute::Selective && !flash {
                 transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t;
             }
@@ -314,7 +325,9 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             if p.zero >= 2 {
                 // The full gradient of the largest unit, before its reduce-scatter, in the
                 // framework's reduction dtype (fp32 for FSDP2).
-                let layer = crate::accounting::params::layer_params(m).per_rank(p.tp);
+                let layer = moe
+                    .as_ref()
+                    .map_or_else(|| crate::accounting::params::layer_params(m).per_rank(p.tp), |x| x.largest_unit);
                 let vocab = if first || last { m.vocab as u64 * m.hidden as u64 / p.tp as u64 } else { 0 };
                 transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
             }

@@ -43,7 +43,10 @@
 use crate::model::{Activation, ModelSpec};
 use crate::parallel::ParallelConfig;
 use crate::plan::ir::{AttnShape, ComputeCost, Gemm, Phase, Piece};
+use crate::plan::moe::MoeShape;
 use crate::scenario::Dtype;
+
+mod moe;
 
 fn gemm(m: u64, n: u64, k: u64) -> Gemm {
     Gemm { m, n, k, batch: 1, fp8: false }
@@ -197,12 +200,21 @@ pub fn piece_cost(
     let rope_bytes = if x.rope { 2 * x.tokens * rope_width * x.e } else { 0 };
     let rope_kernels = u32::from(x.rope);
     match (piece, phase) {
-        // Context-parallel and mixture-of-experts pieces: not costed yet (the lowering does
-        // not emit them yet).
-        (
-            Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj | Piece::Router | Piece::Experts | Piece::SharedExperts,
-            _,
-        ) => cost(vec![], None, 0, 0),
+        // Context-parallel pieces: not costed yet (the lowering does not emit them yet).
+        (Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj, _) => cost(vec![], None, 0, 0),
+        // Two norms (the hidden state's and the shifted embedding's), the concatenation and
+        // the column-parallel 2h → h projection over all T tokens.
+        (Piece::MtpProj, Phase::Forward) => {
+            cost(vec![gemm(x.tokens, x.q_t, 2 * x.h)], None, 2 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+        }
+        (Piece::MtpProj, Phase::BackwardInput) => {
+            cost(vec![gemm(x.tokens, 2 * x.h, x.q_t)], None, 4 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+        }
+        (Piece::MtpProj, _) => cost(vec![gemm(2 * x.h, x.q_t, x.tokens)], None, 2 * x.tokens * x.h * x.e, 1),
+        (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => match MoeShape::new(m, p, dtype) {
+            Some(moe) => moe::moe_piece_cost(&moe, piece, phase),
+            None => cost(vec![], None, 0, 0),
+        },
         (Piece::Attn, Phase::Recompute) => cost(core_gemms(false), Some(core), softmax_fwd_bytes, 4),
         (Piece::Embed, Phase::Forward) => cost(vec![], None, 3 * x.tokens * x.h * x.e, 2),
         (Piece::Embed, _) => cost(vec![], None, x.tokens * x.h * (x.e + 4), 1),
@@ -258,6 +270,16 @@ pub fn piece_cost(
         (Piece::Logits, _) => cost(vec![gemm(x.v_t, x.h, x.tokens)], None, x.tokens * x.v_t * x.e, 1),
         (Piece::Loss, _) => cost(vec![], None, x.tokens * 3 * 4 * x.t, 1),
         (Piece::Optimizer, _) => cost(vec![], None, 0, 0),
+    }
+}
+
+/// `LayerOut` of a mixture-of-experts layer: the dense residual add plus the combine's
+/// un-permutation, probability weighting and shared add ([`moe`]'s `moe_layer_out`).
+pub fn moe_layer_out_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, phase: Phase) -> ComputeCost {
+    let dense = piece_cost(m, p, dtype, false, Piece::LayerOut, phase);
+    match MoeShape::new(m, p, dtype) {
+        Some(x) => moe::moe_layer_out(&x, dense),
+        None => dense,
     }
 }
 

@@ -102,6 +102,11 @@ pub enum Piece {
     Router,
     Experts,
     SharedExperts,
+    /// A multi-token-prediction module's input (DeepSeek-V3 §2.2, Megatron-core's
+    /// `MultiTokenPredictionLayer`): RMSNorm of the previous depth's hidden state and of
+    /// the embedding of the tokens `depth` ahead, their concatenation, and the 2h → h
+    /// projection `eh_proj`; `layer` is the module's layer index, model.layers + depth.
+    MtpProj,
     LayerOut,
     FinalNorm,
     Logits,
@@ -123,6 +128,7 @@ impl Piece {
             Piece::Router => "router",
             Piece::Experts => "experts",
             Piece::SharedExperts => "shared-experts",
+            Piece::MtpProj => "mtp-proj",
             Piece::LayerOut => "layer-out",
             Piece::FinalNorm => "final-norm",
             Piece::Logits => "logits",
@@ -145,6 +151,7 @@ impl Piece {
                 | Piece::Router
                 | Piece::Experts
                 | Piece::SharedExperts
+                | Piece::MtpProj
                 | Piece::LayerOut
         )
     }

@@ -22,6 +22,12 @@ pub enum Unit {
     /// Learned position embeddings (GPT).
     PosEmbedding,
     Layer(u32),
+    /// The routed experts this rank holds of a mixture-of-experts layer (E/ep of them, not
+    /// tensor-parallel). Packed into buckets of their own, reduced over the
+    /// expert-data-parallel group (`CollPurpose::ExpertGradBucket`); ZeRO shards their state
+    /// over that group. The layer's attention, norms, router and shared experts stay in
+    /// `Layer`.
+    Experts(u32),
     FinalNorm,
     /// An untied output layer (Llama).
     OutputLayer,
@@ -35,6 +41,13 @@ pub struct Bucket {
     pub units: Vec<Unit>,
     /// Parameters per rank in the bucket, before ZeRO sharding.
     pub params: u64,
+}
+
+impl Bucket {
+    /// A bucket of expert units: reduced and sharded over `GroupKind::ExpertDp`.
+    pub fn is_expert(&self) -> bool {
+        self.units.first().is_some_and(|u| matches!(u, Unit::Experts(_)))
+    }
 }
 
 /// The lowered step: one program per pipeline stage, shared by every rank of the stage.

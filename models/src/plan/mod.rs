@@ -14,6 +14,7 @@ pub mod grid;
 pub mod ir;
 pub mod lower;
 pub mod lowered;
+pub mod moe;
 pub mod schedule;
 pub mod text;
 pub mod verify;

@@ -7,7 +7,11 @@
 //! reduce-scatter  member p sends part j of x_p to member j;   y_p = Σ_j (part p of x_j), j = 0…n−1
 //! all-gather      member p sends x_p to every other member;  y = x_0 ‖ x_1 ‖ … ‖ x_{n−1}
 //! broadcast       member 0 sends x_0 to every other member;   y = x_0
+//! all-to-all      member p sends block j of x_p to member j;  y_p = block p of x_0 ‖ … ‖ block p of x_{n−1}
 //! ```
+//!
+//! An all-to-all's blocks are equal parts of the input ([`Mailbox::post`]) or any sizes
+//! ([`Mailbox::post_all_to_all_v`], returned by sender with [`Mailbox::try_finish_blocks`]).
 //!
 //! Sums run in group order on every member, so every member gets the same bits, and so do
 //! repeated runs. Parts of a reduce-scatter are [`ZeroShard::split`]'s near-equal
@@ -203,13 +207,78 @@ impl Mailbox {
                 data
             }
             CollKind::AllToAll => {
-                return Err(CommError::Transport {
-                    rank: self.rank(),
-                    what: "all-to-all is not implemented by the CPU runtime (no plan piece uses it)".into(),
-                });
+                // Equal blocks: part j of the input goes to member j (as a reduce-scatter's).
+                let Payload::Shared { data: x, range } = data else { unreachable!("f32 data is shared above") };
+                let blocks = (0..n).map(|j| part(len, j, n)).map(|r| range.start + r.start..range.start + r.end);
+                return self.send_blocks(group, tag, x, blocks.collect(), len);
             }
         };
         Ok(Pending { tag, kind, members: group.members.clone(), position: me, own, len })
+    }
+
+    /// Posts an all-to-all with blocks of any sizes (MPI's `Alltoallv`; the expert-parallel
+    /// dispatch and combine of a MoE layer, whose counts the router decides): `blocks[j]`
+    /// goes to member j, and [`Mailbox::try_finish_blocks`] returns the block each member
+    /// sent this one. A message carries its own length (in process, and in the MPI
+    /// backend's encoding), so no separate exchange of counts is needed. Empty blocks are
+    /// sent too: every member hears from every other one.
+    pub fn post_all_to_all_v(
+        &mut self,
+        group: &Group,
+        implicit: bool,
+        blocks: Vec<Vec<f32>>,
+    ) -> Result<Pending, CommError> {
+        if blocks.len() != group.size() {
+            return Err(CommError::Transport {
+                rank: self.rank(),
+                what: format!("all-to-all-v with {} blocks on a group of {}", blocks.len(), group.size()),
+            });
+        }
+        let seq = self.seq.entry((group.kind, implicit)).or_insert(0);
+        let tag = Tag::Coll { group: group.kind, implicit, seq: *seq };
+        *seq += 1;
+        let mut flat = Vec::with_capacity(blocks.iter().map(Vec::len).sum());
+        let mut ranges = Vec::with_capacity(blocks.len());
+        for b in &blocks {
+            ranges.push(flat.len()..flat.len() + b.len());
+            flat.extend_from_slice(b);
+        }
+        let len = flat.len();
+        self.send_blocks(group, tag, Arc::new(flat), ranges, len)
+    }
+
+    /// Sends block `ranges[j]` of `x` to member j and keeps one's own.
+    fn send_blocks(
+        &mut self,
+        group: &Group,
+        tag: Tag,
+        x: Arc<Vec<f32>>,
+        ranges: Vec<std::ops::Range<usize>>,
+        len: usize,
+    ) -> Result<Pending, CommError> {
+        let me = group.position;
+        for (j, &to) in group.members.iter().enumerate() {
+            if j != me {
+                self.comm.send(to, tag, Payload::Shared { data: x.clone(), range: ranges[j].clone() })?;
+            }
+        }
+        let own = Payload::Shared { data: x, range: ranges[me].clone() };
+        Ok(Pending { tag, kind: CollKind::AllToAll, members: group.members.clone(), position: me, own, len })
+    }
+
+    /// The blocks of a finished all-to-all, by sending member, if every one arrived
+    /// (consuming them), else `None`.
+    pub fn try_finish_blocks(&mut self, p: &Pending) -> Option<Vec<Vec<f32>>> {
+        assert_eq!(p.kind, CollKind::AllToAll, "blocks of an all-to-all");
+        if !self.missing(p).is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(p.members.len());
+        for (j, &r) in p.members.iter().enumerate() {
+            let x = if j == p.position { p.own.clone() } else { self.take(p.tag, r).expect("checked by missing") };
+            out.push(f32s(&x, "all-to-all").to_vec());
+        }
+        Some(out)
     }
 
     /// Ranks whose contribution to `p` has not arrived yet.
@@ -256,7 +325,7 @@ impl Mailbox {
         }
         Some(match p.kind {
             CollKind::AllReduce | CollKind::ReduceScatter => sum_in_order(parts),
-            CollKind::AllGather => {
+            CollKind::AllGather | CollKind::AllToAll => {
                 let mut out = Vec::with_capacity(parts.iter().map(|x| f32s(x, "all-gather").len()).sum());
                 for x in &parts {
                     out.extend_from_slice(f32s(x, "all-gather"));
@@ -264,7 +333,7 @@ impl Mailbox {
                 Payload::F32(out)
             }
             CollKind::Broadcast => Payload::F32(f32s(&parts[0], "broadcast").to_vec()),
-            CollKind::AllToAll | CollKind::RingExchange => unreachable!("never posted / finished above"),
+            CollKind::RingExchange => unreachable!("finished above"),
         })
         .inspect(|out| {
             if p.kind == CollKind::ReduceScatter {
@@ -355,6 +424,42 @@ mod tests {
         assert_eq!((out[0].1.clone(), out[2].1.clone()), (vec![20.0, 22.0, 24.0], vec![26.0, 28.0]));
         assert_eq!(out[1].0, vec![1.0, 3.0]);
         assert_eq!(out[3].2, vec![40.0, 42.0, 44.0, 46.0, 48.0]);
+    }
+
+    #[test]
+    fn all_to_all_v_delivers_each_block_to_its_member_and_equal_all_to_all_concatenates() {
+        // Group [1, 2, 3] of 4 ranks (rank 0 is outside): member p sends (p·j) mod 3 copies
+        // of 10·p + j to member j — member 0 sends only empty blocks.
+        let out = on_ranks(4, |r, mb| {
+            if r == 0 {
+                return (vec![], vec![]);
+            }
+            let g = Group { kind: GroupKind::Ep, members: vec![1, 2, 3], position: (r - 1) as usize };
+            let p = g.position;
+            let blocks: Vec<Vec<f32>> = (0..3).map(|j| vec![(10 * p + j) as f32; (p * j) % 3]).collect();
+            let v = mb.post_all_to_all_v(&g, false, blocks).unwrap();
+            let eq =
+                mb.post(&g, CollKind::AllToAll, false, Payload::F32((0..6).map(|i| (r * 100 + i) as f32).collect()));
+            let eq = eq.unwrap();
+            let got = loop {
+                if let Some(b) = mb.try_finish_blocks(&v) {
+                    break b;
+                }
+                mb.poll(Duration::from_secs(5)).unwrap();
+            };
+            (got, finish(mb, &eq))
+        });
+        for p in 0..3usize {
+            let (blocks, eq) = &out[p + 1];
+            for (src, b) in blocks.iter().enumerate() {
+                assert_eq!(b, &vec![(10 * src + p) as f32; (src * p) % 3], "member {p} from {src}");
+            }
+            // Equal blocks of 2: member p gets elements 2p, 2p+1 of every member's input.
+            let want: Vec<f32> = (1..4u32)
+                .flat_map(|r| [(r * 100) as f32 + 2.0 * p as f32, (r * 100) as f32 + 2.0 * p as f32 + 1.0])
+                .collect();
+            assert_eq!(eq, &want);
+        }
     }
 
     #[test]

@@ -64,11 +64,11 @@ pub fn unit_range(layout: &ParamLayout, unit: Unit) -> Result<Range<usize>, Runt
         Unit::PosEmbedding => span(&|x| x.kind == ParamKind::Wpe),
         Unit::Layer(l) => span(&|x| x.layer == Some(l as usize)),
         Unit::FinalNorm => span(&|x| matches!(x.kind, ParamKind::LnfW | ParamKind::LnfB)),
-        Unit::OutputLayer => None,
+        Unit::OutputLayer | Unit::Experts(_) => None,
     };
     r.ok_or_else(|| {
         RuntimeError::BadSetting(format!(
-            "the plan names unit {unit:?}, which this chunk's parameters do not hold (untied output layers are not implemented)"
+            "the plan names unit {unit:?}, which this chunk's parameters do not hold (untied output layers and mixture-of-experts layers are not implemented)"
         ))
     })
 }

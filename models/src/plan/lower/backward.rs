@@ -4,7 +4,7 @@
 //! W pass, [`StageLowering::backward_weight`]). A layer's activations are freed and its
 //! gradient marked done once its last gradient op is emitted.
 
-use crate::accounting::memory::{layer_activation_bytes, layer_activation_parts};
+use crate::accounting::memory::layer_activation_parts;
 use crate::parallel::Recompute;
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
@@ -25,6 +25,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
             grad_in = Some(buf);
         } else {
+            self.mtp_backward(chunk, mb, split);
             self.head_backward(chunk, mb, split);
         }
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
@@ -116,17 +117,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut d: Vec<OpId> = deps.to_vec();
         d.extend(pdeps);
         if p.recompute == Recompute::Full {
-            let s = self.s();
-            let bytes = layer_activation_bytes(
-                &s.model,
-                p.micro_batch,
-                s.training.storage_dtype(),
-                p.tp,
-                p.sequence_parallel,
-                Recompute::None,
-                s.training.flash_attention,
-            )
-            .ceil() as u64;
+            let bytes = self.act_bytes_of(layer, Recompute::None);
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("recompute L{layer} mb{mb}"));
             self.recompute.insert((layer, mb), buf);
@@ -140,7 +131,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if split {
             // ZB-H1 defers the weight passes: the output gradients they read (of QKV, the
             // attention projection, FC1 and FC2) stay alive until then (freed with the layer).
-            let bytes = self.wgrad_bytes();
+            let bytes = self.wgrad_bytes_of(layer);
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("wgrad L{layer} mb{mb}"));
             self.wgrad.insert((layer, mb), buf);
@@ -152,6 +143,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let first = first.unwrap_or(op);
         let mut prev = op;
         for (piece, norm) in [(Piece::Mlp, Piece::MlpIn), (Piece::Attn, Piece::AttnIn)] {
+            if piece == Piece::Mlp && self.s().model.is_moe_layer(layer) {
+                let wait = self.moe_backward(layer, mb, chunk, split, prev, &bufs);
+                prev = self.compute(norm, Phase::BackwardInput, mb, chunk, layer, &wait, &bufs);
+                continue;
+            }
             let mut wait = Vec::new();
             let mut scores = None;
             // Selective recomputation re-runs the attention core; fused attention already
@@ -211,7 +207,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             );
         }
         self.release_gathered(&pbufs, prev);
-        if !split {
+        if !split && !self.is_mtp(layer) {
             self.layer_done(layer, mb, chunk, prev);
         }
         first
@@ -259,18 +255,28 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn backward_weight(&mut self, chunk: u32, mb: u32) {
         let vs = self.vstage(chunk);
         if vs == self.last_vs {
+            self.mtp_weight(chunk, mb);
             self.head_weight(chunk, mb, None);
         }
         let layers: Vec<u32> = self.layers(chunk).rev().collect();
         for layer in layers {
             let act = self.act[&(layer, mb)];
-            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
-            let op = self.piece_weight(Piece::Attn, layer, mb, chunk, act, None);
+            let op = self.layer_weight(layer, mb, chunk, act);
             self.layer_done(layer, mb, chunk, op);
         }
         if vs == 0 {
             self.embed_backward(chunk, mb);
         }
+    }
+
+    /// The weight passes of one layer (ZB's W slot): its MLP half's, then its attention's.
+    pub(super) fn layer_weight(&mut self, layer: u32, mb: u32, chunk: u32, act: BufId) -> OpId {
+        if self.s().model.is_moe_layer(layer) {
+            self.moe_weight(layer, mb, chunk, act);
+        } else {
+            self.piece_weight(Piece::Mlp, layer, mb, chunk, act, None);
+        }
+        self.piece_weight(Piece::Attn, layer, mb, chunk, act, None)
     }
 
     pub(super) fn embed_backward(&mut self, chunk: u32, mb: u32) {

@@ -73,7 +73,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             phase == Phase::Recompute && self.s().parallel.recompute != crate::parallel::Recompute::Full;
         let cost = match self.pl.host_cost(piece, phase) {
             Some(c) if !selective_core => c,
-            _ => self.pl.cost(piece, phase),
+            _ => match piece {
+                Piece::LayerOut => self.layer_out_cost(layer, phase).unwrap_or_else(|| self.pl.cost(piece, phase)),
+                _ => self.pl.cost(piece, phase),
+            },
         };
         let op = ComputeOp { piece, phase, mb, chunk, layer, step: 0, cost };
         let mut deps = deps.to_vec();

@@ -2,9 +2,10 @@
 //! `AttnIn`, `Attn`, `MlpIn`, `Mlp`, `LayerOut` with Megatron-LM's tensor-parallel
 //! collectives between them, then send the activation on or run the head (`FinalNorm`,
 //! `Logits`, the loss-statistics all-gather, `Loss`). Allocates the saved activations of
-//! each (layer, microbatch), sized by [`crate::accounting::memory::layer_activation_bytes`].
+//! each (layer, microbatch), sized by [`crate::accounting::memory::layer_activation_bytes`]
+//! (a mixture-of-experts layer's MLP half is `moe.rs`'s).
 
-use crate::accounting::memory::{has_dropout, head_buffer_bytes, layer_activation_bytes};
+use crate::accounting::memory::{has_dropout, head_buffer_bytes};
 use crate::plan::ir::*;
 use crate::plan::lower::StageLowering;
 use crate::plan::lower::modules::{Pass, Walk};
@@ -52,7 +53,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
         let layers = self.layers(chunk);
         for (i, layer) in layers.clone().enumerate() {
-            let bytes = self.layer_act_bytes();
+            let bytes = self.act_bytes_of(layer, self.s().parallel.recompute);
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("act L{layer} mb{mb}"));
             self.act.insert((layer, mb), buf);
@@ -66,6 +67,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
         if vs == self.last_vs {
             self.head_forward(chunk, mb);
+            self.mtp_forward(chunk, mb);
         } else {
             let bytes = self.residual_bytes();
             let after = self.last_compute.expect("a chunk has layers");
@@ -91,22 +93,6 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             s.parallel.micro_batch,
             s.training.storage_dtype(),
             s.parallel.tp,
-        )
-        .ceil() as u64
-    }
-
-    pub(super) fn layer_act_bytes(&self) -> u64 {
-        let s = self.s();
-        let p = &s.parallel;
-        let flash = s.training.flash_attention;
-        layer_activation_bytes(
-            &s.model,
-            p.micro_batch,
-            s.training.storage_dtype(),
-            p.tp,
-            p.sequence_parallel,
-            p.recompute,
-            flash,
         )
         .ceil() as u64
     }
@@ -138,6 +124,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let first = self.compute(Piece::AttnIn, phase, mb, chunk, layer, &d, &bufs);
         let mut prev = first;
         for (gather_piece, body) in [(Piece::Attn, Piece::MlpIn), (Piece::Mlp, Piece::LayerOut)] {
+            if gather_piece == Piece::Mlp && self.s().model.is_moe_layer(layer) {
+                prev = self.moe_forward(layer, mb, chunk, phase, prev, &bufs);
+                continue;
+            }
             let mut wait = Vec::new();
             if self.sp {
                 wait.push(self.tp_coll(TpSite::Gather, gather_piece, phase, mb, chunk, layer, prev));

@@ -34,7 +34,7 @@
 //!
 //! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
 //! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
-//! passes, `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! passes (`moe` a mixture-of-experts layer's MLP half, `mtp` multi-token prediction), `zero` the data-parallel parameter and gradient traffic, `step` the end of the
 //! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
 
 mod backward;
@@ -42,6 +42,8 @@ mod buckets;
 mod emit;
 mod forward;
 mod modules;
+mod moe;
+mod mtp;
 mod step;
 mod units;
 mod zero;
@@ -77,6 +79,8 @@ pub struct Planner<'a> {
     host_ns: Vec<u64>,
     /// (piece, phase) → the cost id of that piece with its modules' host time.
     host_cost_ids: BTreeMap<(Piece, Phase), CostId>,
+    /// phase → the cost id of a mixture-of-experts layer's `LayerOut` (empty when dense).
+    moe_out_ids: BTreeMap<Phase, CostId>,
 }
 
 impl<'a> Planner<'a> {
@@ -103,10 +107,16 @@ impl<'a> Planner<'a> {
         }
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
-            let params: u64 = b.iter().map(|b| b.params).sum();
-            let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let (dense, expert) = moe::split_params(b.iter());
+            let shard = if p.zero >= 1 {
+                dense.div_ceil(p.dp as u64) + expert.div_ceil(p.expert_dp().max(1))
+            } else {
+                dense + expert
+            };
             costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.storage_dtype()).1));
         }
+        let moe_out_ids = moe::moe_costs(s, &mut costs, &mut cost_ids);
+        mtp::mtp_costs(s, &mut costs, &mut cost_ids);
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
         // runs it (forward, recomputation, backward), charged to the piece as a copy of its
         // cost with the host time beside it.
@@ -126,7 +136,7 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids })
+        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, moe_out_ids })
     }
 
     pub fn grid(&self) -> RankGrid {
@@ -173,24 +183,6 @@ impl<'a> Planner<'a> {
 /// Lowers a scenario to its full plan, proven by [`crate::plan::check`] (so every buffer
 /// and message is within its limit, and `verify` and `simulate` accept what `plan` writes).
 pub fn lower(s: &Scenario) -> Result<Plan, ScenarioError> {
-    // Until the lowering emits the Router/Experts pieces and the MTP modules, a plan of such
-    // a model would be a dense model's (fewer FLOPs than `accounting::flops` counts): refuse.
-    let m = &s.model;
-    if m.moe.is_some() || m.mtp_layers > 0 {
-        return Err(ScenarioError::Invalid {
-            origin: s.name.clone(),
-            message: format!(
-                "model {}: the planner does not lower {} yet (the accounting, rules and exports know them; `strata inspect` gives the analytic estimate)",
-                m.name,
-                if m.moe.is_some() {
-                    "mixture-of-experts layers (model.moe)"
-                } else {
-                    "multi-token-prediction modules (model.mtp_layers)"
-                }
-            ),
-            config: None,
-        });
-    }
     let plan = Planner::new(s)?.plan();
     match crate::plan::check::CheckedPlan::new(plan) {
         Ok(checked) => Ok(checked.into_inner()),
@@ -221,6 +213,8 @@ struct StageLowering<'p, 'a> {
     /// mb → embedding / head buffers (only chunk 0 embeds, only the last chunk has the head).
     embed_buf: BTreeMap<u32, BufId>,
     head_buf: BTreeMap<u32, BufId>,
+    /// (MTP layer, mb) → a multi-token-prediction head's buffer.
+    mtp_head_buf: BTreeMap<(u32, u32), BufId>,
     /// (chunk, unit) → index of its bucket.
     unit_bucket: BTreeMap<(u32, Unit), usize>,
     bucket_state: Vec<BucketState>,
@@ -268,6 +262,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             wgrad: BTreeMap::new(),
             embed_buf: BTreeMap::new(),
             head_buf: BTreeMap::new(),
+            mtp_head_buf: BTreeMap::new(),
             unit_bucket,
             bucket_state: buckets.iter().map(|_| BucketState::default()).collect(),
             param_ready: BTreeMap::new(),
@@ -361,10 +356,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let p = self.s().parallel.clone();
         let layout = scenario_layout(self.s());
         for chunk in 0..p.vpp {
-            let params: u64 = self.buckets().iter().filter(|b| b.chunk == chunk).map(|b| b.params).sum();
-            let weights = layout.weights.bytes(params, p.dp);
-            let grads = layout.grads.bytes(params, p.dp);
-            let optim = layout.optimizer.bytes(params, p.dp);
+            let (dense, expert) = moe::split_params(self.buckets().iter().filter(|b| b.chunk == chunk));
+            // Expert state shards over the expert-data-parallel group, the rest over dp.
+            let edp = p.expert_dp().max(1) as u32;
+            let by = |per: crate::accounting::states::PerParam| per.bytes(dense, p.dp) + per.bytes(expert, edp);
+            let weights = by(layout.weights);
+            let grads = by(layout.grads);
+            let optim = by(layout.optimizer);
             for (class, bytes, what) in [
                 (BufClass::Params, weights, "params"),
                 (BufClass::Grads, grads, "grads"),

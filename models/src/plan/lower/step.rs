@@ -41,10 +41,16 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         // Sequence parallelism leaves the replicated tensors' gradients partial per tp rank.
         if p.sequence_parallel && p.tp > 1 {
             let m = &self.s().model;
-            let per_layer = layer_params(m).replicated;
-            let mut params: u64 = (0..p.vpp).map(|c| self.layers(c).len() as u64 * per_layer).sum();
+            // A MoE layer's replicated part carries its router (Megatron-core marks the
+            // router's weight sequence-parallel, so it is reduced here too).
+            let replicated = |l: u32| {
+                if m.is_moe_layer(l) { crate::plan::moe::moe_dense_params(m).1 } else { layer_params(m).replicated }
+            };
+            let mut params: u64 = (0..p.vpp).map(|c| self.layers(c).map(replicated).sum::<u64>()).sum();
             if self.stage == p.pp - 1 {
                 params += m.norm_params();
+                // Multi-token-prediction modules: their layer's and their three norms.
+                params += (m.layers..m.layers + m.mtp_layers).map(|l| replicated(l) + 3 * m.norm_params()).sum::<u64>();
             }
             let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
             let bytes = owned * self.grad_reduce_bytes();

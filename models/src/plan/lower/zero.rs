@@ -29,8 +29,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let b = &self.buckets()[bucket];
         let bytes = b.params * state_bytes_per_param(self.dtype()).0;
         let purpose = CollPurpose::ParamBucket { chunk: b.chunk, bucket: b.index };
+        let group = if b.is_expert() { GroupKind::ExpertDp } else { GroupKind::Dp };
         let params = self.params_buf(b.chunk);
-        let op = self.collective(Stream::Dp, deps, &[params], CollKind::AllGather, GroupKind::Dp, bytes, purpose);
+        let op = self.collective(Stream::Dp, deps, &[params], CollKind::AllGather, group, bytes, purpose);
         self.dp_ops.push(op);
         op
     }
@@ -161,11 +162,16 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let bk = &self.pl.buckets[self.stage as usize][b];
         let bytes = bk.params * self.grad_reduce_bytes();
         let kind = if self.zero() == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
-        let purpose = CollPurpose::GradBucket { chunk: bk.chunk, bucket: bk.index, mb };
+        // Expert buckets reduce over the ranks that hold the same experts.
+        let (purpose, group) = if bk.is_expert() {
+            (CollPurpose::ExpertGradBucket { chunk: bk.chunk, bucket: bk.index, mb }, GroupKind::ExpertDp)
+        } else {
+            (CollPurpose::GradBucket { chunk: bk.chunk, bucket: bk.index, mb }, GroupKind::Dp)
+        };
         let grads = self.grads_buf(bk.chunk);
         let mut bufs = vec![grads];
         bufs.extend(full);
-        let op = self.grad_collective(Stream::Dp, deps, &bufs, kind, GroupKind::Dp, bytes, purpose);
+        let op = self.grad_collective(Stream::Dp, deps, &bufs, kind, group, bytes, purpose);
         if let Some(f) = full {
             self.e.free(Stream::Dp, &[op], f);
             self.bucket_state[b].last_reduce = Some(op);
