@@ -230,10 +230,11 @@ fn text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Split     TP({})-PP({})-DP({}), {} schedule{}, {} microbatches of {} = global batch {}, ZeRO-{}, recompute {}, sequence parallel {}",
+        "Split     TP({})-PP({})-DP({}){}, {} schedule{}, {} microbatches of {} = global batch {}, ZeRO-{}, recompute {}, sequence parallel {}",
         p.tp,
         p.pp,
         p.dp,
+        if p.ep > 1 { format!("-EP({})", p.ep) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" with {} chunks per stage", p.vpp) } else { String::new() },
         r.microbatches,
