@@ -60,7 +60,8 @@ fn a_moe_plan_verifies_and_simulates() {
     }
     let out = strata(&["simulate", s]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("step time"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("step time") && text.contains("TP(2)-PP(1)-DP(4)-EP(4)"), "{text}");
 }
 
 #[test]

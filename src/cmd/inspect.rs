@@ -274,7 +274,7 @@ fn text(r: &Report) -> String {
         if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
         p.pp,
         p.dp,
-        if p.ep > 1 { format!(", EP({}) over expert-dp {}", p.ep, p.expert_dp()) } else { String::new() },
+        if p.ep > 1 { format!("-EP({}) over expert-dp {}", p.ep, p.expert_dp()) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" with {} chunks per stage", p.vpp) } else { String::new() },
         r.microbatches,

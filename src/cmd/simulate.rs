@@ -162,7 +162,7 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         p.pp,
         p.dp,
         if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
-        if p.ep > 1 { format!(" EP({})", p.ep) } else { String::new() },
+        if p.ep > 1 { format!("-EP({})", p.ep) } else { String::new() },
         p.schedule.key(),
         if p.vpp > 1 { format!(" (vpp {})", p.vpp) } else { String::new() },
         p.micro_batch,
