@@ -25,11 +25,14 @@ use crate::parallel::ParallelConfig;
 use crate::plan::ir::{AttnShape, ComputeCost, Gemm, Phase, Piece};
 use crate::scenario::Dtype;
 
-fn gemm(m: u64, n: u64, k: u64) -> Gemm {
+mod cp;
+pub use cp::{attn_core_shape, cp_piece_cost};
+
+pub(crate) fn gemm(m: u64, n: u64, k: u64) -> Gemm {
     Gemm { m, n, k, batch: 1, fp8: false }
 }
 
-fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
+pub(crate) fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
     ComputeCost { flops: gemms.iter().map(Gemm::flops).sum(), gemms, attention, mem_bytes, kernels }
 }
 
@@ -60,7 +63,8 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
     let t = p.tp as u64;
     let b = p.micro_batch as u64;
     let s = m.seq_len as u64;
-    let tokens = b * s;
+    // Context parallelism: each rank holds s/cp tokens of every sequence.
+    let tokens = b * s / p.cp.max(1) as u64;
     Dims {
         t,
         tokens,
@@ -126,12 +130,11 @@ pub fn piece_cost(
     let rope_bytes = if x.rope { 2 * x.tokens * (x.q_t + x.kv_t) * x.e } else { 0 };
     let rope_kernels = u32::from(x.rope);
     match (piece, phase) {
-        // Context-parallel and mixture-of-experts pieces: not costed yet (the lowering does
-        // not emit them yet).
-        (
-            Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj | Piece::Router | Piece::Experts | Piece::SharedExperts,
-            _,
-        ) => cost(vec![], None, 0, 0),
+        (Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj, _) => {
+            cp::cp_piece_cost(m, p, dtype, flash, piece, phase, 0)
+        }
+        // Mixture-of-experts pieces: not costed yet (the lowering does not emit them yet).
+        (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => cost(vec![], None, 0, 0),
         (Piece::Attn, Phase::Recompute) => cost(core_gemms(false), Some(core), softmax_fwd_bytes, 4),
         (Piece::Embed, Phase::Forward) => cost(vec![], None, 3 * x.tokens * x.h * x.e, 2),
         (Piece::Embed, _) => cost(vec![], None, x.tokens * x.h * (x.e + 4), 1),

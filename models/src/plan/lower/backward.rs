@@ -126,7 +126,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 Recompute::None,
                 s.training.flash_attention,
             )
-            .ceil() as u64;
+            .ceil() as u64
+                / p.cp as u64;
             let (buf, _) =
                 self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("recompute L{layer} mb{mb}"));
             self.recompute.insert((layer, mb), buf);
@@ -184,7 +185,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let mut b = bufs.clone();
             b.extend(scores);
             b.extend(&mbufs);
-            let op = self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b);
+            let op = if piece == Piece::Attn && self.cp() > 1 {
+                self.cp_attention_backward(mb, chunk, layer, &wait, &b)
+            } else {
+                self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b)
+            };
             if let Some(sb) = scores {
                 self.e.free(Stream::Compute, &[op], sb);
             }
@@ -238,6 +243,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut bufs = vec![act];
         if let Some(b) = self.recompute.get(&(layer, mb)) {
             bufs.push(*b);
+        }
+        if piece == Piece::Attn && self.cp() > 1 {
+            return self.cp_attention_weight(mb, chunk, layer, &wait, &bufs);
         }
         self.compute(piece, Phase::BackwardWeight, mb, chunk, layer, &wait, &bufs)
     }

@@ -39,6 +39,7 @@
 
 mod backward;
 mod buckets;
+mod cp;
 mod emit;
 mod forward;
 mod modules;
@@ -77,12 +78,16 @@ pub struct Planner<'a> {
     host_ns: Vec<u64>,
     /// (piece, phase) → the cost id of that piece with its modules' host time.
     host_cost_ids: BTreeMap<(Piece, Phase), CostId>,
+    /// Context parallelism under ring attention: phase → the cost of a later ring step of
+    /// the attention core (step 0 is `cost_ids[(AttnCore, phase)]`).
+    ring_step_cost_ids: BTreeMap<Phase, CostId>,
 }
 
 impl<'a> Planner<'a> {
     pub fn new(s: &'a Scenario) -> Result<Planner<'a>, ScenarioError> {
         s.validate()?;
         let p = &s.parallel;
+        cp::check(s)?;
         let grid = RankGrid::new(p.tp, p.dp, p.pp, s.cluster.gpus_per_node).with_cp_ep(p.cp, p.ep);
         let mut costs = Vec::new();
         let mut cost_ids = BTreeMap::new();
@@ -103,7 +108,7 @@ impl<'a> Planner<'a> {
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
             let params: u64 = b.iter().map(|b| b.params).sum();
-            let shard = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let shard = if p.zero >= 1 { params.div_ceil(p.grad_ranks()) } else { params };
             costs.push(optimizer_cost(shard, state_bytes_per_param(s.training.storage_dtype()).1));
         }
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
@@ -125,7 +130,8 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids })
+        let ring_step_cost_ids = cp::costs(s, &mut costs, &mut cost_ids, &mut host_ns);
+        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, ring_step_cost_ids })
     }
 
     pub fn grid(&self) -> RankGrid {
@@ -300,18 +306,24 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         self.s().parallel.chunk_layers(&self.s().model, self.vstage(chunk))
     }
 
-    /// Bytes of the residual stream of one microbatch on one rank (a pipeline message).
+    /// Bytes of the residual stream of one microbatch on one rank (a pipeline message;
+    /// s/cp tokens of each sequence under context parallelism).
     fn residual_bytes(&self) -> u64 {
-        let m = &self.s().model;
         let p = &self.s().parallel;
-        let full = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes();
+        let full = self.tensor_bytes();
         if self.sp { full / p.tp as u64 } else { full }
     }
 
-    /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective.
+    /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective
+    /// (b·(s/cp)·h under context parallelism).
     fn tensor_bytes(&self) -> u64 {
-        let m = &self.s().model;
-        self.s().parallel.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes()
+        self.rank_tokens() * self.s().model.hidden as u64 * self.dtype().bytes()
+    }
+
+    /// Tokens of one microbatch on one rank: b·s, or b·s/cp with context parallelism.
+    fn rank_tokens(&self) -> u64 {
+        let p = &self.s().parallel;
+        p.micro_batch as u64 * self.s().model.seq_len as u64 / p.cp.max(1) as u64
     }
 
     fn lower(&mut self) {
@@ -343,9 +355,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let layout = scenario_layout(self.s());
         for chunk in 0..p.vpp {
             let params: u64 = self.buckets().iter().filter(|b| b.chunk == chunk).map(|b| b.params).sum();
-            let weights = layout.weights.bytes(params, p.dp);
-            let grads = layout.grads.bytes(params, p.dp);
-            let optim = layout.optimizer.bytes(params, p.dp);
+            // ZeRO shards over the data-parallel group, cp · dp ranks.
+            let shards = p.grad_ranks() as u32;
+            let weights = layout.weights.bytes(params, shards);
+            let grads = layout.grads.bytes(params, shards);
+            let optim = layout.optimizer.bytes(params, shards);
             for (class, bytes, what) in [
                 (BufClass::Params, weights, "params"),
                 (BufClass::Grads, grads, "grads"),
