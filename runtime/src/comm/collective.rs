@@ -174,7 +174,10 @@ impl Mailbox {
                 }
                 data
             }
-            CollKind::ReduceScatter => {
+            // All-to-all of equal parts (context parallelism's Ulysses): part j of the data
+            // goes to member j, as a reduce-scatter sends it; the result concatenates the
+            // parts received, in member order, as an all-gather does.
+            CollKind::ReduceScatter | CollKind::AllToAll => {
                 let Payload::Shared { data: x, range } = data else { unreachable!("f32 data is shared above") };
                 let view = |j: usize| {
                     let r = part(len, j, n);
@@ -201,12 +204,6 @@ impl Mailbox {
                     self.comm.send(to, tag, data.clone())?;
                 }
                 data
-            }
-            CollKind::AllToAll => {
-                return Err(CommError::Transport {
-                    rank: self.rank(),
-                    what: "all-to-all is not implemented by the CPU runtime (no plan piece uses it)".into(),
-                });
             }
         };
         Ok(Pending { tag, kind, members: group.members.clone(), position: me, own, len })
@@ -256,7 +253,7 @@ impl Mailbox {
         }
         Some(match p.kind {
             CollKind::AllReduce | CollKind::ReduceScatter => sum_in_order(parts),
-            CollKind::AllGather => {
+            CollKind::AllGather | CollKind::AllToAll => {
                 let mut out = Vec::with_capacity(parts.iter().map(|x| f32s(x, "all-gather").len()).sum());
                 for x in &parts {
                     out.extend_from_slice(f32s(x, "all-gather"));
@@ -264,7 +261,7 @@ impl Mailbox {
                 Payload::F32(out)
             }
             CollKind::Broadcast => Payload::F32(f32s(&parts[0], "broadcast").to_vec()),
-            CollKind::AllToAll | CollKind::RingExchange => unreachable!("never posted / finished above"),
+            CollKind::RingExchange => unreachable!("finished above"),
         })
         .inspect(|out| {
             if p.kind == CollKind::ReduceScatter {
@@ -355,6 +352,19 @@ mod tests {
         assert_eq!((out[0].1.clone(), out[2].1.clone()), (vec![20.0, 22.0, 24.0], vec![26.0, 28.0]));
         assert_eq!(out[1].0, vec![1.0, 3.0]);
         assert_eq!(out[3].2, vec![40.0, 42.0, 44.0, 46.0, 48.0]);
+    }
+
+    #[test]
+    fn all_to_all_sends_part_j_to_member_j() {
+        // 3 ranks, 2 elements per part: member r receives part r of every member, in order.
+        let out = on_ranks(3, |r, mb| {
+            let g = Group { kind: GroupKind::Cp, members: vec![0, 1, 2], position: r as usize };
+            let x: Vec<f32> = (0..6).map(|i| (10 * r + i) as f32).collect();
+            let p = mb.post(&g, CollKind::AllToAll, false, Payload::F32(x)).unwrap();
+            finish(mb, &p)
+        });
+        assert_eq!(out[0], vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+        assert_eq!(out[2], vec![4.0, 5.0, 14.0, 15.0, 24.0, 25.0]);
     }
 
     #[test]

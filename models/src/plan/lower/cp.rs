@@ -18,7 +18,9 @@
 //! Exchanges run on the `Tp` stream; their purposes are `CollPurpose::Cp` with `step` the
 //! ring step (1 … cp − 1 for K/V; cp + 1 … 2·cp for the dK/dV passes of backward), 0 and 1
 //! for the all-gather and the reduce-scatter, 0 and 1 for Ulysses' Q/K/V and output.
-//! Heads are split by tp first, so every size here is of the rank's a/t heads and kv/t K/V
+//! Their buffers are named `cp ROLE L<layer> mb<mb>` (ROLE: `kv0`, `kv1`, `dkv0`, `dkv1`,
+//! `kv-all`, `dkv-all`, `qkv-heads`, `out-heads`, `dout-heads`, `dqkv-heads`), the names the
+//! CPU executor binds its storage by. Heads are split by tp first, so every size here is of the rank's a/t heads and kv/t K/V
 //! heads.
 
 use std::collections::BTreeMap;
@@ -178,9 +180,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         match self.s().parallel.cp_comm {
             CpComm::Ring => {
                 let kv = self.kv_bytes();
-                let rx: Vec<(BufId, OpId)> = (0..(cp - 1).min(2))
-                    .map(|i| self.transient(kv, format!("kv ring{i} L{layer} mb{mb} {}", phase.key())))
-                    .collect();
+                let rx: Vec<(BufId, OpId)> =
+                    (0..(cp - 1).min(2)).map(|i| self.transient(kv, format!("cp kv{i} L{layer} mb{mb}"))).collect();
                 let mut exchange = vec![None; cp as usize];
                 for i in 0..cp {
                     if i + 1 < cp {
@@ -209,7 +210,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             }
             CpComm::AllGather => {
                 let full = self.kv_bytes() * cp as u64;
-                let (buf, alloc) = self.transient(full, format!("kv gathered L{layer} mb{mb} {}", phase.key()));
+                let (buf, alloc) = self.transient(full, format!("cp kv-all L{layer} mb{mb}"));
                 let g = self.cp_coll(&[qkv, alloc], &[act, buf], CollKind::AllGather, full, phase, mb, chunk, layer, 0);
                 let mut b = bufs.to_vec();
                 b.push(buf);
@@ -219,9 +220,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             }
             CpComm::Ulysses => {
                 let (qkv_b, out_b) = self.qkv_out_bytes();
-                let (heads, a0) = self.transient(qkv_b, format!("qkv heads L{layer} mb{mb} {}", phase.key()));
+                let (heads, a0) = self.transient(qkv_b, format!("cp qkv-heads L{layer} mb{mb}"));
                 let x = self.cp_coll(&[qkv, a0], &[act, heads], CollKind::AllToAll, qkv_b, phase, mb, chunk, layer, 0);
-                let (out, a1) = self.transient(out_b, format!("out heads L{layer} mb{mb} {}", phase.key()));
+                let (out, a1) = self.transient(out_b, format!("cp out-heads L{layer} mb{mb}"));
                 let mut b = bufs.to_vec();
                 b.extend([heads, out]);
                 let c = self.core(phase, mb, chunk, layer, 0, &[x], &b);
@@ -251,11 +252,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         match self.s().parallel.cp_comm {
             CpComm::Ring => {
                 self.compute(Piece::AttnProj, ph, mb, chunk, layer, wait, bufs);
-                let rx: Vec<(BufId, OpId)> = (0..(cp - 1).min(2))
-                    .map(|i| self.transient(kv, format!("kv ring{i} L{layer} mb{mb} bwd")))
-                    .collect();
+                let rx: Vec<(BufId, OpId)> =
+                    (0..(cp - 1).min(2)).map(|i| self.transient(kv, format!("cp kv{i} L{layer} mb{mb}"))).collect();
                 let dkv: Vec<(BufId, OpId)> =
-                    (0..2).map(|i| self.transient(kv, format!("dkv ring{i} L{layer} mb{mb}"))).collect();
+                    (0..2).map(|i| self.transient(kv, format!("cp dkv{i} L{layer} mb{mb}"))).collect();
                 let mut core: Vec<OpId> = Vec::new();
                 let mut kv_x = vec![None; cp as usize];
                 let mut dkv_x: Vec<Option<OpId>> = vec![None; cp as usize + 1];
@@ -301,10 +301,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             CpComm::AllGather => {
                 let full = kv * cp as u64;
                 // The re-gather of K/V overlaps the projection's backward.
-                let (buf, alloc) = self.transient(full, format!("kv gathered L{layer} mb{mb} bwd"));
+                let (buf, alloc) = self.transient(full, format!("cp kv-all L{layer} mb{mb}"));
                 let g = self.cp_coll(&[alloc], &[act, buf], CollKind::AllGather, full, ph, mb, chunk, layer, 0);
                 self.compute(Piece::AttnProj, ph, mb, chunk, layer, wait, bufs);
-                let (dbuf, dalloc) = self.transient(full, format!("dkv full L{layer} mb{mb}"));
+                let (dbuf, dalloc) = self.transient(full, format!("cp dkv-all L{layer} mb{mb}"));
                 let mut b = bufs.to_vec();
                 b.extend([buf, dbuf]);
                 let c = self.core(ph, mb, chunk, layer, 0, &[g, dalloc], &b);
@@ -317,9 +317,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             CpComm::Ulysses => {
                 let (qkv_b, out_b) = self.qkv_out_bytes();
                 let proj = self.compute(Piece::AttnProj, ph, mb, chunk, layer, wait, bufs);
-                let (dout, a1) = self.transient(out_b, format!("dout heads L{layer} mb{mb}"));
+                let (dout, a1) = self.transient(out_b, format!("cp dout-heads L{layer} mb{mb}"));
                 let y = self.cp_coll(&[proj, a1], &[act, dout], CollKind::AllToAll, out_b, ph, mb, chunk, layer, 1);
-                let (dqkv, a0) = self.transient(qkv_b, format!("dqkv heads L{layer} mb{mb}"));
+                let (dqkv, a0) = self.transient(qkv_b, format!("cp dqkv-heads L{layer} mb{mb}"));
                 let mut b = bufs.to_vec();
                 b.extend([dout, dqkv]);
                 let c = self.core(ph, mb, chunk, layer, 0, &[y, a0], &b);
