@@ -154,11 +154,12 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} on {} × {}: TP({})-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}",
+        "{} on {} × {}: TP({}){}-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}",
         s.model.name,
         s.cluster.gpus(),
         s.cluster.gpu,
         p.tp,
+        if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
         p.pp,
         p.dp,
         p.schedule.key(),
