@@ -203,6 +203,20 @@ pub fn cp_exchange_bytes(s: &Scenario) -> u64 {
     }
 }
 
+/// What a context-parallel layer saves beyond its s/cp share of the activations, bytes per
+/// microbatch: under Ulysses the attention output in head layout (b·(s/cp)·h/t·e) that the
+/// core's backward reads beside the projection's sequence-layout input (TE's
+/// `AttnFuncWithCPAndQKVOA2A` saves both; its Q/K/V in head layout replace those in sequence
+/// layout). Nothing under full recomputation, which keeps the layer input only.
+pub fn cp_saved_extra_bytes(s: &Scenario) -> u64 {
+    let (m, p) = (&s.model, &s.parallel);
+    if p.cp <= 1 || p.cp_comm != crate::parallel::CpComm::Ulysses || p.recompute == Recompute::Full {
+        return 0;
+    }
+    let tokens = p.micro_batch as u64 * m.seq_len as u64 / p.cp as u64;
+    tokens * (m.hidden as u64 / p.tp.max(1) as u64) * s.training.storage_dtype().bytes()
+}
+
 /// Microbatch-chunks whose activations a stage holds at its peak.
 pub fn in_flight(p: &ParallelConfig, stage: u32) -> u64 {
     p.schedule.in_flight(p.pp, p.vpp, p.microbatches(), stage)
@@ -272,7 +286,8 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let c = p.cp.max(1) as f64;
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64 / c;
     let flash = s.training.flash_attention;
-    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash) / c;
+    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash) / c
+        + cp_saved_extra_bytes(s) as f64;
     let layout = scenario_layout(s);
     let formula_only_bytes = formula_buffer_bytes(s);
     stage_params(m, p)

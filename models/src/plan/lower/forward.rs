@@ -111,6 +111,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         )
         .ceil() as u64
             / p.cp as u64
+            + crate::accounting::memory::cp_saved_extra_bytes(s)
     }
 
     /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
