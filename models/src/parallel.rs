@@ -290,8 +290,9 @@ impl ParallelConfig {
             bad(
                 "grid-equals-gpus",
                 format!(
-                    "parallel.tp · pp · dp = {} · {} · {} = {} but the cluster has {} GPUs ({} nodes × {}): the grid must use every GPU exactly once",
+                    "parallel.tp · cp · pp · dp = {} · {} · {} · {} = {} but the cluster has {} GPUs ({} nodes × {}): the grid must use every GPU exactly once",
                     p.tp,
+                    p.cp,
                     p.pp,
                     p.dp,
                     p.ranks(),
