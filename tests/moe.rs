@@ -61,7 +61,7 @@ fn a_moe_plan_verifies_and_simulates() {
     let out = strata(&["simulate", s]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("step time") && text.contains("TP(2)-PP(1)-DP(4)-EP(4)"), "{text}");
+    assert!(text.contains("step time") && text.contains("TP(2)-EP(4)-PP(1)-DP(4)"), "{text}");
 }
 
 #[test]

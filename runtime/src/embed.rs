@@ -41,7 +41,16 @@ fn local_row(d: &ShardDims, x: u32) -> Option<usize> {
 
 /// `Embed` forward: writes out_partial (T, h) (see the module comment).
 pub fn embed_forward(d: &ShardDims, p: &EmbedParams, mb: Micro, tokens: &[u32], out: &mut [f32]) {
+    let positions: Vec<u32> = (0..mb.seq as u32).collect();
+    embed_forward_at(d, p, mb, &positions, tokens, out);
+}
+
+/// `Embed` forward where row i of each sequence sits at position `positions[i]` (context
+/// parallelism: a rank's load-balanced chunks, [`crate::attention_cp::cp_positions`]).
+pub fn embed_forward_at(d: &ShardDims, p: &EmbedParams, mb: Micro, positions: &[u32], tokens: &[u32], out: &mut [f32]) {
     check(d, mb, tokens, out);
+    assert_eq!(positions.len(), mb.seq, "Embed: a position per row of a sequence");
+    assert!(positions.iter().all(|&q| (q as usize) < d.max_seq), "Embed: a position past the position table");
     let h = d.hidden;
     for (i, (&x, row)) in tokens.iter().zip(out.chunks_exact_mut(h)).enumerate() {
         match local_row(d, x) {
@@ -49,7 +58,7 @@ pub fn embed_forward(d: &ShardDims, p: &EmbedParams, mb: Micro, tokens: &[u32], 
             None => row.fill(0.0),
         }
         if d.tp.rank == 0 {
-            let pos = i % mb.seq;
+            let pos = positions[i % mb.seq] as usize;
             for (o, w) in row.iter_mut().zip(&p.wpe[pos * h..(pos + 1) * h]) {
                 *o += w;
             }
@@ -59,7 +68,14 @@ pub fn embed_forward(d: &ShardDims, p: &EmbedParams, mb: Micro, tokens: &[u32], 
 
 /// `Embed` backward: accumulates dwte (local rows) and dwpe from the full gradient dr (T, h).
 pub fn embed_backward(d: &ShardDims, g: &mut EmbedGrads, mb: Micro, tokens: &[u32], dr: &[f32]) {
+    let positions: Vec<u32> = (0..mb.seq as u32).collect();
+    embed_backward_at(d, g, mb, &positions, tokens, dr);
+}
+
+/// `Embed` backward with the rows' positions (see [`embed_forward_at`]).
+pub fn embed_backward_at(d: &ShardDims, g: &mut EmbedGrads, mb: Micro, positions: &[u32], tokens: &[u32], dr: &[f32]) {
     check(d, mb, tokens, dr);
+    assert_eq!(positions.len(), mb.seq, "Embed: a position per row of a sequence");
     let h = d.hidden;
     for (i, (&x, row)) in tokens.iter().zip(dr.chunks_exact(h)).enumerate() {
         if let Some(v) = local_row(d, x) {
@@ -67,7 +83,7 @@ pub fn embed_backward(d: &ShardDims, g: &mut EmbedGrads, mb: Micro, tokens: &[u3
                 *gw += dv;
             }
         }
-        let pos = i % mb.seq;
+        let pos = positions[i % mb.seq] as usize;
         for (gp, dv) in g.wpe[pos * h..(pos + 1) * h].iter_mut().zip(row) {
             *gp += dv;
         }

@@ -68,10 +68,15 @@ pub struct LayerActs {
     pub d_proj_out: Tensor, // (T, h) gradient of the attention projection's output
     pub d_fc1_pre: Tensor,  // (T, F)
     pub d_fc2_out: Tensor,  // (T, h) gradient of FC2's output
+    // Context parallelism (`exec::cp`): the attention's log-sum-exp per (sequence, head,
+    // row), and under Ulysses the Q/K/V and output in head layout (all s tokens, a/t/cp heads).
+    pub lse: Tensor,
+    pub cp_qkv: Tensor,
+    pub cp_out: Tensor,
 }
 
 impl LayerActs {
-    fn tensors(&self) -> [&Tensor; 17] {
+    fn tensors(&self) -> [&Tensor; 20] {
         [
             &self.r_in,
             &self.ln1_mean,
@@ -90,6 +95,9 @@ impl LayerActs {
             &self.d_proj_out,
             &self.d_fc1_pre,
             &self.d_fc2_out,
+            &self.lse,
+            &self.cp_qkv,
+            &self.cp_out,
         ]
     }
 

@@ -84,6 +84,7 @@
 //! are checked and reported as [`error::RuntimeError`] / [`data::DataError`] values.
 
 pub mod attention;
+pub mod attention_cp;
 pub mod bench;
 pub mod calibrate;
 pub mod checkpoint;

@@ -289,7 +289,8 @@ fn run_steps(
     }
     let s = &plan.scenario;
     let tokens = s.tokens_per_step() as f64;
-    let denom = (s.parallel.microbatches() * s.parallel.dp) as f64;
+    // Every (replica, cp rank, microbatch) reports its mean loss over equal token counts.
+    let denom = (s.parallel.microbatches() * s.parallel.dp * s.parallel.cp.max(1)) as f64;
     let mut result = TrainResult { start_step, steps: Vec::new(), trace: None, memory: Vec::new(), cpu: Vec::new() };
     let (mut spans, mut samples, mut cpu) = (Vec::new(), Vec::new(), None);
     let err = |e: ExecError| from_exec(plan, rank, e);

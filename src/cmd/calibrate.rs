@@ -272,12 +272,21 @@ pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
     let m = &s.model;
     for tp in tensor_parallel_sizes(s, ranks) {
         for mb in micro_batches(s) {
-            let p = ParallelConfig { tp, micro_batch: mb, ..s.parallel.clone() };
             use Piece::*;
-            for piece in [Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss] {
-                for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
-                    let c = piece_cost(m, &p, Dtype::Fp32, s.training.flash_attention, piece, phase);
-                    shapes.extend(c.gemms.iter().map(|g| (g.m, g.n, g.k)));
+            // The scenario's context-parallel split runs the split attention pieces on s/cp
+            // tokens; every split runs the unsplit ones.
+            for cp in [1, s.parallel.cp].into_iter().filter(|c| *c == 1 || cp_fits(s, ranks, tp, *c)) {
+                let p = ParallelConfig { tp, cp, micro_batch: mb, ..s.parallel.clone() };
+                let pieces: &[Piece] = if cp == 1 {
+                    &[Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss]
+                } else {
+                    &[Embed, AttnIn, AttnQkv, AttnCore, AttnProj, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss]
+                };
+                for &piece in pieces {
+                    for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight, Phase::Recompute] {
+                        let c = piece_cost(m, &p, Dtype::Fp32, s.training.flash_attention, piece, phase);
+                        shapes.extend(c.gemms.iter().map(|g| (g.m, g.n, g.k)));
+                    }
                 }
             }
         }
@@ -327,6 +336,39 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
             jobs.push(j);
         }
     }
+    // Context-parallel jobs (the scenario's cp, each exchange: ring, all-gather, Ulysses,
+    // at the middle micro-batch, one tp rank), for the split attention pieces.
+    let cp = s.parallel.cp;
+    if cp > 1 && cp_fits(s, ranks, 1, cp) {
+        for comm in strata_models::parallel::CpComm::ALL {
+            let mut j = s.clone();
+            j.name = format!("calibrate-cp{cp}-{}-mb{mid}", comm.key());
+            j.model.layers = if quick { m.layers.min(4) } else { m.layers };
+            j.cluster.nodes = 1;
+            j.cluster.gpus_per_node = cp;
+            j.training.dtype = Dtype::Fp32;
+            j.parallel = ParallelConfig {
+                tp: 1,
+                pp: 1,
+                dp: 1,
+                cp,
+                cp_comm: comm,
+                vpp: 1,
+                schedule: strata_models::parallel::Schedule::OneFOneB,
+                micro_batch: mid,
+                global_batch: 2 * mid,
+                zero: 0,
+                recompute: Recompute::None,
+                sequence_parallel: false,
+                ep: 1,
+                ..s.parallel.clone()
+            };
+            // Ulysses needs the heads to split over cp; the other two run anyway.
+            if j.validate().is_ok() && strata_models::plan::lower(&j).is_ok() {
+                jobs.push(j);
+            }
+        }
+    }
     // Data-parallel jobs (the whole model, one replica per rank), for what its gradient
     // collectives cost inside a job: all-reduce (ZeRO-0), reduce-scatter and all-gather
     // (ZeRO-1), over every data-parallel size.
@@ -357,6 +399,12 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
         }
     }
     Ok(jobs)
+}
+
+/// Whether a context-parallel split of `cp` ranks (with tp) fits `ranks` and the sequence
+/// (2·cp chunks).
+fn cp_fits(s: &Scenario, ranks: u32, tp: u32, cp: u32) -> bool {
+    ranks.is_multiple_of(tp * cp) && s.model.seq_len.is_multiple_of(2 * cp)
 }
 
 /// Tensor-parallel sizes a plan of `s` on `ranks` ranks can use.

@@ -191,12 +191,15 @@ pub fn with_split(base: &Scenario, spec: &str) -> anyhow::Result<Scenario> {
     let mut s = Scenario::from_toml(&text, &format!("--plan {spec}"), &base.name, &sets)?;
     if s.parallel.ranks() != base.parallel.ranks() {
         bail!(
-            "--plan {spec:?} has tp · pp · dp = {} ranks but the cluster has {}; keep the product",
+            "--plan {spec:?} has tp · cp · pp · dp = {} ranks but the cluster has {}; keep the product",
             s.parallel.ranks(),
             base.parallel.ranks()
         );
     }
     s.name = search::label(&s.parallel);
+    if s.parallel.cp > 1 {
+        s.name += &format!(" cp{} {}", s.parallel.cp, s.parallel.cp_comm.key());
+    }
     Ok(s)
 }
 

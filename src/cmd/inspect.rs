@@ -296,11 +296,11 @@ fn text(r: &Report) -> String {
     let layout = states::scenario_layout(s);
     let _ = writeln!(
         o,
-        "\nMemory per GPU by pipeline stage (analytic; GPU has {}). Framework {}: {:.2} bytes per parameter at dp {} (weights {}, gradients {}, optimizer {}; whole + sharded/dp), gradients reduced in {}",
+        "\nMemory per GPU by pipeline stage (analytic; GPU has {}). Framework {}: {:.2} bytes per parameter at {} (weights {}, gradients {}, optimizer {}; whole + sharded/dp), gradients reduced in {}",
         common::bytes(r.gpu_memory_bytes as f64),
         s.training.framework.name(),
-        layout.per_param(p.dp),
-        p.dp,
+        layout.per_param(p.grad_ranks() as u32),
+        if p.cp > 1 { format!("cp · dp {}", p.grad_ranks()) } else { format!("dp {}", p.dp) },
         per_param(layout.weights),
         per_param(layout.grads),
         per_param(layout.optimizer),

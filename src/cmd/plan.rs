@@ -12,7 +12,7 @@ use crate::common::{self, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// The rank whose program to print (0-based; ranks are ordered tp-dp-pp).
+    /// The rank whose program to print (0-based; ranks are ordered tp-cp-dp-pp).
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
     /// Print the whole plan as JSON instead.

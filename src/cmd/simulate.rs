@@ -154,15 +154,15 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} on {} × {}: TP({})-PP({})-DP({}){}{}, {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}{}",
+        "{} on {} × {}: TP({}){}{}-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}{}",
         s.model.name,
         s.cluster.gpus(),
         s.cluster.gpu,
         p.tp,
-        p.pp,
-        p.dp,
         if p.cp > 1 { format!("-CP({}, {})", p.cp, p.cp_comm.key()) } else { String::new() },
         if p.ep > 1 { format!("-EP({})", p.ep) } else { String::new() },
+        p.pp,
+        p.dp,
         p.schedule.key(),
         if p.vpp > 1 { format!(" (vpp {})", p.vpp) } else { String::new() },
         p.micro_batch,

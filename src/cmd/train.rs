@@ -149,8 +149,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ranks = s.parallel.ranks() as u32;
     if let Some(n) = args.ranks.filter(|n| *n != ranks) {
         bail!(
-            "--ranks {n} but the scenario splits into tp · pp · dp = {} · {} · {} = {ranks} ranks; pass --ranks {ranks} or change the split (e.g. --set parallel.dp=…)",
+            "--ranks {n} but the scenario splits into tp · cp · pp · dp = {} · {} · {} · {} = {ranks} ranks; pass --ranks {ranks} or change the split (e.g. --set parallel.dp=…)",
             s.parallel.tp,
+            s.parallel.cp,
             s.parallel.pp,
             s.parallel.dp
         );
@@ -337,8 +338,8 @@ fn summary(r: &TrainResult, out: Option<&Path>) {
 }
 
 /// The `--set` overrides that size a CPU cluster to `n` ranks: one node of `n`, dp derived
-/// as n / (tp · pp). When tp · pp does not divide `n`, tp and pp fall back to 1 (with a
-/// note), unless the user set them, which is an error naming the split.
+/// as n / (tp · cp · pp). When tp · cp · pp does not divide `n`, tp, cp and pp fall back to
+/// 1 (with a note), unless the user set them, which is an error naming the split.
 fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String]) -> anyhow::Result<Vec<String>> {
     if n == 0 {
         bail!("--ranks 0: a job needs at least one rank");
@@ -347,20 +348,24 @@ fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String]) -> anyhow:
     let set_by_user = |key: &str| user.iter().any(|o| o.split('=').next().is_some_and(|k| k.trim() == key));
     let mut sets = vec!["cluster.nodes=1".to_string(), format!("cluster.gpus_per_node={n}")];
     let (mut tp, mut pp) = (u64::from(p.tp), u64::from(p.pp));
-    if u64::from(n) % (tp * pp) != 0 {
-        if set_by_user("parallel.tp") || set_by_user("parallel.pp") {
+    let mut cp = u64::from(p.cp.max(1));
+    if u64::from(n) % (tp * cp * pp) != 0 {
+        if set_by_user("parallel.tp") || set_by_user("parallel.pp") || set_by_user("parallel.cp") {
             bail!(
-                "--ranks {n}: tp · pp = {tp} · {pp} = {} does not divide {n}; pass --ranks a multiple of {} or change parallel.tp / parallel.pp",
-                tp * pp,
-                tp * pp
+                "--ranks {n}: tp · cp · pp = {tp} · {cp} · {pp} = {} does not divide {n}; pass --ranks a multiple of {} or change parallel.tp / parallel.cp / parallel.pp",
+                tp * cp * pp,
+                tp * cp * pp
             );
         }
         eprintln!(
-            "note: --ranks {n}: the scenario's tp · pp = {tp} · {pp} does not divide {n}; training tp = 1, pp = 1, dp = {n}"
+            "note: --ranks {n}: the scenario's tp · cp · pp = {tp} · {cp} · {pp} does not divide {n}; training tp = 1, cp = 1, pp = 1, dp = {n}"
         );
-        (tp, pp) = (1, 1);
-        sets.extend(["parallel.tp=1", "parallel.pp=1", "parallel.vpp=1", "parallel.schedule=1f1b"].map(String::from));
+        (tp, cp, pp) = (1, 1, 1);
+        sets.extend(
+            ["parallel.tp=1", "parallel.cp=1", "parallel.pp=1", "parallel.vpp=1", "parallel.schedule=1f1b"]
+                .map(String::from),
+        );
     }
-    sets.push(format!("parallel.dp={}", u64::from(n) / (tp * pp)));
+    sets.push(format!("parallel.dp={}", u64::from(n) / (tp * cp * pp)));
     Ok(sets)
 }

@@ -186,6 +186,40 @@ pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32,
     if sp { b / tp.max(1) as f64 } else { b }
 }
 
+/// The largest buffers one context-parallel attention holds beside the saved activations
+/// (cp > 1; 0 otherwise), bytes, with kv = b·(s/cp)·2·(kv/t)·e the rank's keys and values:
+/// ring attention's two K/V receive buffers and, in backward, two dK/dV buffers (4·kv);
+/// all-gather's gathered K/V and, in backward, the full dK/dV (2·cp·kv); Ulysses' Q/K/V and
+/// output in head layout (b·(s/cp)·(2·h + 2·kv)/t·e). The lowering allocates exactly these.
+pub fn cp_exchange_bytes(s: &Scenario) -> u64 {
+    let (m, p) = (&s.model, &s.parallel);
+    if p.cp <= 1 {
+        return 0;
+    }
+    let (t, e) = (p.tp.max(1) as u64, s.training.storage_dtype().bytes());
+    let tokens = p.micro_batch as u64 * m.seq_len as u64 / p.cp as u64;
+    let kv = tokens * 2 * (m.kv_dim() / t) * e;
+    match p.cp_comm {
+        crate::parallel::CpComm::Ring => (2.min(p.cp as u64 - 1) + 2) * kv,
+        crate::parallel::CpComm::AllGather => 2 * p.cp as u64 * kv,
+        crate::parallel::CpComm::Ulysses => tokens * (2 * m.hidden as u64 / t) * e + kv,
+    }
+}
+
+/// What a context-parallel layer saves beyond its s/cp share of the activations, bytes per
+/// microbatch: under Ulysses the attention output in head layout (b·(s/cp)·h/t·e) that the
+/// core's backward reads beside the projection's sequence-layout input (TE's
+/// `AttnFuncWithCPAndQKVOA2A` saves both; its Q/K/V in head layout replace those in sequence
+/// layout). Nothing under full recomputation, which keeps the layer input only.
+pub fn cp_saved_extra_bytes(s: &Scenario) -> u64 {
+    let (m, p) = (&s.model, &s.parallel);
+    if p.cp <= 1 || p.cp_comm != crate::parallel::CpComm::Ulysses || p.recompute == Recompute::Full {
+        return 0;
+    }
+    let tokens = p.micro_batch as u64 * m.seq_len as u64 / p.cp as u64;
+    tokens * (m.hidden as u64 / p.tp.max(1) as u64) * s.training.storage_dtype().bytes()
+}
+
 /// Microbatch-chunks whose activations a stage holds at its peak.
 pub fn in_flight(p: &ParallelConfig, stage: u32) -> u64 {
     p.schedule.in_flight(p.pp, p.vpp, p.microbatches(), stage)
@@ -250,9 +284,13 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let dtype = s.training.storage_dtype();
     let t = p.tp as f64;
     let b = p.micro_batch;
-    let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64;
+    // Context parallelism: every activation holds s/cp tokens of a sequence (the core's
+    // scores too: (s/cp)·s under all-gather, (s/cp)² per ring step, s² for a/cp heads).
+    let c = p.cp.max(1) as f64;
+    let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64 / c;
     let flash = s.training.flash_attention;
-    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash);
+    let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash) / c
+        + cp_saved_extra_bytes(s) as f64;
     let layout = scenario_layout(s);
     let formula_only_bytes = formula_buffer_bytes(s);
     stage_params(m, p)
@@ -267,7 +305,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             // average out).
             let layers_per_chunk = sp.layers as f64 / p.vpp as f64;
             let activations_bytes = if p.schedule.splits_backward() {
-                let wgrad = moe.as_ref().map_or_else(|| weight_grad_bytes(m, b, dtype, p.tp), |x| x.wgrad);
+                let wgrad = moe.as_ref().map_or_else(|| weight_grad_bytes(m, b, dtype, p.tp) / c, |x| x.wgrad);
                 layers_per_chunk * split_backward_peak(p, sp.stage, per_layer, wgrad)
             } else {
                 in_flight(p, sp.stage) as f64 * layers_per_chunk * per_layer
@@ -290,17 +328,18 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 // of them under GPipe; a split backward keeps each output-layer input until its
                 // deferred weight pass.
                 let held = mbs_in_flight;
-                embedding_logits_bytes += held * head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) as f64;
+                embedding_logits_bytes +=
+                    held * (head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) / p.cp.max(1) as u64) as f64;
                 embedding_logits_bytes += held * moe.as_ref().map_or(0.0, |x| x.mtp_head);
             }
-            let mut transient_bytes = 0.0;
+            let mut transient_bytes = cp_exchange_bytes(s) as f64;
             if p.recompute == Recompute::Full {
                 transient_bytes += moe.as_ref().map_or_else(
-                    || layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash),
+                    || layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash) / c,
                     |x| x.full_rc,
                 );
             } else if p.recompute == Recompute::Selective && !flash {
-                transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t;
+                transient_bytes += layer_activation_parts(m, b, dtype, false).scores / t / c;
             }
             if p.zero >= 3 {
                 use crate::framework::mechanics::Gathering;

@@ -46,9 +46,11 @@ use crate::plan::ir::{AttnShape, ComputeCost, Gemm, Phase, Piece};
 use crate::plan::moe::MoeShape;
 use crate::scenario::Dtype;
 
+mod cp;
 mod moe;
+pub use cp::{attn_core_shape, cp_piece_cost};
 
-fn gemm(m: u64, n: u64, k: u64) -> Gemm {
+pub(crate) fn gemm(m: u64, n: u64, k: u64) -> Gemm {
     Gemm { m, n, k, batch: 1, fp8: false }
 }
 
@@ -57,7 +59,7 @@ pub(crate) fn linear(m: u64, n: u64, k: u64, fp8: bool) -> Gemm {
     Gemm { m, n, k, batch: 1, fp8 }
 }
 
-fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
+pub(crate) fn cost(gemms: Vec<Gemm>, attention: Option<AttnShape>, mem_bytes: u64, kernels: u32) -> ComputeCost {
     ComputeCost { flops: gemms.iter().map(Gemm::flops).sum(), gemms, attention, mem_bytes, kernels }
 }
 
@@ -92,7 +94,8 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
     let t = p.tp as u64;
     let b = p.micro_batch as u64;
     let s = m.seq_len as u64;
-    let tokens = b * s;
+    // Context parallelism: each rank holds s/cp tokens of every sequence.
+    let tokens = b * s / p.cp.max(1) as u64;
     Dims {
         t,
         tokens,
@@ -200,8 +203,9 @@ pub fn piece_cost(
     let rope_bytes = if x.rope { 2 * x.tokens * rope_width * x.e } else { 0 };
     let rope_kernels = u32::from(x.rope);
     match (piece, phase) {
-        // Context-parallel pieces: not costed yet (the lowering does not emit them yet).
-        (Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj, _) => cost(vec![], None, 0, 0),
+        (Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj, _) => {
+            cp::cp_piece_cost(m, p, dtype, flash, piece, phase, 0)
+        }
         // Two norms (the hidden state's and the shifted embedding's), the concatenation and
         // the column-parallel 2h → h projection over all T tokens.
         (Piece::MtpProj, Phase::Forward) => {

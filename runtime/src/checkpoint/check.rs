@@ -83,6 +83,7 @@ pub fn check_manifest(
     let (a, b) = (&m.split, &scenario.parallel);
     for (key, x, y) in [
         ("tp", a.tp, b.tp),
+        ("cp", a.cp, b.cp),
         ("pp", a.pp, b.pp),
         ("dp", a.dp, b.dp),
         ("vpp", a.vpp, b.vpp),
@@ -95,7 +96,7 @@ pub fn check_manifest(
         }
     }
     if a != b && bad.is_empty() {
-        bad.push("the parallel settings (schedule, recomputation or sequence parallelism) differ".into());
+        bad.push("the parallel settings (schedule, recomputation, sequence parallelism or cp_comm) differ".into());
     }
     if m.seed != scenario.training.seed {
         bad.push(format!("training.seed = {} in the checkpoint, {} in the scenario", m.seed, scenario.training.seed));

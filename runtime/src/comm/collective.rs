@@ -178,7 +178,10 @@ impl Mailbox {
                 }
                 data
             }
-            CollKind::ReduceScatter => {
+            // All-to-all of equal parts (context parallelism's Ulysses): part j of the data
+            // goes to member j, as a reduce-scatter sends it; the result concatenates the
+            // parts received, in member order, as an all-gather does.
+            CollKind::ReduceScatter | CollKind::AllToAll => {
                 let Payload::Shared { data: x, range } = data else { unreachable!("f32 data is shared above") };
                 let view = |j: usize| {
                     let r = part(len, j, n);
@@ -205,12 +208,6 @@ impl Mailbox {
                     self.comm.send(to, tag, data.clone())?;
                 }
                 data
-            }
-            CollKind::AllToAll => {
-                // Equal blocks: part j of the input goes to member j (as a reduce-scatter's).
-                let Payload::Shared { data: x, range } = data else { unreachable!("f32 data is shared above") };
-                let blocks = (0..n).map(|j| part(len, j, n)).map(|r| range.start + r.start..range.start + r.end);
-                return self.send_blocks(group, tag, x, blocks.collect(), len);
             }
         };
         Ok(Pending { tag, kind, members: group.members.clone(), position: me, own, len })
@@ -460,6 +457,19 @@ mod tests {
                 .collect();
             assert_eq!(eq, &want);
         }
+    }
+
+    #[test]
+    fn all_to_all_sends_part_j_to_member_j() {
+        // 3 ranks, 2 elements per part: member r receives part r of every member, in order.
+        let out = on_ranks(3, |r, mb| {
+            let g = Group { kind: GroupKind::Cp, members: vec![0, 1, 2], position: r as usize };
+            let x: Vec<f32> = (0..6).map(|i| (10 * r + i) as f32).collect();
+            let p = mb.post(&g, CollKind::AllToAll, false, Payload::F32(x)).unwrap();
+            finish(mb, &p)
+        });
+        assert_eq!(out[0], vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+        assert_eq!(out[2], vec![4.0, 5.0, 14.0, 15.0, 24.0, 25.0]);
     }
 
     #[test]

@@ -29,7 +29,8 @@ impl RankExec {
             CollPurpose::SpReplicatedGrads => return Ok(Flight::Coll { pending: self.post_sp_reduce()? }),
             _ => {}
         }
-        let data = self.coll_input(c, bufs);
+        let data =
+            if matches!(c.purpose, CollPurpose::Cp { .. }) { self.cp_coll_input(c) } else { self.coll_input(c, bufs) };
         let g = self.groups[&c.group].clone();
         Ok(Flight::Coll { pending: self.mailbox.post(&g, c.kind, false, Payload::F32(data))? })
     }
@@ -49,7 +50,11 @@ impl RankExec {
             self.clip_scale = clip_scale(total[0], self.clip);
             return Ok(true);
         }
-        self.coll_output(c, &op.bufs, f32s(out));
+        if matches!(c.purpose, CollPurpose::Cp { .. }) {
+            self.cp_coll_output(c, f32s(out));
+        } else {
+            self.coll_output(c, &op.bufs, f32s(out));
+        }
         Ok(true)
     }
 
@@ -108,8 +113,9 @@ impl RankExec {
             CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => {
                 unreachable!("posted by post_grad_norm / post_sp_reduce")
             }
-            CollPurpose::Moe { .. } | CollPurpose::Cp { .. } | CollPurpose::ExpertGradBucket { .. } => {
-                unreachable!("the planner emits no MoE or context-parallel op yet")
+            CollPurpose::Cp { .. } => unreachable!("posted by cp_coll_input"),
+            CollPurpose::Moe { .. } | CollPurpose::ExpertGradBucket { .. } => {
+                unreachable!("the planner emits no MoE op yet")
             }
         }
     }
@@ -176,8 +182,9 @@ impl RankExec {
                 }
             }
             CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => unreachable!("finished in finish_collective"),
-            CollPurpose::Moe { .. } | CollPurpose::Cp { .. } | CollPurpose::ExpertGradBucket { .. } => {
-                unreachable!("the planner emits no MoE or context-parallel op yet")
+            CollPurpose::Cp { .. } => unreachable!("finished by cp_coll_output"),
+            CollPurpose::Moe { .. } | CollPurpose::ExpertGradBucket { .. } => {
+                unreachable!("the planner emits no MoE op yet")
             }
         }
     }
@@ -245,7 +252,7 @@ impl RankExec {
     /// over the whole job (replicated tensors on tp rank 0, the tied copy never, and under
     /// ZeRO-0 only data-parallel rank 0, since every replica holds the same sums).
     fn grad_sq_sum(&mut self) -> f64 {
-        if self.zero == 0 && self.coord.dp != 0 {
+        if self.zero == 0 && self.groups[&GroupKind::Dp].position != 0 {
             return 0.0;
         }
         let tp0 = self.coord.tp == 0;

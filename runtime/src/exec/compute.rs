@@ -5,7 +5,7 @@ use strata_models::Recompute;
 use strata_models::plan::{BufId, ComputeOp, P2pKind, Phase, Piece, Unit};
 
 use super::{ExecError, RankExec, T};
-use crate::embed::{embed_backward, embed_forward};
+use crate::embed::{embed_backward_at, embed_forward_at};
 use crate::head::*;
 use crate::layer::*;
 use crate::params::{EmbedTensors, HeadTensors};
@@ -40,7 +40,7 @@ impl RankExec {
                 wpe: self.param_unit(chunk, Unit::PosEmbedding, bufs),
             };
             let d = self.chunks[chunk as usize].layout.dims();
-            embed_forward(d, &p, self.micro, &self.batch(mb).inputs, &mut out);
+            embed_forward_at(d, &p, self.micro, &self.positions, &self.batch(mb).inputs, &mut out);
         }
         let dst = if self.tp > 1 { T::Out } else { T::R };
         self.put(chunk, mb, dst, out);
@@ -54,7 +54,7 @@ impl RankExec {
         {
             let mut g = EmbedTensors { wte: &mut wte[..], wpe: &mut wpe[..] };
             let d = self.chunks[chunk as usize].layout.dims();
-            embed_backward(d, &mut g, self.micro, &self.batch(mb).inputs, &dr);
+            embed_backward_at(d, &mut g, self.micro, &self.positions, &self.batch(mb).inputs, &dr);
         }
         self.put_grad(chunk, Unit::WordEmbedding, mb, wte);
         self.put_grad(chunk, Unit::PosEmbedding, mb, wpe);
@@ -107,9 +107,15 @@ impl RankExec {
             },
         };
         let needs_grads = matches!(phase, Phase::BackwardInput | Phase::BackwardWeight)
-            && !(phase == Phase::BackwardInput && matches!(piece, Piece::Attn | Piece::Mlp));
+            && !(phase == Phase::BackwardInput
+                && matches!(piece, Piece::Attn | Piece::Mlp | Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj));
         let mut grad = needs_grads.then(|| self.take_grad(chunk, Unit::Layer(layer), mb));
-        if matches!(phase, Phase::Forward | Phase::Recompute) {
+        let cp_piece = matches!(piece, Piece::AttnQkv | Piece::AttnCore | Piece::AttnProj);
+        if cp_piece && matches!(phase, Phase::Forward | Phase::Recompute) {
+            self.cp_forward_piece(c, bufs, &mut acts);
+        } else if cp_piece {
+            self.cp_backward_piece(c, bufs, &mut acts, grad.as_mut());
+        } else if matches!(phase, Phase::Forward | Phase::Recompute) {
             self.layer_forward_piece(c, bufs, &mut acts);
         } else {
             self.layer_backward_piece(c, bufs, &mut acts, grad.as_mut());
@@ -258,7 +264,7 @@ impl RankExec {
         }
     }
 
-    fn layer_params(&self, chunk: u32, layer: u32, bufs: &[BufId]) -> crate::params::LayerParams<'_> {
+    pub(super) fn layer_params(&self, chunk: u32, layer: u32, bufs: &[BufId]) -> crate::params::LayerParams<'_> {
         self.chunks[chunk as usize].layout.layer_block(self.param_unit(chunk, Unit::Layer(layer), bufs))
     }
 

@@ -425,6 +425,9 @@ impl RankExec {
             BufKey::GradBucket { chunk, bucket, mb } => {
                 self.grad_buckets.remove(&(chunk, bucket, mb));
             }
+            BufKey::Cp { layer, mb, role } => {
+                self.cp_store.remove(&(layer, mb, role));
+            }
             // The weight passes drop their output gradients themselves (`exec::compute`).
             BufKey::WeightGrad { .. } => {}
             BufKey::Embed { .. } | BufKey::Params { .. } | BufKey::Grads { .. } | BufKey::Optimizer { .. } => {}

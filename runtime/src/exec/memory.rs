@@ -74,6 +74,7 @@ impl RankExec {
             BufKey::GradBucket { chunk, bucket, mb } => {
                 self.grad_buckets.get(&(chunk, bucket, mb)).map_or(0, Self::units_bytes)
             }
+            BufKey::Cp { layer, mb, role } => self.cp_store.get(&(layer, mb, role)).map_or(0, |v| v.len() as u64 * 4),
         }
     }
 
@@ -89,7 +90,8 @@ impl RankExec {
             *predicted.entry(slot.class.key()).or_default() += slot.predicted;
             plan_total += b;
         }
-        let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum();
+        let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum::<u64>()
+            + self.cp_work.values().map(|w| w.bytes()).sum::<u64>();
         let comm = self.mailbox.inbox_bytes() as u64;
         *by_class.entry(BufClass::Workspace.key()).or_default() += workspace;
         *by_class.entry(BufClass::CommBuffer.key()).or_default() += comm;

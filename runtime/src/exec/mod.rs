@@ -36,9 +36,15 @@
 //! batch (n·dp + d)·m + k of the corpus, so the global batch is the one a single rank
 //! reads with dp·m microbatches. The loss gradient is scaled by 1/(m·dp·b·s) and the
 //! data-parallel reductions sum, so every split computes the single rank's mean gradient.
+//! With context parallelism the cp ranks of a replica read the same batch and keep
+//! chunks r and 2·cp − 1 − r of each sequence (b·s/cp tokens, at their original
+//! positions); each reports the mean loss over its tokens (the trainer averages the
+//! m·dp·cp means, equal token counts), and the gradients reduce over the cp·dp ranks of
+//! the data-parallel group, which ZeRO also shards over (`cp.rs`).
 
 mod coll;
 mod compute;
+pub mod cp;
 mod engine;
 mod finite;
 mod memory;
@@ -232,6 +238,14 @@ pub struct RankExec {
     grad_buckets: BTreeMap<(u32, u32, u32), UnitVecs>,
     flight: BTreeMap<(u32, u32, T), Vec<f32>>,
     batches: Vec<Batch>,
+    /// Context-parallel ranks (1 without) and the original positions of this rank's rows
+    /// of a sequence ([`crate::attention_cp::cp_positions`]).
+    cp: usize,
+    positions: Vec<u32>,
+    /// Context parallelism: the storage of the exchange buffers (`cp ROLE L.. mb..`) and
+    /// the tensors between the attention pieces.
+    cp_store: BTreeMap<(u32, u32, cp::CpRole), Vec<f32>>,
+    cp_work: BTreeMap<(u32, u32), cp::CpWork>,
     // Per step.
     step: u32,
     loss_sum: f64,
@@ -289,7 +303,11 @@ impl RankExec {
             })?);
         let coord = grid.coord(rank);
         let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
-        let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
+        // Under context parallelism a rank holds s/cp tokens of each sequence (its two
+        // load-balanced chunks, in that order, `load_batches`).
+        let cp = p.cp.max(1) as usize;
+        let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize / cp };
+        let positions = crate::attention_cp::cp_positions(s.model.seq_len as usize, cp, coord.cp as usize);
         // Lowering checked that tp divides seq_len under sequence parallelism.
         let sp = plan.sequence_parallel();
         debug_assert!(
@@ -311,10 +329,12 @@ impl RankExec {
             };
             let layout = ParamLayout::new(&s.model, tp, spec)?;
             let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
-            let buckets = chunk_buckets(&layout, &plan_buckets, coord.dp as usize, p.dp as usize, p.zero)?;
+            // ZeRO shards over the data-parallel group: its cp · dp ranks.
+            let (pos, size) = (grid.position(rank, GroupKind::Dp), grid.group_size(GroupKind::Dp));
+            let buckets = chunk_buckets(&layout, &plan_buckets, pos as usize, size as usize, p.zero)?;
             chunks.push(new_chunk(layout, buckets, seed, p.zero));
         }
-        let groups = [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World]
+        let groups = [GroupKind::Tp, GroupKind::Dp, GroupKind::Cp, GroupKind::Embedding, GroupKind::World]
             .into_iter()
             .map(|k| {
                 let g = Group { kind: k, members: grid.group(rank, k), position: grid.position(rank, k) as usize };
@@ -341,7 +361,7 @@ impl RankExec {
             zero: p.zero,
             recompute: p.recompute,
             flash: t.flash_attention,
-            grad_scale: 1.0 / (m as usize * p.dp as usize * micro.tokens()) as f32,
+            grad_scale: 1.0 / (m as usize * p.dp as usize * cp * micro.tokens()) as f32,
             base_lr: adamw.lr,
             adamw,
             warmup: t.warmup_steps,
@@ -361,6 +381,10 @@ impl RankExec {
             grad_buckets: BTreeMap::new(),
             flight: BTreeMap::new(),
             batches: Vec::new(),
+            cp,
+            positions,
+            cp_store: BTreeMap::new(),
+            cp_work: BTreeMap::new(),
             step: 0,
             loss_sum: 0.0,
             grad_norm: None,
@@ -498,12 +522,21 @@ impl RankExec {
         &self.batches[mb as usize]
     }
 
-    /// Loads this replica's microbatches of step `step`.
+    /// Loads this replica's microbatches of step `step` (under context parallelism the
+    /// rows of this rank's two chunks of each sequence).
     fn load_batches(&mut self, step: u32) -> Result<(), RuntimeError> {
         let (dp, d, m) = (self.plan.grid.dp as u64, self.coord.dp as u64, self.m as u64);
-        self.batches = (0..m)
-            .map(|k| self.corpus.batch((step as u64 * dp + d) * m + k, self.micro))
-            .collect::<Result<Vec<_>, _>>()?;
+        let full = Micro { seq: self.micro.seq * self.cp, ..self.micro };
+        self.batches =
+            (0..m).map(|k| self.corpus.batch((step as u64 * dp + d) * m + k, full)).collect::<Result<Vec<_>, _>>()?;
+        if self.cp > 1 {
+            let rows = |x: &[u32]| -> Vec<u32> {
+                x.chunks_exact(full.seq).flat_map(|s| self.positions.iter().map(|&p| s[p as usize])).collect()
+            };
+            for b in &mut self.batches {
+                *b = Batch { micro: self.micro, inputs: rows(&b.inputs), targets: rows(&b.targets) };
+            }
+        }
         for b in &self.batches {
             crate::embed::check_tokens(&b.inputs, self.plan.vocab() as usize)?;
         }

@@ -73,6 +73,12 @@ pub enum BufKey {
         bucket: u32,
         mb: u32,
     },
+    /// Context parallelism: an exchange buffer of a layer's attention (`super::cp`).
+    Cp {
+        layer: u32,
+        mb: u32,
+        role: super::cp::CpRole,
+    },
 }
 
 fn num(word: Option<&str>, prefix: &str) -> Option<u32> {
@@ -106,6 +112,9 @@ impl BufKey {
             },
             ("gathered", 4) => {
                 BufKey::Gathered { chunk: num(at(1), "c")?, bucket: num(at(2), "b")?, mb: num(at(3), "mb")? }
+            }
+            ("cp", 4) => {
+                BufKey::Cp { role: super::cp::CpRole::parse(at(1)?)?, layer: num(at(2), "L")?, mb: num(at(3), "mb")? }
             }
             ("grad", 5) if at(1)? == "bucket" => {
                 BufKey::GradBucket { chunk: num(at(2), "c")?, bucket: num(at(3), "b")?, mb: num(at(4), "mb")? }
@@ -160,6 +169,8 @@ mod tests {
             ("send grad vs1 mb0", BufKey::Msg { send: true, kind: P2pKind::Gradient, vstage: 1, mb: 0 }),
             ("gathered c0 b3 mb2", BufKey::Gathered { chunk: 0, bucket: 3, mb: 2 }),
             ("grad bucket c1 b0 mb4", BufKey::GradBucket { chunk: 1, bucket: 0, mb: 4 }),
+            ("cp dkv1 L2 mb3", BufKey::Cp { layer: 2, mb: 3, role: super::super::cp::CpRole::Dkv(1) }),
+            ("cp qkv-heads L0 mb1", BufKey::Cp { layer: 0, mb: 1, role: super::super::cp::CpRole::QkvHeads }),
         ];
         for (name, key) in cases {
             assert_eq!(BufKey::parse(name), Some(key), "{name}");

@@ -43,7 +43,7 @@ lr = 1e-3
                 .find_map(|o| o.strip_prefix(&format!("parallel.{k}=")))
                 .map_or(1, |v| v.parse::<u64>().unwrap())
         };
-        get("tp") * get("pp") * get("dp")
+        get("tp") * get("cp") * get("pp") * get("dp")
     });
     overrides.push(format!("cluster.gpus_per_node={ranks}"));
     Scenario::from_toml(text, "test", "test", &overrides).expect("a valid test scenario")

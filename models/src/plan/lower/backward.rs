@@ -180,7 +180,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let mut b = bufs.clone();
             b.extend(scores);
             b.extend(&mbufs);
-            let op = self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b);
+            let op = if piece == Piece::Attn && self.cp() > 1 {
+                self.cp_attention_backward(mb, chunk, layer, &wait, &b)
+            } else {
+                self.compute(piece, Phase::BackwardInput, mb, chunk, layer, &wait, &b)
+            };
             if let Some(sb) = scores {
                 self.e.free(Stream::Compute, &[op], sb);
             }
@@ -234,6 +238,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut bufs = vec![act];
         if let Some(b) = self.recompute.get(&(layer, mb)) {
             bufs.push(*b);
+        }
+        if piece == Piece::Attn && self.cp() > 1 {
+            return self.cp_attention_weight(mb, chunk, layer, &wait, &bufs);
         }
         self.compute(piece, Phase::BackwardWeight, mb, chunk, layer, &wait, &bufs)
     }

@@ -78,7 +78,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 _ => self.pl.cost(piece, phase),
             },
         };
-        let op = ComputeOp { piece, phase, mb, chunk, layer, step: 0, cost };
+        self.compute_step(ComputeOp { piece, phase, mb, chunk, layer, step: 0, cost }, deps, bufs)
+    }
+
+    /// A compute op as given (a ring step of the attention core names its step and cost).
+    pub(super) fn compute_step(&mut self, op: ComputeOp, deps: &[OpId], bufs: &[BufId]) -> OpId {
         let mut deps = deps.to_vec();
         deps.append(&mut self.pending_sync);
         let id = self.e.op(Stream::Compute, &deps, bufs, OpKind::Compute(op));
@@ -155,10 +159,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         };
         let bytes = match site {
             // Per token: (max, sum of exponentials, target logit) in fp32 from each of t ranks.
-            TpSite::LossStats => {
-                let m = &self.s().model;
-                self.s().parallel.micro_batch as u64 * m.seq_len as u64 * 3 * 4 * self.s().parallel.tp as u64
-            }
+            TpSite::LossStats => self.rank_tokens() * 3 * 4 * self.s().parallel.tp as u64,
             _ => self.tensor_bytes(),
         };
         let purpose = CollPurpose::Tp { site, piece, phase, mb, chunk, layer };

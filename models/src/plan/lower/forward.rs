@@ -33,7 +33,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let m = &self.s().model;
             let p = &self.s().parallel;
             let mask = if has_dropout(m) {
-                let sbh = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64;
+                let sbh = self.rank_tokens() * m.hidden as u64;
                 if self.sp { sbh / p.tp as u64 } else { sbh }
             } else {
                 0
@@ -95,6 +95,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             s.parallel.tp,
         )
         .ceil() as u64
+            / s.parallel.cp as u64
     }
 
     /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
@@ -141,7 +142,11 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             wait.extend(mdeps);
             let mut b = bufs.clone();
             b.extend(&mbufs);
-            let op = self.compute(gather_piece, phase, mb, chunk, layer, &wait, &b);
+            let op = if gather_piece == Piece::Attn && self.cp() > 1 {
+                self.cp_attention(phase, mb, chunk, layer, &wait, &b)
+            } else {
+                self.compute(gather_piece, phase, mb, chunk, layer, &wait, &b)
+            };
             if pass == Pass::Forward {
                 self.release_modules(layer, gather_piece, mb, pass, op);
             }
@@ -160,7 +165,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn head_forward(&mut self, chunk: u32, mb: u32) {
         let s = self.s();
         let p = &s.parallel;
-        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.storage_dtype(), p.tp, self.sp);
+        let bytes = head_buffer_bytes(&s.model, p.micro_batch, s.training.storage_dtype(), p.tp, self.sp) / p.cp as u64;
         let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("head mb{mb}"));
         self.head_buf.insert(mb, buf);
         let units = self.head_units();

@@ -39,6 +39,7 @@
 
 mod backward;
 mod buckets;
+mod cp;
 mod emit;
 mod forward;
 mod modules;
@@ -81,12 +82,16 @@ pub struct Planner<'a> {
     host_cost_ids: BTreeMap<(Piece, Phase), CostId>,
     /// phase → the cost id of a mixture-of-experts layer's `LayerOut` (empty when dense).
     moe_out_ids: BTreeMap<Phase, CostId>,
+    /// Context parallelism under ring attention: phase → the cost of a later ring step of
+    /// the attention core (step 0 is `cost_ids[(AttnCore, phase)]`).
+    ring_step_cost_ids: BTreeMap<Phase, CostId>,
 }
 
 impl<'a> Planner<'a> {
     pub fn new(s: &'a Scenario) -> Result<Planner<'a>, ScenarioError> {
         s.validate()?;
         let p = &s.parallel;
+        cp::check(s)?;
         let grid = RankGrid::new(p.tp, p.dp, p.pp, s.cluster.gpus_per_node).with_cp_ep(p.cp, p.ep);
         let mut costs = Vec::new();
         let mut cost_ids = BTreeMap::new();
@@ -108,8 +113,10 @@ impl<'a> Planner<'a> {
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
             let (dense, expert) = moe::split_params(b.iter());
+            // ZeRO shards dense state over the data-parallel group (cp · dp ranks), expert
+            // state over the expert-data-parallel group.
             let shard = if p.zero >= 1 {
-                dense.div_ceil(p.dp as u64) + expert.div_ceil(p.expert_dp().max(1))
+                dense.div_ceil(p.grad_ranks()) + expert.div_ceil(p.expert_dp().max(1))
             } else {
                 dense + expert
             };
@@ -136,7 +143,8 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, moe_out_ids })
+        let ring_step_cost_ids = cp::costs(s, &mut costs, &mut cost_ids, &mut host_ns);
+        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, moe_out_ids, ring_step_cost_ids })
     }
 
     pub fn grid(&self) -> RankGrid {
@@ -314,18 +322,24 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         self.s().parallel.chunk_layers(&self.s().model, self.vstage(chunk))
     }
 
-    /// Bytes of the residual stream of one microbatch on one rank (a pipeline message).
+    /// Bytes of the residual stream of one microbatch on one rank (a pipeline message;
+    /// s/cp tokens of each sequence under context parallelism).
     fn residual_bytes(&self) -> u64 {
-        let m = &self.s().model;
         let p = &self.s().parallel;
-        let full = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes();
+        let full = self.tensor_bytes();
         if self.sp { full / p.tp as u64 } else { full }
     }
 
-    /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective.
+    /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective
+    /// (b·(s/cp)·h under context parallelism).
     fn tensor_bytes(&self) -> u64 {
-        let m = &self.s().model;
-        self.s().parallel.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * self.dtype().bytes()
+        self.rank_tokens() * self.s().model.hidden as u64 * self.dtype().bytes()
+    }
+
+    /// Tokens of one microbatch on one rank: b·s, or b·s/cp with context parallelism.
+    fn rank_tokens(&self) -> u64 {
+        let p = &self.s().parallel;
+        p.micro_batch as u64 * self.s().model.seq_len as u64 / p.cp.max(1) as u64
     }
 
     fn lower(&mut self) {
@@ -357,9 +371,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let layout = scenario_layout(self.s());
         for chunk in 0..p.vpp {
             let (dense, expert) = moe::split_params(self.buckets().iter().filter(|b| b.chunk == chunk));
-            // Expert state shards over the expert-data-parallel group, the rest over dp.
-            let edp = p.expert_dp().max(1) as u32;
-            let by = |per: crate::accounting::states::PerParam| per.bytes(dense, p.dp) + per.bytes(expert, edp);
+            // ZeRO shards dense state over the data-parallel group (cp · dp ranks), expert
+            // state over the expert-data-parallel group.
+            let (shards, edp) = (p.grad_ranks() as u32, p.expert_dp().max(1) as u32);
+            let by = |per: crate::accounting::states::PerParam| per.bytes(dense, shards) + per.bytes(expert, edp);
             let weights = by(layout.weights);
             let grads = by(layout.grads);
             let optim = by(layout.optimizer);

@@ -79,6 +79,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             crate::accounting::memory::moe_layer_activation_bytes(&s.model, p, self.dtype(), recompute, flash).ceil()
                 as u64
         } else {
+            // Context parallelism: each rank saves its s/cp share, and under Ulysses the
+            // head-layout attention output beside it (none for the full-recomputation buffer).
+            let extra = if recompute == p.recompute { crate::accounting::memory::cp_saved_extra_bytes(s) } else { 0 };
             crate::accounting::memory::layer_activation_bytes(
                 &s.model,
                 p.micro_batch,
@@ -89,6 +92,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 flash,
             )
             .ceil() as u64
+                / p.cp.max(1) as u64
+                + extra
         }
     }
 

@@ -23,7 +23,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let m = &self.s().model;
         if m.tied_embeddings() && p.pp > 1 && (self.stage == 0 || self.stage == p.pp - 1) {
             let rows = unit_params(self.s(), Unit::WordEmbedding);
-            let rows = if p.zero >= 1 { rows.div_ceil(p.dp as u64) } else { rows };
+            let rows = if p.zero >= 1 { rows.div_ceil(p.grad_ranks()) } else { rows };
             let bytes = rows * self.grad_reduce_bytes();
             // The word embedding lives in chunk 0 of the first stage and the last chunk of the last.
             let grads = self.grads_buf(if self.stage == 0 { 0 } else { p.vpp - 1 });
@@ -52,7 +52,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 // Multi-token-prediction modules: their layer's and their three norms.
                 params += (m.layers..m.layers + m.mtp_layers).map(|l| replicated(l) + 3 * m.norm_params()).sum::<u64>();
             }
-            let owned = if p.zero >= 1 { params.div_ceil(p.dp as u64) } else { params };
+            let owned = if p.zero >= 1 { params.div_ceil(p.grad_ranks()) } else { params };
             let bytes = owned * self.grad_reduce_bytes();
             let grads: Vec<BufId> = (0..p.vpp).map(|c| self.grads_buf(c)).collect();
             let op = self.grad_collective(
