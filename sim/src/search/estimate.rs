@@ -220,8 +220,9 @@ impl Estimator {
         // (forward and backward).
         let pipe = mb * max_x + bubble + 2.0 * p.pipeline().last_vstage() as f64 * p2p;
 
-        // Data parallelism (the stage with the most parameters).
-        let psi = stage_params(m, p).iter().map(|sp| sp.per_rank()).max().unwrap_or(0);
+        // Data parallelism (the stage with the most parameters): the dense ones, replicated
+        // over cp · dp; routed experts reduce over their own group below.
+        let psi = stage_params(m, p).iter().map(|sp| sp.dense_per_rank()).max().unwrap_or(0);
         let (w_bytes, opt_g_bytes, _) = state_bytes_per_param(dtype);
         // Gradients travel in the framework's reduction dtype (Megatron-LM's fp32 main
         // gradients, DeepSpeed's bf16, FSDP2's fp32), as the lowering sends them.
