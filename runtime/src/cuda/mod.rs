@@ -9,6 +9,7 @@
 //! libraries are looked for first: cudarc itself would panic).
 
 pub mod check;
+pub mod exec;
 pub mod kernels;
 pub mod reference;
 
