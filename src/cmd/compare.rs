@@ -41,7 +41,7 @@ pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
     /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (GPUs; the
-    /// CUDA executor is not built yet, so cuda says what this build and machine have).
+    /// CUDA executor is not wired to compare yet, so cuda says what this build and machine have).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     #[command(flatten)]
@@ -103,7 +103,7 @@ pub struct LoopConfig {
 pub use crate::cmd::quiet::LOADED;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::gpu::executor_backend("strata compare", &args.backend)?;
+    let _cpu = super::gpu::executor_backend("strata compare", &args.backend)?;
     let base = args.scenario.load()?;
     calibrate::require_cpu(&base)?;
     if args.steps == 0 {

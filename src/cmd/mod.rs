@@ -20,5 +20,7 @@ pub mod search_ties;
 pub mod simulate;
 pub mod trace;
 pub mod train;
+#[cfg(feature = "cuda")]
+pub mod train_cuda;
 pub mod verify;
 pub mod whatif;

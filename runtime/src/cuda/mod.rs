@@ -59,7 +59,7 @@ pub(crate) fn fail(what: impl Into<String>) -> impl FnOnce(&dyn std::fmt::Debug)
 
 /// An error unless the CUDA driver library (libcuda) can be loaded; cudarc panics on a
 /// missing library, so every entry point asks first.
-fn require_driver() -> Result<(), CudaError> {
+pub(crate) fn require_driver() -> Result<(), CudaError> {
     // SAFETY: only tries to open the shared library by its candidate names.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())
@@ -74,7 +74,7 @@ fn require_driver() -> Result<(), CudaError> {
 }
 
 /// An error unless cuBLAS can be loaded.
-fn require_cublas() -> Result<(), CudaError> {
+pub(crate) fn require_cublas() -> Result<(), CudaError> {
     // SAFETY: as for the driver.
     if unsafe { cudarc::cublas::sys::is_culib_present() } {
         Ok(())

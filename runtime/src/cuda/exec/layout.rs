@@ -50,6 +50,21 @@ impl ChunkState {
         })
     }
 
+    /// Bytes the CUDA executor allocates for persistent buffer `key`: bf16 parameters, fp32
+    /// master + m + v (12 B) — the plan's bytes for a bf16 plan — and **fp32 gradients**
+    /// (4 B, where the plan predicts 2): weight gradients accumulate over microbatches in
+    /// fp32, as the kernels write them (`layernorm_bwd_params`, `col_sum`, `embed_bwd`
+    /// accumulate into fp32) and as Megatron-LM's main gradients do. The gap, 2 B per
+    /// gradient held, is the executor's, not the plan's; the test below pins it.
+    pub fn device_bytes(&self, key: BufKey) -> Option<u64> {
+        Some(match key {
+            BufKey::Params { .. } => 2 * self.param_elems() as u64,
+            BufKey::Grads { .. } => 4 * self.grad_elems() as u64,
+            BufKey::Optimizer { .. } => 12 * self.owned as u64,
+            _ => return None,
+        })
+    }
+
     /// Elements of bf16 parameters held: the whole chunk, or the owned part (ZeRO-3).
     pub fn param_elems(&self) -> usize {
         if self.states.weights.sharded > 0 { self.owned } else { self.len }
@@ -130,6 +145,32 @@ mod tests {
             persistent_bytes_match(&[&z, "training.dtype=\"bf16\""]);
         }
         persistent_bytes_match(&["parallel.vpp=2", "parallel.schedule=\"interleaved\"", "parallel.zero=0"]);
+    }
+
+    #[test]
+    fn the_executor_allocates_the_plans_bf16_states_except_fp32_gradients() {
+        for zero in 0..=1 {
+            let z = format!("parallel.zero={zero}");
+            let p = plan(&[&z, "training.dtype=\"bf16\""]);
+            let chunks = rank_state(&p, 0).unwrap();
+            for op in &p.program(0).ops {
+                let OpKind::Alloc(a) = &op.kind else { continue };
+                let Some(key @ (BufKey::Params { chunk } | BufKey::Grads { chunk } | BufKey::Optimizer { chunk })) =
+                    BufKey::parse(&a.name)
+                else {
+                    continue;
+                };
+                let c = &chunks[chunk as usize];
+                let (dev, plan) = (c.device_bytes(key).unwrap(), c.bytes(key).unwrap());
+                match key {
+                    BufKey::Grads { .. } => assert_eq!(dev, 2 * plan, "{}", a.name),
+                    _ => assert_eq!(dev, plan, "{}", a.name),
+                }
+                if zero == 0 {
+                    assert_eq!(plan, a.bytes, "{}", a.name);
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,11 @@
 //! `cuda::kernels` per plan piece), the driver that enqueues a step, the communicators
 //! (shared-GPU device copies, NCCL) — so `strata train --backend cuda` still refuses.
 
+mod backward;
+pub mod device;
 pub mod layout;
+mod pieces;
 pub mod pool;
+pub mod rank;
 pub mod schedule;
+pub mod train;
