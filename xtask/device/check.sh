@@ -28,6 +28,7 @@ nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 run devices 30 "$BIN" presets >/dev/null
 run kernels 240 "$BIN" kernels --check --json
 run calibrate 150 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --json
-run train-1rank 30 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda
+run simulate 30 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
+run train-1rank 120 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 20 --json --out "$OUT/train-1rank"
 run pytorch-eager 180 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024
 python3 xtask/device/table.py "$OUT" | tee "$OUT/table.txt"

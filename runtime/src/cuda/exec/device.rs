@@ -13,9 +13,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use strata_models::plan::Stream;
 
 use super::pool::DeviceMemory;
@@ -250,29 +248,33 @@ impl Gpu {
     }
 }
 
-/// The device memory behind the caching pool: stream-ordered allocations on the compute
-/// stream.
+/// The device memory behind the caching pool: plain `cuMemAlloc` blocks, valid on every
+/// stream at once (a stream-ordered allocation on one stream would not be, for the other
+/// plan streams that use it), given back with `cuMemFree` when the pool releases its cache.
 pub struct CudaMemory {
-    pub stream: Arc<CudaStream>,
+    pub ctx: Arc<CudaContext>,
 }
 
-/// A reserved device block and its address.
+/// A reserved device block: its address and size.
+#[derive(Debug)]
 pub struct Block {
-    pub slice: CudaSlice<u8>,
     pub ptr: Ptr,
+    pub bytes: u64,
 }
 
 impl DeviceMemory for CudaMemory {
     type Block = Block;
     fn reserve(&mut self, bytes: u64) -> Result<Block, String> {
-        // SAFETY: the block is uninitialised; every user writes before it reads (the pieces
-        // zero the accumulators they add into).
-        let slice = unsafe { self.stream.alloc::<u8>(bytes as usize) }.map_err(|e| format!("{e:?}"))?;
-        let ptr = {
-            let (p, _sync) = slice.device_ptr(&self.stream);
-            p
-        };
-        Ok(Block { slice, ptr })
+        self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: a plain allocation of `bytes`; the block is uninitialised and every user
+        // writes before it reads (the pieces zero the accumulators they add into).
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes as usize) }.map_err(|e| format!("{e:?}"))?;
+        Ok(Block { ptr, bytes })
+    }
+    fn release(&mut self, block: Block) {
+        // SAFETY: the block came from `reserve` and no user holds it (it sat in the cache);
+        // cuMemFree waits for the device's work, so no enqueued kernel still reads it.
+        let _ = unsafe { cudarc::driver::result::free_sync(block.ptr) };
     }
 }
 

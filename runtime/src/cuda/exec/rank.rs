@@ -204,7 +204,7 @@ impl GpuRank {
         let gpu = Gpu::open(ordinal)?;
         let context_bytes = gpu.memory_bytes.saturating_sub(gpu.free_bytes()?);
         let limit = gpu.memory_bytes.saturating_sub(context_bytes);
-        let pool = DevicePool::new(CudaMemory { stream: gpu.stream(Stream::Compute).clone() }, limit);
+        let pool = DevicePool::new(CudaMemory { ctx: gpu.ctx.clone() }, limit);
         let n = graph.len();
         let ends = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
         let starts = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
