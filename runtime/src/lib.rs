@@ -27,7 +27,8 @@
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
 //!   cores) that `strata calibrate` fits into a hardware profile; [`cputime`]: a thread's
 //!   CPU time, which the traced step records per op;
-//! - `cuda` (feature `cuda`): the GPUs the driver sees and cuBLAS GEMM timing on them.
+//! - `cuda` (feature `cuda`): the GPUs the driver sees, cuBLAS GEMM timing on them, the
+//!   model's NVRTC kernels, and the CUDA executor of one-GPU plans (`cuda::exec`).
 //!
 //! Running a plan (what `strata train` does, and what `strata compare` can do):
 //!

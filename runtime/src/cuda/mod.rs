@@ -1,8 +1,8 @@
 //! The GPU side, behind the `cuda` feature: what the GPUs of this machine are (the CUDA
 //! driver's device attributes), how fast cuBLAS runs a model's GEMMs on them — what
 //! `strata calibrate --backend cuda` measures — and the model's kernels (`kernels`: NVRTC
-//! sources; `check`: each against the CPU reference in `reference`, on a GPU). The CUDA
-//! executor itself (plans run on GPUs with NCCL) is not built yet.
+//! sources; `check`: each against the CPU reference in `reference`, on a GPU), and the CUDA
+//! executor (`exec`: one-GPU plans; the multi-rank communicators are not built yet).
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
