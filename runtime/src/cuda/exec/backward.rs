@@ -7,12 +7,12 @@ use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use cudarc::driver::LaunchConfig;
 
-use super::device::{Arg, blocks, per_row};
+use super::device::{Arg, Device, blocks, per_row};
 use super::pieces::{C, W, attn_grid};
 use super::rank::{GpuExecError, GpuRank, Res};
 use crate::params::ParamKind;
 
-impl GpuRank {
+impl<D: Device> GpuRank<D> {
     fn keep(&mut self, layer: u32, mb: u32, w: W, t: super::rank::Tensor) {
         self.kept.insert((layer, mb, w), t);
     }

@@ -118,15 +118,64 @@ impl Gpu {
     pub fn stream(&self, s: Stream) -> &Arc<CudaStream> {
         &self.streams[s.index()]
     }
+}
+
+/// What the executor asks of a GPU: launches, GEMMs, copies, events and its memory. The
+/// GPU itself ([`Gpu`]) implements it; so does a host stand-in in the tests
+/// (`exec::host`), which checks every launch and every address without a GPU.
+pub trait Device {
+    type Event;
+    type Mem: DeviceMemory<Block = Block>;
+    /// The memory the caching pool draws from.
+    fn memory(&self) -> Self::Mem;
+    fn name(&self) -> &str;
+    fn memory_bytes(&self) -> u64;
+    /// Bytes the device has free now (the context and other processes already taken).
+    fn free_bytes(&self) -> Res<u64>;
+    /// Launches kernel `name` on stream `s`.
+    fn launch(&self, s: Stream, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Res<()>;
+    /// Row-major C (m×n) = op(A)·op(B) + β·C on the compute stream (see [`Gpu`]'s).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&self, m: usize, nn: usize, k: usize, a: Op, b: Op, c: Ptr, c_dt: Dt, beta: f32) -> Res<()>;
+    fn copy(&self, s: Stream, dst: Ptr, src: Ptr, bytes: usize) -> Res<()>;
+    fn zero(&self, s: Stream, dst: Ptr, bytes: usize) -> Res<()>;
+    fn upload<T: Copy>(&self, dst: Ptr, src: &[T]) -> Res<()>;
+    fn download<T: Copy>(&self, s: Stream, dst: &mut [T], src: Ptr) -> Res<()>;
+    fn event(&self, timing: bool) -> Res<Self::Event>;
+    fn record(&self, e: &Self::Event, s: Stream) -> Res<()>;
+    fn wait(&self, s: Stream, e: &Self::Event) -> Res<()>;
+    fn elapsed_ms(&self, from: &Self::Event, to: &Self::Event) -> Res<f32>;
+    fn sync_all(&self) -> Res<()>;
+}
+
+impl Device for Gpu {
+    type Event = CudaEvent;
+    type Mem = CudaMemory;
+
+    fn memory(&self) -> CudaMemory {
+        CudaMemory { ctx: self.ctx.clone() }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    fn elapsed_ms(&self, from: &CudaEvent, to: &CudaEvent) -> Res<f32> {
+        from.elapsed_ms(to).map_err(|e| fail("reading the time between two events")(&e))
+    }
 
     /// Bytes the device has free now (the context and other processes already taken).
-    pub fn free_bytes(&self) -> Res<u64> {
+    fn free_bytes(&self) -> Res<u64> {
         let (free, _) = self.ctx.mem_get_info().map_err(|e| fail("asking the GPU for its free memory")(&e))?;
         Ok(free as u64)
     }
 
     /// Launches kernel `name` on stream `s`.
-    pub fn launch(&self, s: Stream, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Res<()> {
+    fn launch(&self, s: Stream, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Res<()> {
         let f = self
             .funcs
             .get(name)
@@ -154,7 +203,7 @@ impl Gpu {
     /// accumulation, C in `c_dt`. A is (m×k) as stored, or (k×m) when transposed; B is
     /// (k×n), or (n×k) when transposed. cuBLAS is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm(&self, m: usize, nn: usize, k: usize, a: Op, b: Op, c: Ptr, c_dt: Dt, beta: f32) -> Res<()> {
+    fn gemm(&self, m: usize, nn: usize, k: usize, a: Op, b: Op, c: Ptr, c_dt: Dt, beta: f32) -> Res<()> {
         let op = |tr: bool| if tr { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let lda = if a.t { m } else { k };
         let ldb = if b.t { k } else { nn };
@@ -189,21 +238,21 @@ impl Gpu {
     }
 
     /// Copies `bytes` from `src` to `dst` on stream `s`.
-    pub fn copy(&self, s: Stream, dst: Ptr, src: Ptr, bytes: usize) -> Res<()> {
+    fn copy(&self, s: Stream, dst: Ptr, src: Ptr, bytes: usize) -> Res<()> {
         // SAFETY: both are device addresses of blocks of at least `bytes` (the callers').
         unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream(s).cu_stream()) }
             .map_err(|e| fail("copying on the GPU")(&e))
     }
 
     /// Zeroes `bytes` at `dst` on stream `s`.
-    pub fn zero(&self, s: Stream, dst: Ptr, bytes: usize) -> Res<()> {
+    fn zero(&self, s: Stream, dst: Ptr, bytes: usize) -> Res<()> {
         // SAFETY: as for `copy`.
         unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, self.stream(s).cu_stream()) }
             .map_err(|e| fail("zeroing GPU memory")(&e))
     }
 
     /// Copies host data to `dst` and waits for the copy (the host data may go after).
-    pub fn upload<T: Copy>(&self, dst: Ptr, src: &[T]) -> Res<()> {
+    fn upload<T: Copy>(&self, dst: Ptr, src: &[T]) -> Res<()> {
         let s = self.stream(Stream::Compute);
         // SAFETY: `dst` is a device block of at least size_of_val(src) bytes; the copy is
         // finished before `src` can be dropped (synchronize below).
@@ -213,7 +262,7 @@ impl Gpu {
     }
 
     /// Copies `dst.len()` elements from `src` back to the host, after stream `s`'s work.
-    pub fn download<T: Copy>(&self, s: Stream, dst: &mut [T], src: Ptr) -> Res<()> {
+    fn download<T: Copy>(&self, s: Stream, dst: &mut [T], src: Ptr) -> Res<()> {
         let st = self.stream(s);
         // SAFETY: `src` is a device block of at least size_of_val(dst) bytes; the host buffer
         // outlives the copy (synchronize below).
@@ -223,7 +272,7 @@ impl Gpu {
     }
 
     /// An event (timing enabled when `timing`).
-    pub fn event(&self, timing: bool) -> Res<CudaEvent> {
+    fn event(&self, timing: bool) -> Res<CudaEvent> {
         let flags = if timing {
             cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT
         } else {
@@ -232,15 +281,15 @@ impl Gpu {
         self.ctx.new_event(Some(flags)).map_err(|e| fail("creating a CUDA event")(&e))
     }
 
-    pub fn record(&self, e: &CudaEvent, s: Stream) -> Res<()> {
+    fn record(&self, e: &CudaEvent, s: Stream) -> Res<()> {
         e.record(self.stream(s)).map_err(|er| fail(format!("recording an event on stream {}", s.key()))(&er))
     }
 
-    pub fn wait(&self, s: Stream, e: &CudaEvent) -> Res<()> {
+    fn wait(&self, s: Stream, e: &CudaEvent) -> Res<()> {
         self.stream(s).wait(e).map_err(|er| fail(format!("making stream {} wait on an event", s.key()))(&er))
     }
 
-    pub fn sync_all(&self) -> Res<()> {
+    fn sync_all(&self) -> Res<()> {
         for s in Stream::ALL {
             self.stream(s).synchronize().map_err(|e| fail(format!("finishing stream {}", s.key()))(&e))?;
         }

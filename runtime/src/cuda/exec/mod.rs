@@ -14,6 +14,8 @@
 
 mod backward;
 pub mod device;
+#[cfg(test)]
+mod host;
 pub mod layout;
 mod pieces;
 pub mod pool;

@@ -11,7 +11,7 @@
 
 use strata_models::plan::{ComputeOp, P2pKind, Phase, Piece, Stream};
 
-use super::device::{Arg, Dt, Ptr, blocks, n, per_row, t};
+use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
 use crate::exec::pool::BufKey;
 use crate::params::LAYER_KINDS;
@@ -125,7 +125,7 @@ pub fn head_acts(d: &super::rank::Dims, base: Ptr) -> (HeadActs, u64) {
 
 pub(super) const C: Stream = Stream::Compute;
 
-impl GpuRank {
+impl<D: Device> GpuRank<D> {
     pub(super) fn k(&self, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[Arg]) -> Res<()> {
         Ok(self.gpu.launch(C, name, cfg, args)?)
     }

@@ -14,13 +14,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::CudaEvent;
 use strata_models::plan::exec::ProgramGraph;
 use strata_models::plan::{BufClass, BufId, OpId, OpKind, Plan, Stream};
 use strata_models::trace::{MemSample, Span};
 use strata_models::{Dtype, Family, Recompute};
 
-use super::device::{Block, CudaMemory, Gpu, Ptr};
+use super::device::{Block, Device, Gpu, Ptr};
 use super::layout::{ChunkState, rank_state};
 use super::pool::{DevicePool, Lease, PoolError};
 use super::schedule::Schedule;
@@ -98,10 +97,10 @@ pub(super) struct Live {
 }
 
 /// One GPU rank.
-pub struct GpuRank {
+pub struct GpuRank<D: Device = Gpu> {
     pub(super) plan: Arc<Plan>,
-    pub(super) gpu: Gpu,
-    pub(super) pool: DevicePool<CudaMemory, Fence>,
+    pub(super) gpu: D,
+    pub(super) pool: DevicePool<D::Mem, Fence>,
     sched: Arc<Schedule>,
     pub(super) chunks: Vec<ChunkState>,
     pub(super) bufs: Vec<ChunkBufs>,
@@ -114,8 +113,8 @@ pub struct GpuRank {
     pub(super) tokens: Option<Tensor>,
     pub(super) losses: Option<Tensor>,
     /// End event of every op (waits and the trace), start events for the traced step.
-    ends: Vec<CudaEvent>,
-    starts: Vec<CudaEvent>,
+    ends: Vec<D::Event>,
+    starts: Vec<D::Event>,
     pub(super) dims: Dims,
     pub(super) m: u32,
     pub(super) micro: Micro,
@@ -183,10 +182,19 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     Ok(())
 }
 
-impl GpuRank {
+impl GpuRank<Gpu> {
     /// Rank 0 of `plan` on GPU `ordinal`, with freshly initialised state (the CPU
     /// executor's initial parameters, seeded from the scenario).
     pub fn new(plan: Arc<Plan>, ordinal: usize, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank> {
+        check_plan(&plan)?;
+        let gpu = Gpu::open(ordinal)?;
+        GpuRank::with_device(plan, gpu, corpus, cfg)
+    }
+}
+
+impl<D: Device> GpuRank<D> {
+    /// Rank 0 of `plan` on `gpu`.
+    pub fn with_device(plan: Arc<Plan>, gpu: D, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank<D>> {
         check_plan(&plan)?;
         let s = &plan.scenario;
         if corpus.vocab() > s.model.vocab as usize {
@@ -201,10 +209,9 @@ impl GpuRank {
         let graph = ProgramGraph::new(plan.program(0))
             .map_err(|e| RuntimeError::BadSetting(format!("the plan's program for rank 0 cannot run: {e}")))?;
         let sched = Arc::new(Schedule::new(plan.program(0), &graph));
-        let gpu = Gpu::open(ordinal)?;
-        let context_bytes = gpu.memory_bytes.saturating_sub(gpu.free_bytes()?);
-        let limit = gpu.memory_bytes.saturating_sub(context_bytes);
-        let pool = DevicePool::new(CudaMemory { ctx: gpu.ctx.clone() }, limit);
+        let context_bytes = gpu.memory_bytes().saturating_sub(gpu.free_bytes()?);
+        let limit = gpu.memory_bytes().saturating_sub(context_bytes);
+        let pool = DevicePool::new(gpu.memory(), limit);
         let n = graph.len();
         let ends = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
         let starts = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
@@ -260,8 +267,16 @@ impl GpuRank {
         })
     }
 
+    pub fn pool_stats(&self) -> super::pool::PoolStats {
+        self.pool.stats()
+    }
+
+    pub fn chunk_states(&self) -> &[ChunkState] {
+        &self.chunks
+    }
+
     pub fn gpu_name(&self) -> &str {
-        &self.gpu.name
+        self.gpu.name()
     }
 
     /// Peak memory so far: measured = the pool's reserved high-water mark + the context.
@@ -341,8 +356,8 @@ impl GpuRank {
         self.end_of_step()?;
         let (mut spans, mut memory) = (Vec::new(), Vec::new());
         if record {
-            let ns = |e: &CudaEvent| -> Res<u64> {
-                let ms = t0.elapsed_ms(e).map_err(|er| crate::cuda::fail("reading the trace's events")(&er))?;
+            let ns = |e: &D::Event| -> Res<u64> {
+                let ms = self.gpu.elapsed_ms(&t0, e)?;
                 Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
             };
             for e in &sched.order {
@@ -500,7 +515,7 @@ impl GpuRank {
     }
 }
 
-impl GpuRank {
+impl<D: Device> GpuRank<D> {
     /// The block of a plan buffer, filled where the buffer starts with a value: the
     /// persistent states from the seeded initial parameters (the CPU executor's), zeroed
     /// gradients and moments — these live in `bufs`, for the whole run. Activation and head
