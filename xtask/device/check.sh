@@ -30,5 +30,9 @@ run kernels 240 "$BIN" kernels --check --json
 run calibrate 150 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --json
 run simulate 30 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
 run train-1rank 120 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 20 --json --out "$OUT/train-1rank"
+# The CUDA executor against the CPU executor on the tiny GPT: same weights, data and plan
+# (bf16 storage on the GPU, fp32 on the CPU); the table prints the largest loss gap.
+run tiny-cuda 60 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --json
+run tiny-cpu 60 "$BIN" train scenarios/tiny-gpt-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
 run pytorch-eager 180 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024
 python3 xtask/device/table.py "$OUT" | tee "$OUT/table.txt"

@@ -48,6 +48,13 @@ if tr and tr.get("steps"):
 else:
     rows.append(("GPT-2 124M tokens/s, Strata", "not run: " + first_line("train-1rank")))
     rows.append(("step time predicted / measured", "not available: the training step did not run"))
+gc, cc = load("tiny-cuda"), load("tiny-cpu")
+if gc and cc:
+    pairs = list(zip([st["loss"] for st in gc["steps"]], [st["loss"] for st in cc["steps"]]))
+    k, (g, c_) = max(enumerate(pairs), key=lambda kv: abs(kv[1][0] - kv[1][1]))
+    rows.append(("tiny GPT loss, CUDA vs CPU executor", f"max |Δ| {abs(g - c_):.4f} at step {k} ({g:.4f} vs {c_:.4f}; {len(pairs)} steps, bf16 vs fp32)"))
+else:
+    rows.append(("tiny GPT loss, CUDA vs CPU executor", "not run: " + (first_line("tiny-cuda") or first_line("tiny-cpu"))))
 rows.append(("tp2·pp2·dp2 on one GPU vs single rank", "not built: the shared-GPU communicator is not built yet (Δloss not measured)"))
 w = max(len(r[0]) for r in rows)
 for name, value in rows:

@@ -37,6 +37,17 @@ fn the_device_check_scenario_is_a_plan_this_executor_runs() {
 }
 
 #[test]
+fn the_tiny_device_check_scenario_runs_here_and_on_cpu_with_the_same_weights() {
+    let text = include_str!("../../../../../scenarios/tiny-gpt-1xh200.toml");
+    let gpu = plan("tiny", text, &[]);
+    check_plan(&gpu).unwrap();
+    let cpu =
+        plan("tiny", text, &["cluster.preset=\"cpu-local\"", "cluster.nics_per_node=0", "training.dtype=\"fp32\""]);
+    let (g, c) = (rank_state(&gpu, 0).unwrap(), rank_state(&cpu, 0).unwrap());
+    assert_eq!(g[0].layout.init(0), c[0].layout.init(0), "the same initial weights");
+}
+
+#[test]
 fn plans_it_cannot_run_are_refused_naming_why() {
     let why = |sets: &[&str]| match check_plan(&plan("gpt2", GPT2, sets)) {
         Err(GpuExecError::Unsupported(w)) => w,
