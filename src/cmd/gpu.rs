@@ -1,8 +1,8 @@
 //! What `--backend cuda` answers on this build and this machine, in one place: a build
 //! without the `cuda` feature says so, a machine without a driver or a GPU says "no GPU
 //! found" — both exit 2 (nothing ran; the input cannot be served here), never a panic.
-//! Where a GPU is present, `train --backend cuda` runs the CUDA executor (one GPU so far);
-//! `compare --backend cuda` is not wired to it yet and says what does run.
+//! Where a GPU is present, `train` and `compare --backend cuda` run the CUDA executor (one
+//! GPU so far).
 
 use anyhow::bail;
 
@@ -39,8 +39,8 @@ pub enum Backend {
 }
 
 /// `--backend` of a command that executes plans: `cpu` runs; `cuda` needs a build with the
-/// `cuda` feature and a GPU (else exit 2 with the reason). `strata train` runs on it;
-/// `strata compare` is not wired to the CUDA executor yet and says so.
+/// `cuda` feature and a GPU (else exit 2 with the reason); `strata train` and `strata
+/// compare` then run the plan on GPU 0 through the CUDA executor.
 pub fn executor_backend(command: &str, backend: &str) -> anyhow::Result<Backend> {
     match backend {
         "cpu" => Ok(Backend::Cpu),
@@ -51,19 +51,7 @@ pub fn executor_backend(command: &str, backend: &str) -> anyhow::Result<Backend>
 
 #[cfg(feature = "cuda")]
 fn cuda_executor(command: &str) -> anyhow::Result<Backend> {
-    let gpus = require_gpus(
-        &format!("{command} --backend cuda"),
-        &format!("{command} --backend cpu runs the plan on CPU ranks"),
-    )?;
-    if command != "strata train" {
-        bail!(
-            "{} GPU(s) found ({}), but {command} --backend cuda is not wired to the CUDA executor yet: `strata train \
-             --backend cuda` trains a one-GPU plan, `strata calibrate --backend cuda` measures the GPU's GEMMs; \
-             {command} --backend cpu runs the plan on CPU ranks",
-            gpus.len(),
-            gpus[0].name
-        );
-    }
+    require_gpus(&format!("{command} --backend cuda"), &format!("{command} --backend cpu runs the plan on CPU ranks"))?;
     Ok(Backend::Cuda { ordinal: 0 })
 }
 

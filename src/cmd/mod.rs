@@ -3,6 +3,8 @@
 pub mod calibrate;
 pub mod collbench;
 pub mod compare;
+#[cfg(feature = "cuda")]
+pub mod compare_cuda;
 pub mod export;
 pub mod goodput;
 pub mod goodput_text;
