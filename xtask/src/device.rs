@@ -2,7 +2,8 @@
 //! release binary with `--features cuda` here (the device has no Rust toolchain and no
 //! network), strips it into `target/device/strata` (small enough to carry), and prints the
 //! command to run there: `xtask/device/check.sh`, which checks every kernel against the CPU
-//! reference, calibrates cuBLAS, tries the CUDA executor, times GPT-2 124M in PyTorch eager
+//! reference, calibrates cuBLAS, trains GPT-2 124M with the CUDA executor (and the tiny GPT
+//! with it and the CPU executor, to compare their losses), times GPT-2 124M in PyTorch eager
 //! and prints the table (`xtask/device/table.py`); logs under `$OUT`.
 
 use std::path::Path;
