@@ -173,6 +173,13 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     if p.recompute != Recompute::None {
         return Err(unsupported(format!("parallel.recompute = {:?}: not implemented on the GPU yet", p.recompute)));
     }
+    // The attention kernels keep a row of head_dim in registers, 8 per lane (`MAXD`).
+    if s.model.head_dim() > 256 {
+        return Err(unsupported(format!(
+            "head_dim = hidden / heads = {}: the attention kernels take head_dim ≤ 256",
+            s.model.head_dim()
+        )));
+    }
     if p.zero > 1 {
         return Err(unsupported(format!(
             "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet",

@@ -57,6 +57,7 @@ fn plans_it_cannot_run_are_refused_naming_why() {
     assert!(why(&["parallel.recompute=\"full\""]).contains("recompute"));
     assert!(why(&["training.flash_attention=false"]).contains("flash"));
     assert!(why(&["training.dtype=\"fp32\""]).contains("bf16"));
+    assert!(why(&["model.heads=2", "model.kv_heads=2"]).contains("head_dim = hidden / heads = 384"));
     let cpu = plan("tiny", include_str!("../../../../../scenarios/tiny-gpt-cpu.toml"), &[]);
     assert!(matches!(check_plan(&cpu), Err(GpuExecError::Unsupported(_))));
 }
