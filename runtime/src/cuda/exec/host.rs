@@ -224,6 +224,37 @@ mod tests {
     }
 
     #[test]
+    fn a_run_writes_the_cpu_executors_outputs() {
+        let p = Arc::new(plan(&[]));
+        let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+        let cfg = ExecConfig { trace_step: Some(2), ..ExecConfig::default() };
+        let rank = GpuRank::with_device(p.clone(), HostDevice::new(80 << 30), Arc::new(corpus), cfg).unwrap();
+        let opts = crate::train::TrainOptions {
+            steps: 3,
+            data_name: "synthetic".into(),
+            checkpoint: None,
+            exec: ExecConfig::default(),
+            faults: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        let mut progress = |r: &crate::train::StepRecord| seen.push(r.step);
+        let (r, gpu) = crate::cuda::exec::train::train_on(p.clone(), rank, &opts, Some(&mut progress)).unwrap();
+        assert_eq!((seen, gpu.as_str()), (vec![0, 1, 2], "host stand-in"));
+        let trace = r.trace.as_ref().expect("the traced step");
+        assert_eq!((trace.step, &trace.ranks[..]), (2, &[0][..]));
+        assert!(trace.spans.windows(2).all(|w| (w[0].stream, w[0].start_ns) <= (w[1].stream, w[1].start_ns)));
+        let dir = std::env::temp_dir().join(format!("strata-cuda-outputs-{}", std::process::id()));
+        crate::train::write_outputs(&dir, &p, &r).unwrap();
+        for f in ["loss.csv", "measured-trace.json", "memory.json", "plan.json"] {
+            assert!(dir.join(f).is_file(), "{f}");
+        }
+        let back: strata_models::trace::Trace =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("measured-trace.json")).unwrap()).unwrap();
+        assert_eq!(back.spans.len(), trace.spans.len());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_plan_that_does_not_fit_names_the_buffer() {
         let p = Arc::new(plan(&[]));
         let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();

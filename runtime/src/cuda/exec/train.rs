@@ -10,6 +10,7 @@ use std::time::Instant;
 use strata_models::plan::Plan;
 use strata_models::trace::{Trace, TraceSource};
 
+use super::device::Device;
 use super::rank::{GpuExecError, GpuRank};
 use crate::data::Corpus;
 use crate::error::RuntimeError;
@@ -32,9 +33,19 @@ pub fn train_cuda(
     ordinal: usize,
     corpus: Arc<Corpus>,
     opts: &TrainOptions,
+    progress: Option<&mut dyn FnMut(&StepRecord)>,
+) -> Result<(TrainResult, String), TrainError> {
+    let rank = GpuRank::new(plan.clone(), ordinal, corpus, opts.exec.clone()).map_err(|e| failed(&plan, e))?;
+    train_on(plan, rank, opts, progress)
+}
+
+/// Trains on a rank already built (on a GPU, or on the tests' host stand-in).
+pub fn train_on<D: Device>(
+    plan: Arc<Plan>,
+    mut rank: GpuRank<D>,
+    opts: &TrainOptions,
     mut progress: Option<&mut dyn FnMut(&StepRecord)>,
 ) -> Result<(TrainResult, String), TrainError> {
-    let mut rank = GpuRank::new(plan.clone(), ordinal, corpus, opts.exec.clone()).map_err(|e| failed(&plan, e))?;
     let s = &plan.scenario;
     let tokens = s.tokens_per_step() as f64;
     let denom = s.parallel.microbatches() as f64;
