@@ -132,13 +132,9 @@ impl<D: Device> GpuRank<D> {
 
     /// Element offset of tensor `kind` (of `layer`) in chunk `chunk`'s flat buffers.
     fn off(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Res<usize> {
-        self.chunks[chunk as usize]
-            .layout
-            .entries()
-            .iter()
-            .find(|e| e.kind == kind && e.layer == layer.map(|l| l as usize) && !e.tied_copy)
-            .or_else(|| self.chunks[chunk as usize].layout.entries().iter().find(|e| e.kind == kind && layer.is_none()))
-            .map(|e| e.offset)
+        self.offsets[chunk as usize]
+            .get(&(layer.map(|l| l as usize), kind))
+            .copied()
             .ok_or_else(|| GpuExecError::Unsupported(format!("chunk {chunk} holds no {kind:?} of layer {layer:?}")))
     }
 

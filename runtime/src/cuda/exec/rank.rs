@@ -103,6 +103,9 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) pool: DevicePool<D::Mem, Fence>,
     sched: Arc<Schedule>,
     pub(super) chunks: Vec<ChunkState>,
+    /// Per chunk: (layer, tensor) → its first element in the chunk's flat buffers (the
+    /// tensors this chunk owns; a tied copy is not one).
+    pub(super) offsets: Vec<BTreeMap<(Option<usize>, crate::params::ParamKind), usize>>,
     pub(super) bufs: Vec<ChunkBufs>,
     pub(super) live: BTreeMap<BufId, Live>,
     /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
@@ -238,7 +241,14 @@ impl<D: Device> GpuRank<D> {
         };
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
+        let offsets = chunks
+            .iter()
+            .map(|c| {
+                c.layout.entries().iter().filter(|e| !e.tied_copy).map(|e| ((e.layer, e.kind), e.offset)).collect()
+            })
+            .collect();
         Ok(GpuRank {
+            offsets,
             bufs: chunks.iter().map(|_| ChunkBufs::default()).collect(),
             chunks,
             gpu,
@@ -340,6 +350,7 @@ impl<D: Device> GpuRank<D> {
             let Some(s) = e.stream else {
                 // A free: its block returns with the fence of its deps' end events.
                 let OpKind::Free { buf } = op.kind else { unreachable!("only frees run on no stream") };
+                self.measure();
                 self.free(buf, e.waits.clone())?;
                 continue;
             };
@@ -352,7 +363,9 @@ impl<D: Device> GpuRank<D> {
             }
             self.run(e.op, s)?;
             self.gpu.record(&self.ends[e.op as usize], s)?;
-            self.measure();
+            if matches!(op.kind, OpKind::Alloc(_)) {
+                self.measure();
+            }
             let in_use = self.pool.stats().in_use;
             if samples.last().is_none_or(|l| l.1 != in_use) {
                 samples.push((e.op, in_use));
@@ -440,6 +453,9 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
+    /// Peaks: the pool's high-water marks (with the context) and, per class, the plan
+    /// buffers' bytes and predictions — sampled after every `Alloc` and before every `Free`,
+    /// the only points where the live plan buffers change.
     fn measure(&mut self) {
         let st = self.pool.stats();
         let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
