@@ -30,7 +30,8 @@
 //! - [`calibrate`]: measurements of this machine (GEMMs, pieces, the communicator, shared
 //!   cores) that `strata calibrate` fits into a hardware profile; [`cputime`]: a thread's
 //!   CPU time, which the traced step records per op;
-//! - `cuda` (feature `cuda`): the GPUs the driver sees, their peers, and cuBLAS GEMM timing on them;
+//! - `cuda` (feature `cuda`): the GPUs the driver sees, their peers, cuBLAS GEMM timing on
+//!   them, the model's NVRTC kernels, and the CUDA executor of one-GPU plans (`cuda::exec`);
 //! - [`probe`]: this machine as a cluster (GPUs, RDMA ports behind `ibverbs`, the launcher's
 //!   environment) for `strata probe`.
 //!

@@ -40,8 +40,9 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (GPUs; the
-    /// CUDA executor is not built yet, so cuda says what this build and machine have).
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
+    /// build with `--features cuda`: the scenario's one-rank plan, simulated with the GPU's
+    /// profile and trained by the CUDA executor; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     #[command(flatten)]
@@ -103,7 +104,12 @@ pub struct LoopConfig {
 pub use crate::cmd::quiet::LOADED;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::gpu::executor_backend("strata compare", &args.backend)?;
+    let backend = super::gpu::executor_backend("strata compare", &args.backend)?;
+    #[cfg(feature = "cuda")]
+    if let super::gpu::Backend::Cuda { ordinal } = backend {
+        return super::compare_cuda::run(args, ordinal);
+    }
+    let _ = backend;
     let base = args.scenario.load()?;
     calibrate::require_cpu(&base)?;
     if args.steps == 0 {
@@ -383,7 +389,7 @@ struct Measured {
 }
 
 /// One plan, lowered and simulated (every rank, with its timeline).
-fn predict(s: &Scenario, cfg: &LoopConfig) -> anyhow::Result<(Trace, Plan)> {
+pub(super) fn predict(s: &Scenario, cfg: &LoopConfig) -> anyhow::Result<(Trace, Plan)> {
     let plan = lower(s)?;
     verify(&plan).with_context(|| format!("the plan of {} does not verify", s.name))?;
     let options = SimOptions {

@@ -1,8 +1,8 @@
 //! What `--backend cuda` answers on this build and this machine, in one place: a build
 //! without the `cuda` feature says so, a machine without a driver or a GPU says "no GPU
 //! found" — both exit 2 (nothing ran; the input cannot be served here), never a panic.
-//! The CUDA executor itself is not built yet, so `train` and `compare` refuse
-//! `--backend cuda` even where a GPU is present, and say what does run.
+//! Where a GPU is present, `train` and `compare --backend cuda` run the CUDA executor (one
+//! GPU so far).
 
 use anyhow::bail;
 
@@ -27,34 +27,36 @@ pub fn require_gpus(command: &str, instead: &str) -> anyhow::Result<std::convert
     )
 }
 
-/// `--backend` of a command that executes plans: `cpu` runs, `cuda` is checked and refused
-/// with the reason (the executor for GPUs is not built yet).
-pub fn executor_backend(command: &str, backend: &str) -> anyhow::Result<()> {
+/// Where a command that executes plans runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    /// GPU `ordinal` through the CUDA executor (one GPU so far).
+    #[cfg(feature = "cuda")]
+    Cuda {
+        ordinal: usize,
+    },
+}
+
+/// `--backend` of a command that executes plans: `cpu` runs; `cuda` needs a build with the
+/// `cuda` feature and a GPU (else exit 2 with the reason); `strata train` and `strata
+/// compare` then run the plan on GPU 0 through the CUDA executor.
+pub fn executor_backend(command: &str, backend: &str) -> anyhow::Result<Backend> {
     match backend {
-        "cpu" => Ok(()),
-        "cuda" => refuse_executor(command),
+        "cpu" => Ok(Backend::Cpu),
+        "cuda" => cuda_executor(command),
         other => bail!("--backend {other:?}: use cpu, or cuda"),
     }
 }
 
-/// The GPUs are there (or not, said first), but no executor runs plans on them yet.
 #[cfg(feature = "cuda")]
-fn refuse_executor(command: &str) -> anyhow::Result<()> {
-    let gpus = require_gpus(
-        &format!("{command} --backend cuda"),
-        &format!("{command} --backend cpu runs the plan on CPU ranks"),
-    )?;
-    bail!(
-        "{} GPU(s) found ({}), but the CUDA executor is not built yet: {command} --backend cuda cannot run a plan \
-         on GPUs. `strata kernels --check` checks the model's CUDA kernels against the CPU reference on this GPU, and \
-         `strata calibrate --backend cuda` measures its GEMMs; {command} --backend cpu runs the plan on CPU ranks",
-        gpus.len(),
-        gpus[0].name
-    )
+fn cuda_executor(command: &str) -> anyhow::Result<Backend> {
+    require_gpus(&format!("{command} --backend cuda"), &format!("{command} --backend cpu runs the plan on CPU ranks"))?;
+    Ok(Backend::Cuda { ordinal: 0 })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn refuse_executor(command: &str) -> anyhow::Result<()> {
+fn cuda_executor(command: &str) -> anyhow::Result<Backend> {
     match require_gpus(
         &format!("{command} --backend cuda"),
         &format!("{command} --backend cpu runs the plan on CPU ranks"),

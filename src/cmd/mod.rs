@@ -5,6 +5,8 @@ pub mod calibrate;
 pub mod calibrate_cuda;
 pub mod collbench;
 pub mod compare;
+#[cfg(feature = "cuda")]
+pub mod compare_cuda;
 pub mod export;
 pub mod goodput;
 pub mod goodput_text;
@@ -23,5 +25,7 @@ pub mod search_ties;
 pub mod simulate;
 pub mod trace;
 pub mod train;
+#[cfg(feature = "cuda")]
+pub mod train_cuda;
 pub mod verify;
 pub mod whatif;

@@ -46,8 +46,9 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (GPUs; the
-    /// CUDA executor is not built yet, so cuda says what this build and machine have).
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
+    /// build with `--features cuda`: a one-rank GPT plan of a GPU cluster scenario, bf16,
+    /// e.g. scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
@@ -133,7 +134,12 @@ struct Supervision<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::gpu::executor_backend("strata train", &args.backend)?;
+    let backend = super::gpu::executor_backend("strata train", &args.backend)?;
+    #[cfg(feature = "cuda")]
+    if let super::gpu::Backend::Cuda { ordinal } = backend {
+        return super::train_cuda::run(args, ordinal);
+    }
+    let _ = backend;
     let mut s = args.scenario.load()?;
     if let Some(n) = args.ranks.filter(|n| s.cluster.gpu == GpuKind::Cpu && u64::from(*n) != s.parallel.ranks()) {
         let mut sized = args.scenario.clone();
@@ -298,7 +304,7 @@ fn attempts_summary(attempts: &[Attempt], goodput: &Goodput) {
     println!("{}", goodput.line());
 }
 
-fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
+pub(super) fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
     if json || !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
@@ -310,7 +316,7 @@ fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
     bar
 }
 
-fn summary(r: &TrainResult, out: Option<&Path>) {
+pub(super) fn summary(r: &TrainResult, out: Option<&Path>) {
     if let (Some(first), Some(last)) = (r.steps.first(), r.steps.last()) {
         let n = r.steps.len() as f64;
         let tps = r.steps.iter().map(|s| s.tokens_per_s).sum::<f64>() / n;

@@ -53,9 +53,31 @@ if t:
     rows.append(("GPT-2 124M tokens/s, PyTorch eager", f"{t['tokens_per_s']:,.0f} (step {t['step_s_median'] * 1e3:.1f} ms, MFU {100 * t['mfu']:.1f}%, peak {t['peak_memory_bytes'] / 2**30:.2f} GiB)"))
 else:
     rows.append(("GPT-2 124M tokens/s, PyTorch eager", "not run: " + first_line("pytorch-eager")))
-rows.append(("GPT-2 124M tokens/s, Strata", "not run: " + first_line("train-1rank")))
-rows.append(("tp2·pp2·dp2 on one GPU vs single rank", "not built: the CUDA executor and its shared-GPU communicator are not built yet"))
-rows.append(("step time predicted vs measured", "not available without the CUDA executor"))
+sim = load("predicted-builtin")
+tr = load("train-1rank")
+if tr and tr.get("steps"):
+    steady = sorted(st["seconds"] for st in tr["steps"][2:] or tr["steps"])
+    step_s = steady[len(steady) // 2]
+    tps = tr["steps"][0]["tokens_per_s"] * tr["steps"][0]["seconds"] / step_s  # tokens per step / median step
+    # MFU with the simulator's model FLOPs per step and peak (the same model and batch).
+    mfu = f", MFU {100 * sim['mfu'] * sim['step_time_s'] / step_s:.1f}%" if sim else ""
+    vs = f"; {tps / t['tokens_per_s']:.2f}x PyTorch eager" if t else ""
+    rows.append(("GPT-2 124M tokens/s, Strata", f"{tps:,.0f} (median step {step_s * 1e3:.1f} ms{mfu}){vs}; losses {tr['steps'][0]['loss']:.3f} -> {tr['steps'][-1]['loss']:.3f}"))
+    m = tr["memory"][0]
+    pred = f"{max(sim['peak_memory_bytes']) / 2**30:.2f} GiB simulated, " if sim else ""
+    rows.append(("peak memory predicted / measured", f"{pred}{m['predicted_bytes'] / 2**30:.2f} GiB plan buffers / {m['measured_bytes'] / 2**30:.2f} GiB measured (pool high-water + context)"))
+    rows.append(("step time predicted / measured", (f"{sim['step_time_s'] * 1e3:.1f} ms / " if sim else "not simulated / ") + f"{step_s * 1e3:.1f} ms"))
+else:
+    rows.append(("GPT-2 124M tokens/s, Strata", "not run: " + first_line("train-1rank")))
+    rows.append(("step time predicted / measured", "not available: the training step did not run"))
+gc, cc = load("tiny-cuda"), load("tiny-cpu")
+if gc and cc:
+    pairs = list(zip([st["loss"] for st in gc["steps"]], [st["loss"] for st in cc["steps"]]))
+    k, (g, c_) = max(enumerate(pairs), key=lambda kv: abs(kv[1][0] - kv[1][1]))
+    rows.append(("tiny GPT loss, CUDA vs CPU executor", f"max |Δ| {abs(g - c_):.4f} at step {k} ({g:.4f} vs {c_:.4f}; {len(pairs)} steps, bf16 vs fp32)"))
+else:
+    rows.append(("tiny GPT loss, CUDA vs CPU executor", "not run: " + (first_line("tiny-cuda") or first_line("tiny-cpu"))))
+rows.append(("tp2·pp2·dp2 on one GPU vs single rank", "not built: the shared-GPU communicator is not built yet (Δloss not measured)"))
 w = max(len(r[0]) for r in rows)
 for name, value in rows:
     print(f"{name:<{w}}  {value}")

@@ -4,7 +4,8 @@
 //! command to run there: `xtask/device/check.sh`, which checks every kernel against the CPU
 //! reference, probes the machine into a cluster file, fits a GPU profile (`calibrate
 //! --backend cuda --out $OUT/h200-measured.toml`) and predicts the step with it beside the
-//! built-in profile, tries the CUDA executor, times GPT-2 124M in PyTorch eager and prints
+//! built-in profile, trains GPT-2 124M with the CUDA executor (and the tiny GPT with it and
+//! the CPU executor, to compare their losses), times GPT-2 124M in PyTorch eager and prints
 //! the table (`xtask/device/table.py`); logs under `$OUT`.
 
 use std::path::Path;

@@ -206,3 +206,87 @@ mod tests {
         assert_eq!(ptx_entries(ptx), vec!["add_f32", "scale_f32"]);
     }
 }
+
+/// A kernel parameter's kind, as a launch passes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A device pointer.
+    Ptr,
+    /// `int` or `unsigned int`.
+    I32,
+    /// `long long`.
+    I64,
+    /// `float`.
+    F32,
+}
+
+/// Every entry point's parameter list, read from the sources (the `extern "C"` signatures,
+/// `NAME_##SUF` instantiated as `NAME_f32` and `NAME_bf16`), so that a launch can be checked
+/// against the kernel before it reaches the GPU.
+pub fn signatures() -> Result<std::collections::BTreeMap<String, Vec<Param>>, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in SOURCES {
+        let text = s.text.replace("\\\n", " ");
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("extern \"C\"") {
+            rest = &rest[i + 10..];
+            let v = rest.find("void").ok_or_else(|| format!("{}: an extern \"C\" without void", s.file))?;
+            let mut sig = rest[v + 4..].trim_start();
+            if let Some(b) = sig.strip_prefix("__launch_bounds__") {
+                let close = b.find(')').ok_or_else(|| format!("{}: unclosed __launch_bounds__", s.file))?;
+                sig = b[close + 1..].trim_start();
+            }
+            let open = sig.find('(').ok_or_else(|| format!("{}: a kernel without parameters", s.file))?;
+            let close = sig.find(')').ok_or_else(|| format!("{}: unclosed parameter list", s.file))?;
+            let name = sig[..open].trim();
+            let params = sig[open + 1..close]
+                .split(',')
+                .map(|p| {
+                    let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+                    if p.contains('*') {
+                        return Ok(Param::Ptr);
+                    }
+                    let ty = p.rsplit_once(' ').map_or("", |(t, _)| t);
+                    match ty {
+                        "int" | "unsigned int" => Ok(Param::I32),
+                        "long long" => Ok(Param::I64),
+                        "float" => Ok(Param::F32),
+                        _ => Err(format!("{}: kernel {name}: parameter \"{p}\" of an unknown type", s.file)),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            match name.strip_suffix("##SUF") {
+                Some(base) => {
+                    out.insert(format!("{base}f32"), params.clone());
+                    out.insert(format!("{base}bf16"), params);
+                }
+                None => {
+                    out.insert(name.to_string(), params);
+                }
+            }
+            rest = &rest[close.min(rest.len())..];
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod signature_tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_has_a_signature_read_from_its_source() {
+        let sigs = signatures().unwrap();
+        for s in SOURCES {
+            for e in s.entries {
+                assert!(sigs.contains_key(*e), "{}: no signature for {e}; read {:?}", s.file, sigs.keys());
+            }
+        }
+        use Param::*;
+        assert_eq!(sigs["attn_fwd_bf16"], [Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I64, I64, I64, F32]);
+        assert_eq!(sigs["add_bias_f32"], [Ptr, Ptr, I64, I32]);
+        assert_eq!(sigs["xent_combine"], [Ptr, Ptr, Ptr, I32, I32]);
+        assert_eq!(sigs["adamw_step"], [[Ptr; 5].as_slice(), &[I64], &[F32; 8]].concat());
+        assert_eq!(sigs["embed_fwd_bf16"], [Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32, I32]);
+    }
+}

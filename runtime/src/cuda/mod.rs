@@ -3,15 +3,16 @@
 //! `strata calibrate --backend cuda` measures — and the model's kernels (`kernels`: NVRTC
 //! sources; `check`: each against the CPU reference in `reference`, on a GPU; `measure`:
 //! HBM and the attention kernels timed for a GPU profile; `nccl_bench`: NCCL all-reduce
-//! bus bandwidth over the node's GPUs; `peers`: which GPUs reach each
-//! other, for `strata probe`). The CUDA executor itself (plans run on GPUs with NCCL) is
-//! not built yet.
+//! bus bandwidth over the node's GPUs; `peers`: which GPUs reach each other, for
+//! `strata probe`), and the CUDA executor (`exec`: one-GPU plans; the multi-rank
+//! communicators are not built yet).
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
 //! libraries are looked for first: cudarc itself would panic).
 
 pub mod check;
+pub mod exec;
 pub mod kernels;
 pub mod measure;
 pub mod nccl_bench;
@@ -64,7 +65,7 @@ pub(crate) fn fail(what: impl Into<String>) -> impl FnOnce(&dyn std::fmt::Debug)
 
 /// An error unless the CUDA driver library (libcuda) can be loaded; cudarc panics on a
 /// missing library, so every entry point asks first.
-fn require_driver() -> Result<(), CudaError> {
+pub(crate) fn require_driver() -> Result<(), CudaError> {
     // SAFETY: only tries to open the shared library by its candidate names.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())
@@ -79,7 +80,7 @@ fn require_driver() -> Result<(), CudaError> {
 }
 
 /// An error unless cuBLAS can be loaded.
-fn require_cublas() -> Result<(), CudaError> {
+pub(crate) fn require_cublas() -> Result<(), CudaError> {
     // SAFETY: as for the driver.
     if unsafe { cudarc::cublas::sys::is_culib_present() } {
         Ok(())

@@ -69,10 +69,9 @@ use crate::head::HeadActs;
 use crate::layer::LayerActs;
 use crate::micro::Micro;
 use crate::optim::{AdamW, AdamWConfig, ZeroShard};
-use crate::params::{ChunkSpec, ParamLayout};
-use crate::shard::TpRank;
+use crate::params::ParamLayout;
 use pool::{BufKey, Pool};
-use units::{BucketInfo, UnitVecs, chunk_buckets, read_segment, split_units};
+use units::{BucketInfo, UnitVecs, read_segment, split_units};
 
 /// Why a rank stopped.
 #[derive(Debug, Error)]
@@ -302,7 +301,6 @@ impl RankExec {
                 RuntimeError::BadSetting(format!("the plan's program for rank {rank} cannot run: {e}"))
             })?);
         let coord = grid.coord(rank);
-        let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
         // Under context parallelism a rank holds s/cp tokens of each sequence (its two
         // load-balanced chunks, in that order, `load_batches`).
         let cp = p.cp.max(1) as usize;
@@ -316,24 +314,11 @@ impl RankExec {
             micro.tokens(),
             p.tp
         );
-        let pipe = plan.pipeline();
         let seed = s.training.seed;
-        let mut chunks = Vec::new();
-        for c in 0..p.vpp {
-            let vs = pipe.vstage(c, coord.pp);
-            let layers = p.chunk_layers(&s.model, vs);
-            let spec = ChunkSpec {
-                embedding: vs == 0,
-                layers: layers.start as usize..layers.end as usize,
-                head: vs == pipe.last_vstage(),
-            };
-            let layout = ParamLayout::new(&s.model, tp, spec)?;
-            let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
-            // ZeRO shards over the data-parallel group: its cp · dp ranks.
-            let (pos, size) = (grid.position(rank, GroupKind::Dp), grid.group_size(GroupKind::Dp));
-            let buckets = chunk_buckets(&layout, &plan_buckets, pos as usize, size as usize, p.zero)?;
-            chunks.push(new_chunk(layout, buckets, seed, p.zero));
-        }
+        let chunks = units::chunk_layouts(&plan, rank)?
+            .into_iter()
+            .map(|(layout, buckets)| new_chunk(layout, buckets, seed, p.zero))
+            .collect();
         let groups = [GroupKind::Tp, GroupKind::Dp, GroupKind::Cp, GroupKind::Embedding, GroupKind::World]
             .into_iter()
             .map(|k| {

@@ -12,11 +12,12 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use strata_models::plan::{Bucket, Unit};
+use strata_models::plan::{Bucket, GroupKind, Plan, Unit};
 
 use crate::error::RuntimeError;
 use crate::optim::ZeroShard;
-use crate::params::{ParamKind, ParamLayout};
+use crate::params::{ChunkSpec, ParamKind, ParamLayout};
+use crate::shard::TpRank;
 
 /// A bucket of one chunk, as the executor uses it.
 #[derive(Clone, Debug)]
@@ -103,6 +104,32 @@ pub fn chunk_buckets(
         )));
     }
     Ok(out)
+}
+
+/// Every model chunk of rank `rank` of `plan`: its parameter layout and its buckets (the
+/// plan's, checked against the layout) — what every backend holds per chunk.
+pub fn chunk_layouts(plan: &Plan, rank: u32) -> Result<Vec<(ParamLayout, Vec<BucketInfo>)>, RuntimeError> {
+    let (s, coord) = (&plan.scenario, plan.grid.coord(rank));
+    let p = &s.parallel;
+    let tp = TpRank::new(coord.tp as usize, p.tp as usize)?;
+    let pipe = plan.pipeline();
+    (0..p.vpp)
+        .map(|c| {
+            let vs = pipe.vstage(c, coord.pp);
+            let layers = p.chunk_layers(&s.model, vs);
+            let spec = ChunkSpec {
+                embedding: vs == 0,
+                layers: layers.start as usize..layers.end as usize,
+                head: vs == pipe.last_vstage(),
+            };
+            let layout = ParamLayout::new(&s.model, tp, spec)?;
+            let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
+            // ZeRO shards over the data-parallel group: its cp · dp ranks.
+            let (pos, size) = (plan.grid.position(rank, GroupKind::Dp), plan.grid.group_size(GroupKind::Dp));
+            let buckets = chunk_buckets(&layout, &plan_buckets, pos as usize, size as usize, p.zero)?;
+            Ok((layout, buckets))
+        })
+        .collect()
 }
 
 /// A chunk's tensors kept per unit.

@@ -1,0 +1,326 @@
+//! `Compute` ops of the backward pass, the head and the optimizer on the GPU, with the CPU
+//! executor's tensor flow (`layer.rs`, `head.rs`, `exec/coll.rs`): input gradients are
+//! overwritten, weight gradients accumulate in fp32 over microbatches, output gradients a
+//! weight pass needs are kept from its backward-input pass and given back after it.
+
+use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
+
+use cudarc::driver::LaunchConfig;
+
+use super::device::{Arg, Device, blocks, per_row};
+use super::pieces::{C, W, attn_grid};
+use super::rank::{GpuExecError, GpuRank, Res};
+use crate::params::ParamKind;
+
+impl<D: Device> GpuRank<D> {
+    fn keep(&mut self, layer: u32, mb: u32, w: W, t: super::rank::Tensor) {
+        self.kept.insert((layer, mb, w), t);
+    }
+
+    fn kept(&mut self, layer: u32, mb: u32, w: W) -> Res<super::rank::Tensor> {
+        self.kept.remove(&(layer, mb, w)).ok_or_else(|| {
+            GpuExecError::Unsupported(format!("layer {layer} mb {mb}: the weight pass before its backward-input pass"))
+        })
+    }
+
+    pub(super) fn layer_bwd(&mut self, c: &ComputeOp) -> Res<()> {
+        let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
+        let d = self.dims;
+        let (th, dc) = (d.t * d.h, d.heads * d.hd);
+        let ac = self.act(layer, mb)?;
+        let lp = self.layer_ptrs(chunk, layer)?;
+        let pg = |k| -> Res<(super::device::Ptr, super::device::Ptr)> { Ok(lp[super::pieces::ix(k)]) };
+        match (c.piece, c.phase) {
+            (Piece::LayerOut, Phase::BackwardInput) => {
+                let (_, db2) = pg(ParamKind::Fc2B)?;
+                let dr = self.got(chunk, mb, W::Dr)?;
+                self.col_sum(dr.ptr(), db2, d.h)?;
+                self.put(chunk, mb, W::Dr, dr)
+            }
+            (Piece::Mlp, Phase::BackwardInput) => {
+                let ((w1, _), (w2, _)) = (pg(ParamKind::Fc1W)?, pg(ParamKind::Fc2W)?);
+                let dout = self.got(chunk, mb, W::Dr)?;
+                let keep_out = self.ws("FC2's output gradient, kept for the weight pass", 2 * th)?;
+                self.gpu.copy(C, keep_out.ptr(), dout.ptr(), 2 * th)?;
+                let tf = d.t * d.f;
+                let dact = self.ws("the GELU output's gradient", 2 * tf)?;
+                self.dinput(dout.ptr(), w2, dact.ptr(), d.f, d.h)?;
+                let dpre = self.ws("FC1's pre-activation gradient, kept for the weight pass", 2 * tf)?;
+                let args = [Arg::P(ac.fc1_pre), Arg::P(dact.ptr()), Arg::P(dpre.ptr()), Arg::L(tf as i64)];
+                self.k("gelu_bwd_bf16", blocks(tf), &args)?;
+                self.give(dact);
+                let part = self.ws("the MLP input's gradient", 2 * th)?;
+                self.dinput(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
+                self.keep(layer, mb, W::DFc2Out, keep_out);
+                self.keep(layer, mb, W::DFc1Pre, dpre);
+                self.put(chunk, mb, W::Dr, dout)?;
+                self.put(chunk, mb, W::DPart, part)
+            }
+            (Piece::MlpIn | Piece::AttnIn, Phase::BackwardInput) => {
+                let attn_in = c.piece == Piece::AttnIn;
+                let (wk, bk) =
+                    if attn_in { (ParamKind::Ln1W, ParamKind::Ln1B) } else { (ParamKind::Ln2W, ParamKind::Ln2B) };
+                let ((g, dg), (_, db)) = (pg(wk)?, pg(bk)?);
+                let (x, mean, rstd) =
+                    if attn_in { (ac.r_in, ac.ln1_mean, ac.ln1_rstd) } else { (ac.r_mid, ac.ln2_mean, ac.ln2_rstd) };
+                let dx = self.got(chunk, mb, W::DPart)?;
+                let dr = self.got(chunk, mb, W::Dr)?;
+                let tmp = self.ws("a LayerNorm input's gradient", 2 * th)?;
+                self.ln_bwd(dx.ptr(), x, g, mean, rstd, tmp.ptr(), dg, db)?;
+                self.add(dr.ptr(), tmp.ptr(), th)?;
+                self.give(tmp);
+                self.give(dx);
+                if !attn_in {
+                    let (_, dbp) = pg(ParamKind::ProjB)?;
+                    self.col_sum(dr.ptr(), dbp, d.h)?;
+                }
+                self.put(chunk, mb, W::Dr, dr)
+            }
+            (Piece::Attn, Phase::BackwardInput) => {
+                let ((wq, _), (wp, _)) = (pg(ParamKind::QkvW)?, pg(ParamKind::ProjW)?);
+                let dout = self.got(chunk, mb, W::Dr)?;
+                let keep_out = self.ws("the projection's output gradient, kept for the weight pass", 2 * th)?;
+                self.gpu.copy(C, keep_out.ptr(), dout.ptr(), 2 * th)?;
+                let dctx = self.ws("the attention context's gradient", 2 * d.t * dc)?;
+                self.dinput(dout.ptr(), wp, dctx.ptr(), dc, d.h)?;
+                let rows = d.b * d.heads * d.s;
+                let delta = self.ws("the attention's rowwise dO·O", 4 * rows)?;
+                let (bi, si, hi, di) =
+                    (Arg::I(d.b as i32), Arg::I(d.s as i32), Arg::I(d.heads as i32), Arg::I(d.hd as i32));
+                let (os, qs) = (Arg::L(dc as i64), Arg::L(3 * dc as i64));
+                let delta_args = [Arg::P(ac.ctx), Arg::P(dctx.ptr()), Arg::P(delta.ptr()), bi, si, hi, di, os];
+                self.k("attn_bwd_delta_bf16", attn_grid(&d), &delta_args)?;
+                let dqkv = self.ws("the qkv gradient, kept for the weight pass", 2 * d.t * 3 * dc)?;
+                let (q, k, v) = (ac.qkv, ac.qkv + 2 * dc as u64, ac.qkv + 4 * dc as u64);
+                let (dq, dk, dv) = (dqkv.ptr(), dqkv.ptr() + 2 * dc as u64, dqkv.ptr() + 4 * dc as u64);
+                let scale = Arg::F(1.0 / (d.hd as f32).sqrt());
+                let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(ac.lse), Arg::P(delta.ptr())];
+                let mut dq_args = common.to_vec();
+                dq_args.extend([Arg::P(dq), bi, si, hi, hi, di, qs, qs, os, qs, scale]);
+                self.k("attn_bwd_dq_bf16", attn_grid(&d), &dq_args)?;
+                let mut dkv_args = common.to_vec();
+                dkv_args.extend([Arg::P(dk), Arg::P(dv), bi, si, hi, hi, di, qs, qs, os, qs, scale]);
+                self.k("attn_bwd_dkdv_bf16", attn_grid(&d), &dkv_args)?;
+                self.give(delta);
+                self.give(dctx);
+                let part = self.ws("the attention input's gradient", 2 * th)?;
+                self.dinput(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
+                self.keep(layer, mb, W::DProjOut, keep_out);
+                self.keep(layer, mb, W::DQkv, dqkv);
+                self.put(chunk, mb, W::Dr, dout)?;
+                self.put(chunk, mb, W::DPart, part)
+            }
+            (Piece::Mlp, Phase::BackwardWeight) => {
+                let ((_, dw1), (_, db1), (_, dw2)) = (pg(ParamKind::Fc1W)?, pg(ParamKind::Fc1B)?, pg(ParamKind::Fc2W)?);
+                let dout = self.kept(layer, mb, W::DFc2Out)?;
+                let dpre = self.kept(layer, mb, W::DFc1Pre)?;
+                self.dweight(ac.fc1_act, dout.ptr(), dw2, d.f, d.h)?;
+                self.dweight(ac.m, dpre.ptr(), dw1, d.h, d.f)?;
+                self.col_sum(dpre.ptr(), db1, d.f)?;
+                self.give(dout);
+                self.give(dpre);
+                Ok(())
+            }
+            (Piece::Attn, Phase::BackwardWeight) => {
+                let ((_, dwq), (_, dbq), (_, dwp)) =
+                    (pg(ParamKind::QkvW)?, pg(ParamKind::QkvB)?, pg(ParamKind::ProjW)?);
+                let dout = self.kept(layer, mb, W::DProjOut)?;
+                let dqkv = self.kept(layer, mb, W::DQkv)?;
+                self.dweight(ac.ctx, dout.ptr(), dwp, dc, d.h)?;
+                self.dweight(ac.a, dqkv.ptr(), dwq, d.h, 3 * dc)?;
+                self.col_sum(dqkv.ptr(), dbq, 3 * dc)?;
+                self.give(dout);
+                self.give(dqkv);
+                Ok(())
+            }
+            (p, ph) => Err(GpuExecError::Unsupported(format!("{} {} in a layer", p.key(), ph.key()))),
+        }
+    }
+
+    pub(super) fn head_piece(&mut self, c: &ComputeOp) -> Res<()> {
+        let (chunk, mb) = (c.chunk, c.mb);
+        let d = self.dims;
+        let th = d.t * d.h;
+        let hd = self.head(mb)?;
+        let (tgt_ptr, (t_in, t_out)) = (self.tok(mb).1, (d.t as i32, d.v as i32));
+        match (c.piece, c.phase) {
+            (Piece::FinalNorm, Phase::Forward) => {
+                let ((g, _), (b, _)) = (self.pg(chunk, None, ParamKind::LnfW)?, self.pg(chunk, None, ParamKind::LnfB)?);
+                let r = self.got(chunk, mb, W::R)?;
+                self.gpu.copy(C, hd.r_in, r.ptr(), 2 * th)?;
+                self.ln_fwd(r.ptr(), g, b, hd.hn, hd.mean, hd.rstd)?;
+                self.give(r);
+                Ok(())
+            }
+            (Piece::Logits, Phase::Forward) => {
+                let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
+                // logits (T, V) = hn · wteᵀ
+                self.gpu.gemm(
+                    d.t,
+                    d.v,
+                    d.h,
+                    super::device::n(hd.hn),
+                    super::device::t(wte),
+                    hd.logits,
+                    super::device::Dt::Bf16,
+                    0.0,
+                )?;
+                let stats = self.ws("the loss statistics", 4 * 3 * d.t)?;
+                let args = [
+                    Arg::P(hd.logits),
+                    Arg::P(tgt_ptr),
+                    Arg::P(stats.ptr()),
+                    Arg::I(t_in),
+                    Arg::I(t_out),
+                    Arg::I(d.v0 as i32),
+                ];
+                self.k("xent_stats_bf16", per_row(d.t), &args)?;
+                self.put(chunk, mb, W::Stats, stats)
+            }
+            (Piece::Loss, Phase::Forward) => {
+                let stats = self.got(chunk, mb, W::Stats)?;
+                let args = [Arg::P(stats.ptr()), Arg::P(hd.lse), Arg::P(hd.loss), Arg::I(t_in), Arg::I(1)];
+                self.k("xent_combine", blocks(d.t), &args)?;
+                self.give(stats);
+                let losses = self.losses.as_ref().map(|t| t.ptr()).expect("the step's losses");
+                Ok(self.gpu.copy(C, losses + 4 * (d.t * mb as usize) as u64, hd.loss, 4 * d.t)?)
+            }
+            (Piece::Logits, Phase::BackwardInput) => {
+                let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
+                let n = d.t * d.v;
+                let args = [
+                    Arg::P(hd.logits),
+                    Arg::P(tgt_ptr),
+                    Arg::P(hd.lse),
+                    Arg::I(t_in),
+                    Arg::I(t_out),
+                    Arg::I(d.v0 as i32),
+                    Arg::F(self.grad_scale),
+                ];
+                self.k("xent_grad_bf16", blocks(n), &args)?;
+                let part = self.ws("the final norm output's gradient", 2 * th)?;
+                // dhn (T, h) = dlogits (T, V) · wte (V, h)
+                self.gpu.gemm(
+                    d.t,
+                    d.h,
+                    d.v,
+                    super::device::n(hd.logits),
+                    super::device::n(wte),
+                    part.ptr(),
+                    super::device::Dt::Bf16,
+                    0.0,
+                )?;
+                self.put(chunk, mb, W::DPart, part)
+            }
+            (Piece::Logits, Phase::BackwardWeight) => {
+                let (_, dwte) = self.pg(chunk, None, ParamKind::Wte)?;
+                // dwte (V, h) += dlogitsᵀ · hn
+                self.gpu.gemm(
+                    d.v,
+                    d.h,
+                    d.t,
+                    super::device::t(hd.logits),
+                    super::device::n(hd.hn),
+                    dwte,
+                    super::device::Dt::F32,
+                    1.0,
+                )?;
+                Ok(())
+            }
+            (Piece::FinalNorm, Phase::BackwardInput) => {
+                let ((g, dg), (_, db)) =
+                    (self.pg(chunk, None, ParamKind::LnfW)?, self.pg(chunk, None, ParamKind::LnfB)?);
+                let dhn = self.got(chunk, mb, W::DPart)?;
+                let dr = self.ws("the residual gradient", 2 * th)?;
+                self.ln_bwd(dhn.ptr(), hd.r_in, g, hd.mean, hd.rstd, dr.ptr(), dg, db)?;
+                self.give(dhn);
+                self.put(chunk, mb, W::Dr, dr)
+            }
+            (p, ph) => Err(GpuExecError::Unsupported(format!("{} {} in the head", p.key(), ph.key()))),
+        }
+    }
+
+    /// The gradient norm of this rank's gradients (one rank: the global one), on stream `s`;
+    /// read back, since the optimizer's launch takes the clip scale as an argument.
+    pub(super) fn grad_norm_local(&mut self, s: Stream) -> Res<()> {
+        const PARTS: usize = 120;
+        let partial = self.take("the gradient norm's partial sums", 8 * PARTS as u64)?;
+        let total = self.take("the gradient norm", 8)?;
+        let mut sum = 0.0f64;
+        for c in 0..self.bufs.len() {
+            let Some(g) = self.bufs[c].grads.as_ref() else { continue };
+            let n = self.chunks[c].len;
+            let cfg = LaunchConfig { grid_dim: (PARTS as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            self.gpu.launch(
+                s,
+                "sum_squares_partial",
+                cfg,
+                &[Arg::P(g.ptr()), Arg::L(n as i64), Arg::P(partial.ptr())],
+            )?;
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            self.gpu.launch(
+                s,
+                "sum_partials",
+                one,
+                &[Arg::P(partial.ptr()), Arg::I(PARTS as i32), Arg::P(total.ptr())],
+            )?;
+            let mut host = [0f64];
+            self.gpu.download(s, &mut host, total.ptr())?;
+            sum += host[0];
+        }
+        self.give(partial);
+        self.give(total);
+        self.grad_norm = Some(sum.sqrt());
+        self.clip_scale = crate::optim::clip_scale(sum, self.clip);
+        Ok(())
+    }
+
+    /// AdamW on the fp32 masters, tensor by tensor (weight decay on the tensors the CPU
+    /// executor decays), writing the bf16 copy; then the gradients start again from zero.
+    /// A non-finite gradient norm leaves every parameter as it was.
+    pub(super) fn optimizer_step(&mut self) -> Res<()> {
+        if let Some(g) = self.grad_norm.filter(|g| !g.is_finite()) {
+            self.nonfinite = Some(("the gradient norm".into(), g));
+        } else {
+            self.adam_steps += 1;
+            let k = self.adam_steps.min(i32::MAX as u64) as i32;
+            let cfg = self.adamw;
+            let (bc1, bc2) = (1.0 - cfg.beta1.powi(k), 1.0 - cfg.beta2.powi(k));
+            for c in 0..self.bufs.len() {
+                let b = &self.bufs[c];
+                let (Some(p), Some(g), Some(o)) = (b.params.as_ref(), b.grads.as_ref(), b.opt.as_ref()) else {
+                    continue;
+                };
+                let len = self.chunks[c].len as u64;
+                let (master, m, v) = (o.ptr(), o.ptr() + 4 * len, o.ptr() + 8 * len);
+                for e in self.chunks[c].layout.entries().iter().filter(|e| !e.tied_copy) {
+                    let (off, n) = (e.offset as u64, e.len());
+                    let wd = if e.kind.decays() { cfg.weight_decay } else { 0.0 };
+                    let args = [
+                        Arg::P(master + 4 * off),
+                        Arg::P(g.ptr() + 4 * off),
+                        Arg::P(m + 4 * off),
+                        Arg::P(v + 4 * off),
+                        Arg::P(p.ptr() + 2 * off),
+                        Arg::L(n as i64),
+                        Arg::F(cfg.lr),
+                        Arg::F(cfg.beta1),
+                        Arg::F(cfg.beta2),
+                        Arg::F(cfg.eps),
+                        Arg::F(wd),
+                        Arg::F(bc1),
+                        Arg::F(bc2),
+                        Arg::F(self.clip_scale),
+                    ];
+                    self.gpu.launch(C, "adamw_step", blocks(n), &args)?;
+                }
+            }
+        }
+        for c in 0..self.bufs.len() {
+            if let Some(g) = self.bufs[c].grads.as_ref() {
+                self.gpu.zero(C, g.ptr(), 4 * self.chunks[c].len)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! A host stand-in for the GPU (tests only): it runs no kernel, but checks what the
+//! executor asks of a GPU — every launch's arguments against the kernel's signature, every
+//! address a launch, GEMM, copy or transfer touches against the blocks the pool reserved
+//! (a GEMM's or copy's whole extent) — and logs the launches, so that a whole training step
+//! of a plan is exercised without a GPU. Downloads read zeros.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use cudarc::driver::LaunchConfig;
+use strata_models::plan::Stream;
+
+use super::device::{Arg, Block, Device, Dt, Op, Ptr, check_args};
+use super::pool::DeviceMemory;
+use crate::cuda::CudaError;
+use crate::cuda::kernels::{Param, signatures};
+
+#[derive(Default)]
+pub struct HostState {
+    next: Ptr,
+    /// Reserved blocks: start → bytes.
+    live: BTreeMap<Ptr, u64>,
+    /// Every launch, by kernel name, in order.
+    pub launches: Vec<String>,
+    pub gemms: u64,
+}
+
+impl HostState {
+    fn within(&self, what: &str, p: Ptr, bytes: u64) -> Result<(), CudaError> {
+        let ok = self.live.range(..=p).next_back().is_some_and(|(&start, &len)| p + bytes <= start + len);
+        if ok {
+            Ok(())
+        } else {
+            Err(CudaError { what: what.into(), cause: format!("[{p:#x}, +{bytes}) is outside every reserved block") })
+        }
+    }
+}
+
+pub struct HostDevice {
+    pub state: Rc<RefCell<HostState>>,
+    sigs: BTreeMap<String, Vec<Param>>,
+    memory_bytes: u64,
+    /// What the stand-in's "context" takes.
+    context_bytes: u64,
+}
+
+impl HostDevice {
+    pub fn new(memory_bytes: u64) -> HostDevice {
+        let state = HostState { next: 1 << 32, ..HostState::default() };
+        HostDevice {
+            state: Rc::new(RefCell::new(state)),
+            sigs: signatures().expect("the kernels' signatures parse"),
+            memory_bytes,
+            context_bytes: 512 << 20,
+        }
+    }
+}
+
+pub struct HostMemory {
+    state: Rc<RefCell<HostState>>,
+}
+
+impl DeviceMemory for HostMemory {
+    type Block = Block;
+    fn reserve(&mut self, bytes: u64) -> Result<Block, String> {
+        let mut s = self.state.borrow_mut();
+        let ptr = s.next;
+        // A gap after every block, so that an overrun is never inside the next one.
+        s.next += bytes.div_ceil(4096) * 4096 + 4096;
+        s.live.insert(ptr, bytes);
+        Ok(Block { ptr, bytes })
+    }
+    fn release(&mut self, block: Block) {
+        self.state.borrow_mut().live.remove(&block.ptr);
+    }
+}
+
+type Res<T> = Result<T, CudaError>;
+
+impl Device for HostDevice {
+    type Event = ();
+    type Mem = HostMemory;
+
+    fn memory(&self) -> HostMemory {
+        HostMemory { state: self.state.clone() }
+    }
+    fn name(&self) -> &str {
+        "host stand-in"
+    }
+    fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+    fn free_bytes(&self) -> Res<u64> {
+        Ok(self.memory_bytes - self.context_bytes)
+    }
+    fn launch(&self, _s: Stream, name: &str, _cfg: LaunchConfig, args: &[Arg]) -> Res<()> {
+        check_args(name, args, self.sigs.get(name).map(Vec::as_slice))
+            .map_err(|cause| CudaError { what: format!("launching {name}"), cause })?;
+        let mut st = self.state.borrow_mut();
+        for a in args {
+            if let Arg::P(p) = a {
+                st.within(&format!("an argument of {name}"), *p, 1)?;
+            }
+        }
+        st.launches.push(name.to_string());
+        Ok(())
+    }
+    fn gemm(&self, m: usize, nn: usize, k: usize, a: Op, b: Op, c: Ptr, c_dt: Dt, _beta: f32) -> Res<()> {
+        let mut st = self.state.borrow_mut();
+        let what = format!("a {m}×{nn}×{k} GEMM");
+        st.within(&format!("A of {what}"), a.ptr, 2 * (m * k) as u64)?;
+        st.within(&format!("B of {what}"), b.ptr, 2 * (k * nn) as u64)?;
+        let cb = if c_dt == Dt::F32 { 4 } else { 2 };
+        st.within(&format!("C of {what}"), c, cb * (m * nn) as u64)?;
+        st.gemms += 1;
+        Ok(())
+    }
+    fn copy(&self, _s: Stream, dst: Ptr, src: Ptr, bytes: usize) -> Res<()> {
+        let st = self.state.borrow();
+        st.within("a copy's destination", dst, bytes as u64)?;
+        st.within("a copy's source", src, bytes as u64)
+    }
+    fn zero(&self, _s: Stream, dst: Ptr, bytes: usize) -> Res<()> {
+        self.state.borrow().within("a zeroed range", dst, bytes as u64)
+    }
+    fn upload<T: Copy>(&self, dst: Ptr, src: &[T]) -> Res<()> {
+        self.state.borrow().within("an upload", dst, std::mem::size_of_val(src) as u64)
+    }
+    fn download<T: Copy>(&self, _s: Stream, dst: &mut [T], src: Ptr) -> Res<()> {
+        self.state.borrow().within("a download", src, std::mem::size_of_val(dst) as u64)?;
+        // SAFETY: the executor downloads only f32 and f64 values, for which all-zero bytes
+        // are a valid value (0.0).
+        unsafe { std::ptr::write_bytes(dst.as_mut_ptr(), 0, dst.len()) };
+        Ok(())
+    }
+    fn event(&self, _timing: bool) -> Res<()> {
+        Ok(())
+    }
+    fn record(&self, _e: &(), _s: Stream) -> Res<()> {
+        Ok(())
+    }
+    fn wait(&self, _s: Stream, _e: &()) -> Res<()> {
+        Ok(())
+    }
+    fn elapsed_ms(&self, _from: &(), _to: &()) -> Res<f32> {
+        Ok(0.0)
+    }
+    fn sync_all(&self) -> Res<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use strata_models::Scenario;
+    use strata_models::plan::{OpKind, Plan};
+
+    use super::*;
+    use crate::cuda::exec::rank::GpuRank;
+    use crate::exec::ExecConfig;
+
+    /// The tiny GPT on one GPU of an H200 node: the shapes the executor sees on GPT-2, small.
+    fn plan(sets: &[&str]) -> Plan {
+        let base = [
+            "cluster.preset=\"dgx-h200\"",
+            "cluster.nodes=1",
+            "cluster.gpus_per_node=1",
+            "cluster.nics_per_node=1",
+            "parallel.tp=1",
+            "parallel.pp=1",
+            "parallel.dp=1",
+            "parallel.zero=0",
+            "parallel.global_batch=8",
+            "training.dtype=\"bf16\"",
+            "training.flash_attention=true",
+        ];
+        let sets: Vec<String> = base.iter().chain(sets).map(|s| s.to_string()).collect();
+        let text = include_str!("../../../../scenarios/tiny-gpt-cpu.toml");
+        strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn training_steps_run_end_to_end_on_the_host_stand_in() {
+        let p = Arc::new(plan(&[]));
+        let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+        let dev = HostDevice::new(80 << 30);
+        let state = dev.state.clone();
+        let cfg = ExecConfig { trace_step: Some(1), ..ExecConfig::default() };
+        let mut rank = GpuRank::with_device(p.clone(), dev, Arc::new(corpus), cfg).unwrap_or_else(|e| panic!("{e}"));
+        let mut reserves = Vec::new();
+        let mut reports = Vec::new();
+        for step in 0..3 {
+            reports.push(rank.step(step).unwrap_or_else(|e| panic!("step {step}: {e}")));
+            reserves.push(rank.pool_stats().reserves);
+        }
+        // After the first step every block comes from the cache: no growth.
+        assert_eq!(reserves[1], reserves[0], "{reserves:?}");
+        assert_eq!(reserves[2], reserves[0], "{reserves:?}");
+        let (layers, m) = (p.scenario.model.layers as usize, p.scenario.parallel.microbatches() as usize);
+        let launches = state.borrow().launches.clone();
+        let count = |k: &str| launches.iter().filter(|l| *l == k).count();
+        for k in ["attn_fwd_bf16", "attn_bwd_delta_bf16", "attn_bwd_dq_bf16", "attn_bwd_dkdv_bf16", "gelu_fwd_bf16"] {
+            assert_eq!(count(k), 3 * layers * m, "{k}");
+        }
+        assert_eq!(count("embed_fwd_bf16"), 3 * m);
+        assert_eq!(count("xent_combine"), 3 * m);
+        assert_eq!(count("layernorm_fwd_bf16"), 3 * m * (2 * layers + 1));
+        let tensors = rank.chunk_states()[0].layout.entries().len();
+        assert_eq!(count("adamw_step"), 3 * tensors, "one launch per tensor per step");
+        // The traced step: a span per op that runs on a stream, memory samples with the context.
+        let ops = &p.program(0).ops;
+        let running = ops.iter().filter(|o| !matches!(o.kind, OpKind::Free { .. })).count();
+        assert_eq!(reports[1].spans.len(), running);
+        assert!(reports[0].spans.is_empty() && reports[2].spans.is_empty());
+        assert!(reports[1].memory.iter().all(|s| s.bytes > 512 << 20));
+        // Zeros read back: the loss of every microbatch is 0 here.
+        assert_eq!(reports[0].loss_sum, Some(0.0));
+        let pk = rank.peaks();
+        assert_eq!(pk.measured_bytes, rank.pool_stats().peak_reserved + (512 << 20));
+        assert!(pk.predicted_bytes > 0 && pk.by_class.contains_key("activations"), "{pk:?}");
+    }
+
+    #[test]
+    fn a_run_writes_the_cpu_executors_outputs() {
+        let p = Arc::new(plan(&[]));
+        let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+        let cfg = ExecConfig { trace_step: Some(2), ..ExecConfig::default() };
+        let rank = GpuRank::with_device(p.clone(), HostDevice::new(80 << 30), Arc::new(corpus), cfg).unwrap();
+        let opts = crate::train::TrainOptions {
+            steps: 3,
+            data_name: "synthetic".into(),
+            checkpoint: None,
+            exec: ExecConfig::default(),
+            faults: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        let mut progress = |r: &crate::train::StepRecord| seen.push(r.step);
+        let (r, gpu) = crate::cuda::exec::train::train_on(p.clone(), rank, &opts, Some(&mut progress)).unwrap();
+        assert_eq!((seen, gpu.as_str()), (vec![0, 1, 2], "host stand-in"));
+        let trace = r.trace.as_ref().expect("the traced step");
+        assert_eq!((trace.step, &trace.ranks[..]), (2, &[0][..]));
+        assert!(trace.spans.windows(2).all(|w| (w[0].stream, w[0].start_ns) <= (w[1].stream, w[1].start_ns)));
+        let dir = std::env::temp_dir().join(format!("strata-cuda-outputs-{}", std::process::id()));
+        crate::train::write_outputs(&dir, &p, &r).unwrap();
+        for f in ["loss.csv", "measured-trace.json", "memory.json", "plan.json"] {
+            assert!(dir.join(f).is_file(), "{f}");
+        }
+        let back: strata_models::trace::Trace =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("measured-trace.json")).unwrap()).unwrap();
+        assert_eq!(back.spans.len(), trace.spans.len());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_plan_that_does_not_fit_names_the_buffer() {
+        let p = Arc::new(plan(&[]));
+        let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+        // 1 MiB after the stand-in's context: the states fit, the activations do not.
+        let dev = HostDevice::new((512 << 20) + (1 << 20));
+        let mut rank = GpuRank::with_device(p, dev, Arc::new(corpus), ExecConfig::default()).unwrap();
+        let Err(e) = rank.step(0) else { panic!("a step that does not fit ran") };
+        let e = e.to_string();
+        assert!(e.contains("out of GPU memory allocating"), "{e}");
+    }
+}

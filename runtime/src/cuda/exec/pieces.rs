@@ -1,0 +1,404 @@
+//! `Compute` ops on the GPU: each (piece, phase) of the plan as cuBLAS GEMMs (bf16, fp32
+//! accumulation) and the NVRTC kernels of `cuda::kernels`, with the CPU executor's tensor
+//! flow (`exec::compute`, `layer.rs`, `head.rs`, `embed.rs`): the same tensors pass between
+//! the same pieces, the same activations are saved per layer and microbatch, weight
+//! gradients accumulate over microbatches (fp32), and the optimizer is AdamW on fp32
+//! master weights with the bf16 copy written back, after the global-norm clip.
+//!
+//! Saved state lives in the plan's buffers: a layer's activations in its `act L mb` block,
+//! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
+//! pool blocks of their own (the workspace), given back when their consumer is enqueued.
+
+use strata_models::plan::{ComputeOp, P2pKind, Phase, Piece, Stream};
+
+use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
+use super::rank::{GpuExecError, GpuRank, Res, Tensor};
+use crate::exec::pool::BufKey;
+use crate::params::LAYER_KINDS;
+use crate::params::ParamKind;
+
+/// Position of a layer tensor in `LAYER_KINDS`.
+pub(super) fn ix(k: ParamKind) -> usize {
+    LAYER_KINDS.iter().position(|x| *x == k).expect("a layer tensor")
+}
+
+/// A tensor between pieces of one microbatch (`exec::T` at tp = 1), or one kept for a
+/// weight pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum W {
+    /// The residual stream (T, h).
+    R,
+    /// A piece's output before the residual add (T, h).
+    Out,
+    /// The residual gradient (T, h).
+    Dr,
+    /// An input gradient (T, h).
+    DPart,
+    /// Per-token loss statistics (T, 3) fp32.
+    Stats,
+    /// Kept for the weight pass: the output gradient of FC2 / the projection (T, h), the
+    /// FC1 pre-activation gradient (T, F), the qkv gradient (T, 3h).
+    DFc2Out,
+    DFc1Pre,
+    DProjOut,
+    DQkv,
+}
+
+/// Offsets at 256-byte alignment inside one block.
+struct Carve {
+    base: Ptr,
+    at: u64,
+}
+
+impl Carve {
+    fn take(&mut self, bytes: usize) -> Ptr {
+        let p = self.base + self.at;
+        self.at += (bytes as u64).div_ceil(256) * 256;
+        p
+    }
+}
+
+/// A layer's saved activations, as addresses in its block (bf16 tensors, fp32 statistics).
+pub struct Acts {
+    pub r_in: Ptr,
+    pub ln1_mean: Ptr,
+    pub ln1_rstd: Ptr,
+    pub a: Ptr,
+    pub qkv: Ptr,
+    pub ctx: Ptr,
+    pub lse: Ptr,
+    pub r_mid: Ptr,
+    pub ln2_mean: Ptr,
+    pub ln2_rstd: Ptr,
+    pub m: Ptr,
+    pub fc1_pre: Ptr,
+    pub fc1_act: Ptr,
+}
+
+/// The block of a layer's activations at `base` (0: just its size).
+pub fn acts(d: &super::rank::Dims, base: Ptr) -> (Acts, u64) {
+    let (tk, h, f) = (d.t, d.h, d.f);
+    let mut c = Carve { base, at: 0 };
+    let a = Acts {
+        r_in: c.take(2 * tk * h),
+        ln1_mean: c.take(4 * tk),
+        ln1_rstd: c.take(4 * tk),
+        a: c.take(2 * tk * h),
+        qkv: c.take(2 * tk * 3 * h),
+        ctx: c.take(2 * tk * h),
+        lse: c.take(4 * d.b * d.heads * d.s),
+        r_mid: c.take(2 * tk * h),
+        ln2_mean: c.take(4 * tk),
+        ln2_rstd: c.take(4 * tk),
+        m: c.take(2 * tk * h),
+        fc1_pre: c.take(2 * tk * f),
+        fc1_act: c.take(2 * tk * f),
+    };
+    (a, c.at)
+}
+
+/// The head's saved state of a microbatch.
+pub struct HeadActs {
+    pub r_in: Ptr,
+    pub mean: Ptr,
+    pub rstd: Ptr,
+    pub hn: Ptr,
+    pub logits: Ptr,
+    pub lse: Ptr,
+    pub loss: Ptr,
+}
+
+pub fn head_acts(d: &super::rank::Dims, base: Ptr) -> (HeadActs, u64) {
+    let (tk, h) = (d.t, d.h);
+    let mut c = Carve { base, at: 0 };
+    let a = HeadActs {
+        r_in: c.take(2 * tk * h),
+        mean: c.take(4 * tk),
+        rstd: c.take(4 * tk),
+        hn: c.take(2 * tk * h),
+        logits: c.take(2 * tk * d.v),
+        lse: c.take(4 * tk),
+        loss: c.take(4 * tk),
+    };
+    (a, c.at)
+}
+
+pub(super) const C: Stream = Stream::Compute;
+
+impl<D: Device> GpuRank<D> {
+    pub(super) fn k(&self, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[Arg]) -> Res<()> {
+        Ok(self.gpu.launch(C, name, cfg, args)?)
+    }
+
+    /// Element offset of tensor `kind` (of `layer`) in chunk `chunk`'s flat buffers.
+    fn off(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Res<usize> {
+        self.offsets[chunk as usize]
+            .get(&(layer.map(|l| l as usize), kind))
+            .copied()
+            .ok_or_else(|| GpuExecError::Unsupported(format!("chunk {chunk} holds no {kind:?} of layer {layer:?}")))
+    }
+
+    /// (bf16 parameter, fp32 gradient) addresses of a tensor.
+    pub(super) fn pg(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Res<(Ptr, Ptr)> {
+        let o = self.off(chunk, layer, kind)? as u64;
+        let b = &self.bufs[chunk as usize];
+        let (Some(p), Some(g)) = (b.params.as_ref(), b.grads.as_ref()) else {
+            return Err(GpuExecError::Unsupported(format!(
+                "chunk {chunk}'s parameters are used before the plan allocates them"
+            )));
+        };
+        Ok((p.ptr() + 2 * o, g.ptr() + 4 * o))
+    }
+
+    /// (parameter, gradient) addresses of every tensor of `layer`, in `LAYER_KINDS` order.
+    pub(super) fn layer_ptrs(&self, chunk: u32, layer: u32) -> Res<[(Ptr, Ptr); 12]> {
+        let mut out = [(0, 0); 12];
+        for (o, k) in out.iter_mut().zip(LAYER_KINDS) {
+            *o = self.pg(chunk, Some(layer), k)?;
+        }
+        Ok(out)
+    }
+
+    fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
+        self.live
+            .values()
+            .find(|l| l.key == key)
+            .and_then(|l| l.tensor.as_ref())
+            .map(Tensor::ptr)
+            .ok_or_else(|| GpuExecError::Unsupported(format!("{key:?} is used but not allocated by the plan")))
+    }
+
+    pub(super) fn act(&self, layer: u32, mb: u32) -> Res<Acts> {
+        Ok(acts(&self.dims, self.plan_buf(BufKey::Act { layer, mb })?).0)
+    }
+
+    pub(super) fn head(&self, mb: u32) -> Res<HeadActs> {
+        Ok(head_acts(&self.dims, self.plan_buf(BufKey::Head { mb })?).0)
+    }
+
+    pub(super) fn put(&mut self, chunk: u32, mb: u32, w: W, t: Tensor) -> Res<()> {
+        if self.flight.insert((chunk, mb, w), t).is_some() {
+            return Err(GpuExecError::Unsupported(format!("{w:?} of chunk {chunk} mb {mb} produced twice")));
+        }
+        Ok(())
+    }
+
+    pub(super) fn got(&mut self, chunk: u32, mb: u32, w: W) -> Res<Tensor> {
+        self.flight.remove(&(chunk, mb, w)).ok_or_else(|| {
+            GpuExecError::Unsupported(format!("{w:?} of chunk {chunk} mb {mb} is needed but no earlier op produced it"))
+        })
+    }
+
+    pub(super) fn ws(&mut self, what: &str, bytes: usize) -> Res<Tensor> {
+        self.take(what, bytes as u64)
+    }
+
+    pub(super) fn tok(&self, mb: u32) -> (Ptr, Ptr) {
+        let base = self.tokens.as_ref().map(Tensor::ptr).expect("the step's tokens are loaded");
+        let tk = self.dims.t as u64;
+        (base + 4 * tk * mb as u64, base + 4 * tk * (self.m as u64 + mb as u64))
+    }
+
+    pub(super) fn ln_fwd(&self, x: Ptr, g: Ptr, b: Ptr, y: Ptr, mean: Ptr, rstd: Ptr) -> Res<()> {
+        let (rows, cols) = (self.dims.t as i32, self.dims.h as i32);
+        let args = [Arg::P(x), Arg::P(g), Arg::P(b), Arg::P(y), Arg::P(mean), Arg::P(rstd), Arg::I(rows), Arg::I(cols)];
+        let mut a = args.to_vec();
+        a.push(Arg::F(crate::kernels::LN_EPS));
+        self.k("layernorm_fwd_bf16", per_row(self.dims.t), &a)
+    }
+
+    /// dx = LNᵀ(dy) (overwritten), dγ, dβ += (fp32).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ln_bwd(&self, dy: Ptr, x: Ptr, g: Ptr, mean: Ptr, rstd: Ptr, dx: Ptr, dg: Ptr, db: Ptr) -> Res<()> {
+        let (rows, cols) = (self.dims.t as i32, self.dims.h as i32);
+        let dx_args =
+            [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(mean), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
+        self.k("layernorm_bwd_dx_bf16", per_row(self.dims.t), &dx_args)?;
+        let p_args =
+            [Arg::P(dy), Arg::P(x), Arg::P(mean), Arg::P(rstd), Arg::P(dg), Arg::P(db), Arg::I(rows), Arg::I(cols)];
+        self.k("layernorm_bwd_params_bf16", blocks(self.dims.h), &p_args)
+    }
+
+    pub(super) fn add(&self, y: Ptr, x: Ptr, elems: usize) -> Res<()> {
+        self.k("add_bf16", blocks(elems), &[Arg::P(y), Arg::P(x), Arg::L(elems as i64)])
+    }
+
+    fn add_bias(&self, y: Ptr, b: Ptr, cols: usize) -> Res<()> {
+        let rows = self.dims.t;
+        self.k("add_bias_bf16", blocks(rows * cols), &[Arg::P(y), Arg::P(b), Arg::L(rows as i64), Arg::I(cols as i32)])
+    }
+
+    pub(super) fn col_sum(&self, dy: Ptr, db: Ptr, cols: usize) -> Res<()> {
+        let rows = self.dims.t;
+        self.k("col_sum_bf16", blocks(cols), &[Arg::P(dy), Arg::P(db), Arg::L(rows as i64), Arg::I(cols as i32)])
+    }
+
+    /// y (T×k→n) = x·W (+ b): bf16 out.
+    fn linear(&self, x: Ptr, w: Ptr, b: Option<Ptr>, y: Ptr, k: usize, nn: usize) -> Res<()> {
+        self.gpu.gemm(self.dims.t, nn, k, n(x), n(w), y, Dt::Bf16, 0.0)?;
+        match b {
+            Some(b) => self.add_bias(y, b, nn),
+            None => Ok(()),
+        }
+    }
+
+    /// dx (T×k) = dy (T×n)·Wᵀ.
+    pub(super) fn dinput(&self, dy: Ptr, w: Ptr, dx: Ptr, k: usize, nn: usize) -> Res<()> {
+        Ok(self.gpu.gemm(self.dims.t, k, nn, n(dy), t(w), dx, Dt::Bf16, 0.0)?)
+    }
+
+    /// dW (k×n, fp32) += xᵀ·dy.
+    pub(super) fn dweight(&self, x: Ptr, dy: Ptr, dw: Ptr, k: usize, nn: usize) -> Res<()> {
+        Ok(self.gpu.gemm(k, nn, self.dims.t, t(x), n(dy), dw, Dt::F32, 1.0)?)
+    }
+
+    pub(super) fn compute(&mut self, c: &ComputeOp) -> Res<()> {
+        let (chunk, mb) = (c.chunk, c.mb);
+        match (c.piece, c.phase) {
+            (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb),
+            (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),
+            (p, Phase::Forward) if p.in_layer() => self.layer_fwd(c),
+            (p, Phase::BackwardInput | Phase::BackwardWeight) if p.in_layer() => self.layer_bwd(c),
+            (Piece::FinalNorm | Piece::Logits | Piece::Loss, _) => self.head_piece(c),
+            (Piece::Optimizer, Phase::Step) => self.optimizer_step(),
+            (p, phase) => Err(GpuExecError::Unsupported(format!("{} {} on the GPU", p.key(), phase.key()))),
+        }
+    }
+
+    fn embed_fwd(&mut self, chunk: u32, mb: u32) -> Res<()> {
+        let d = self.dims;
+        let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
+        let (wpe, _) = self.pg(chunk, None, ParamKind::Wpe)?;
+        let out = self.ws("the embedding's output", 2 * d.t * d.h)?;
+        let (inputs, _) = self.tok(mb);
+        let args = [
+            Arg::P(inputs),
+            Arg::P(wte),
+            Arg::P(wpe),
+            Arg::P(out.ptr()),
+            Arg::I(d.t as i32),
+            Arg::I(d.s as i32),
+            Arg::I(d.h as i32),
+            Arg::I(d.v0 as i32),
+            Arg::I(d.v as i32),
+        ];
+        self.k("embed_fwd_bf16", per_row(d.t), &args)?;
+        self.put(chunk, mb, W::R, out)
+    }
+
+    fn embed_bwd(&mut self, chunk: u32, mb: u32) -> Res<()> {
+        let d = self.dims;
+        let dr = self.got(chunk, mb, W::Dr)?;
+        let (_, dwte) = self.pg(chunk, None, ParamKind::Wte)?;
+        let (_, dwpe) = self.pg(chunk, None, ParamKind::Wpe)?;
+        let (inputs, _) = self.tok(mb);
+        let args = [
+            Arg::P(inputs),
+            Arg::P(dr.ptr()),
+            Arg::P(dwte),
+            Arg::P(dwpe),
+            Arg::I(d.t as i32),
+            Arg::I(d.s as i32),
+            Arg::I(d.h as i32),
+            Arg::I(d.v0 as i32),
+            Arg::I(d.v as i32),
+        ];
+        self.k("embed_bwd_bf16", per_row(d.t), &args)?;
+        self.give(dr);
+        Ok(())
+    }
+
+    /// The residual entering a chunk's first layer (one stage: the embedding's output).
+    fn residual_in(&mut self, chunk: u32, mb: u32) -> Res<Tensor> {
+        if self.flight.contains_key(&(chunk, mb, W::R)) {
+            return self.got(chunk, mb, W::R);
+        }
+        Err(GpuExecError::Unsupported(format!(
+            "a {:?} message from another stage: no communicator yet",
+            P2pKind::Activation
+        )))
+    }
+
+    fn layer_fwd(&mut self, c: &ComputeOp) -> Res<()> {
+        let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
+        let d = self.dims;
+        let th = d.t * d.h;
+        let ac = self.act(layer, mb)?;
+        let lp = self.layer_ptrs(chunk, layer)?;
+        let p = |k| -> Res<Ptr> { Ok(lp[ix(k)].0) };
+        match c.piece {
+            Piece::AttnIn => {
+                let (g, b) = (p(ParamKind::Ln1W)?, p(ParamKind::Ln1B)?);
+                let r = self.residual_in(chunk, mb)?;
+                self.gpu.copy(C, ac.r_in, r.ptr(), 2 * th)?;
+                self.ln_fwd(r.ptr(), g, b, ac.a, ac.ln1_mean, ac.ln1_rstd)?;
+                self.put(chunk, mb, W::R, r)
+            }
+            Piece::Attn => {
+                let (wq, bq, wp) = (p(ParamKind::QkvW)?, p(ParamKind::QkvB)?, p(ParamKind::ProjW)?);
+                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * d.h)?;
+                let dc = d.heads * d.hd;
+                let (qs, os) = ((3 * dc) as i64, dc as i64);
+                let args = [
+                    Arg::P(ac.qkv),
+                    Arg::P(ac.qkv + 2 * dc as u64),
+                    Arg::P(ac.qkv + 4 * dc as u64),
+                    Arg::P(ac.ctx),
+                    Arg::P(ac.lse),
+                    Arg::I(d.b as i32),
+                    Arg::I(d.s as i32),
+                    Arg::I(d.heads as i32),
+                    Arg::I(d.heads as i32),
+                    Arg::I(d.hd as i32),
+                    Arg::L(qs),
+                    Arg::L(qs),
+                    Arg::L(os),
+                    Arg::F(1.0 / (d.hd as f32).sqrt()),
+                ];
+                self.k("attn_fwd_bf16", attn_grid(&d), &args)?;
+                let out = self.ws("the attention's output", 2 * th)?;
+                self.linear(ac.ctx, wp, None, out.ptr(), dc, d.h)?;
+                self.put(chunk, mb, W::Out, out)
+            }
+            Piece::MlpIn => {
+                let (bp, g, b) = (p(ParamKind::ProjB)?, p(ParamKind::Ln2W)?, p(ParamKind::Ln2B)?);
+                let r = self.got(chunk, mb, W::R)?;
+                let o = self.got(chunk, mb, W::Out)?;
+                self.add(r.ptr(), o.ptr(), th)?;
+                self.add_bias(r.ptr(), bp, d.h)?;
+                self.give(o);
+                self.gpu.copy(C, ac.r_mid, r.ptr(), 2 * th)?;
+                self.ln_fwd(r.ptr(), g, b, ac.m, ac.ln2_mean, ac.ln2_rstd)?;
+                self.put(chunk, mb, W::R, r)
+            }
+            Piece::Mlp => {
+                let (w1, b1, w2) = (p(ParamKind::Fc1W)?, p(ParamKind::Fc1B)?, p(ParamKind::Fc2W)?);
+                self.linear(ac.m, w1, Some(b1), ac.fc1_pre, d.h, d.f)?;
+                let tf = d.t * d.f;
+                self.k("gelu_fwd_bf16", blocks(tf), &[Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(tf as i64)])?;
+                let out = self.ws("the MLP's output", 2 * th)?;
+                self.linear(ac.fc1_act, w2, None, out.ptr(), d.f, d.h)?;
+                self.put(chunk, mb, W::Out, out)
+            }
+            Piece::LayerOut => {
+                let b2 = p(ParamKind::Fc2B)?;
+                let r = self.got(chunk, mb, W::R)?;
+                let o = self.got(chunk, mb, W::Out)?;
+                self.add(r.ptr(), o.ptr(), th)?;
+                self.add_bias(r.ptr(), b2, d.h)?;
+                self.give(o);
+                self.put(chunk, mb, W::R, r)
+            }
+            other => Err(GpuExecError::Unsupported(format!("{} forward in a layer", other.key()))),
+        }
+    }
+}
+
+/// The attention kernels' grid: blocks of 8 query rows, per head and sequence.
+pub(super) fn attn_grid(d: &super::rank::Dims) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (d.s.div_ceil(8) as u32, d.heads as u32, d.b as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -1,0 +1,586 @@
+//! One GPU rank of a plan: its device state (the chunk states of `layout` in pool blocks),
+//! the plan's buffers bound to pool blocks, and one step enqueued in the order and with the
+//! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
+//! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
+//!
+//! Scope so far: one rank (tp = pp = dp = 1), GPT blocks, bf16 storage, flash attention,
+//! no recomputation, ZeRO ≤ 1 (which on one rank holds everything). Other plans are refused
+//! at construction with the reason; the communicators (shared-GPU, NCCL) are not built.
+//!
+//! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
+//! context (the device's used bytes before the first allocation). The trace of the traced
+//! step comes from CUDA events recorded around each op, in the CPU executor's format.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use strata_models::plan::exec::ProgramGraph;
+use strata_models::plan::{BufClass, BufId, OpId, OpKind, Plan, Stream};
+use strata_models::trace::{MemSample, Span};
+use strata_models::{Dtype, Family, Recompute};
+
+use super::device::{Block, Device, Gpu, Ptr};
+use super::layout::{ChunkState, rank_state};
+use super::pool::{DevicePool, Lease, PoolError};
+use super::schedule::Schedule;
+use crate::cuda::CudaError;
+use crate::data::{Batch, Corpus};
+use crate::error::RuntimeError;
+use crate::exec::pool::BufKey;
+use crate::exec::{ExecConfig, MemoryPeaks, StepReport};
+use crate::micro::Micro;
+use crate::optim::AdamWConfig;
+
+/// Why a GPU rank stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuExecError {
+    /// The plan asks for something this executor does not run (bad input for it).
+    #[error("the CUDA executor cannot run this plan: {0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+pub type Res<T> = Result<T, GpuExecError>;
+
+/// The ops whose end events a reused block's next user waits on.
+pub type Fence = Vec<OpId>;
+
+/// A pool block in use.
+pub struct Tensor {
+    pub(super) lease: Lease<Block, Fence>,
+}
+
+impl Tensor {
+    pub fn ptr(&self) -> Ptr {
+        self.lease.block.ptr
+    }
+}
+
+/// The model's sizes on this rank.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub b: usize,
+    pub s: usize,
+    /// Tokens of a microbatch, b·s.
+    pub t: usize,
+    pub h: usize,
+    pub heads: usize,
+    pub hd: usize,
+    pub f: usize,
+    /// Vocabulary rows held, and the first one's id.
+    pub v: usize,
+    pub v0: usize,
+}
+
+/// A chunk's persistent device buffers (allocated by the plan's first step).
+#[derive(Default)]
+pub struct ChunkBufs {
+    /// bf16 parameters (the plan's `params cN`).
+    pub params: Option<Tensor>,
+    /// fp32 gradients (the plan's `grads cN`).
+    pub grads: Option<Tensor>,
+    /// fp32 master weights, then m, then v (the plan's `optimizer cN`).
+    pub opt: Option<Tensor>,
+}
+
+/// A live plan buffer.
+pub(super) struct Live {
+    pub key: BufKey,
+    pub class: BufClass,
+    pub predicted: u64,
+    pub tensor: Option<Tensor>,
+}
+
+/// One GPU rank.
+pub struct GpuRank<D: Device = Gpu> {
+    pub(super) plan: Arc<Plan>,
+    pub(super) gpu: D,
+    pub(super) pool: DevicePool<D::Mem, Fence>,
+    sched: Arc<Schedule>,
+    pub(super) chunks: Vec<ChunkState>,
+    /// Per chunk: (layer, tensor) → its first element in the chunk's flat buffers (the
+    /// tensors this chunk owns; a tied copy is not one).
+    pub(super) offsets: Vec<BTreeMap<(Option<usize>, crate::params::ParamKind), usize>>,
+    pub(super) bufs: Vec<ChunkBufs>,
+    pub(super) live: BTreeMap<BufId, Live>,
+    /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
+    pub(super) flight: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
+    /// Output gradients kept from a backward-input pass for its weight pass, by (layer, mb, what).
+    pub(super) kept: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
+    /// The step's token ids (inputs, then targets, m·T each) and per-token losses (m·T).
+    pub(super) tokens: Option<Tensor>,
+    pub(super) losses: Option<Tensor>,
+    /// End event of every op (waits and the trace), start events for the traced step.
+    ends: Vec<D::Event>,
+    starts: Vec<D::Event>,
+    pub(super) dims: Dims,
+    pub(super) m: u32,
+    pub(super) micro: Micro,
+    pub(super) grad_scale: f32,
+    pub(super) adamw: AdamWConfig,
+    pub(super) adam_steps: u64,
+    base_lr: f32,
+    warmup: u32,
+    pub(super) clip: f32,
+    pub(super) clip_scale: f32,
+    pub(super) grad_norm: Option<f64>,
+    pub(super) nonfinite: Option<(String, f64)>,
+    corpus: Arc<Corpus>,
+    pub(super) batches: Vec<Batch>,
+    /// The op being enqueued (the fence of the blocks it frees) and its stream.
+    pub(super) cur: (OpId, Stream),
+    cfg: ExecConfig,
+    /// Device bytes in use before the executor allocated anything (the CUDA context).
+    pub context_bytes: u64,
+    peaks: MemoryPeaks,
+    rank: u32,
+}
+
+fn unsupported(why: impl Into<String>) -> GpuExecError {
+    GpuExecError::Unsupported(why.into())
+}
+
+/// What this executor runs, checked before any GPU work.
+pub fn check_plan(plan: &Plan) -> Res<()> {
+    let s = &plan.scenario;
+    let (p, t) = (&s.parallel, &s.training);
+    if plan.grid.ranks() != 1 {
+        return Err(unsupported(format!(
+            "{} ranks (tp {} · pp {} · dp {}): the CUDA executor runs one rank so far (the shared-GPU and NCCL \
+             communicators are not built); use --backend cpu, or tp = pp = dp = 1",
+            plan.grid.ranks(),
+            p.tp,
+            p.pp,
+            p.dp
+        )));
+    }
+    if s.model.family != Family::Gpt {
+        return Err(unsupported(format!(
+            "model family {:?}: the executor's pieces are GPT blocks so far (the Llama kernels exist, the pieces do not)",
+            s.model.family
+        )));
+    }
+    if t.storage_dtype() != Dtype::Bf16 {
+        return Err(unsupported(format!("training.dtype = {:?}: the CUDA executor stores bf16", t.dtype)));
+    }
+    if !t.flash_attention {
+        return Err(unsupported(
+            "training.flash_attention = false: the executor's attention is the fused flash-style kernel",
+        ));
+    }
+    if p.recompute != Recompute::None {
+        return Err(unsupported(format!("parallel.recompute = {:?}: not implemented on the GPU yet", p.recompute)));
+    }
+    // The attention kernels keep a row of head_dim in registers, 8 per lane (`MAXD`).
+    if s.model.head_dim() > 256 {
+        return Err(unsupported(format!(
+            "head_dim = hidden / heads = {}: the attention kernels take head_dim ≤ 256",
+            s.model.head_dim()
+        )));
+    }
+    if p.zero > 1 {
+        return Err(unsupported(format!(
+            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet",
+            p.zero
+        )));
+    }
+    Ok(())
+}
+
+impl GpuRank<Gpu> {
+    /// Rank 0 of `plan` on GPU `ordinal`, with freshly initialised state (the CPU
+    /// executor's initial parameters, seeded from the scenario).
+    pub fn new(plan: Arc<Plan>, ordinal: usize, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank> {
+        check_plan(&plan)?;
+        let gpu = Gpu::open(ordinal)?;
+        GpuRank::with_device(plan, gpu, corpus, cfg)
+    }
+}
+
+impl<D: Device> GpuRank<D> {
+    /// Rank 0 of `plan` on `gpu`.
+    pub fn with_device(plan: Arc<Plan>, gpu: D, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank<D>> {
+        check_plan(&plan)?;
+        let s = &plan.scenario;
+        if corpus.vocab() > s.model.vocab as usize {
+            return Err(RuntimeError::BadSetting(format!(
+                "the training data has {} token ids but model.vocab = {}",
+                corpus.vocab(),
+                s.model.vocab
+            ))
+            .into());
+        }
+        let chunks = rank_state(&plan, 0)?;
+        let graph = ProgramGraph::new(plan.program(0))
+            .map_err(|e| RuntimeError::BadSetting(format!("the plan's program for rank 0 cannot run: {e}")))?;
+        let sched = Arc::new(Schedule::new(plan.program(0), &graph));
+        let context_bytes = gpu.memory_bytes().saturating_sub(gpu.free_bytes()?);
+        let limit = gpu.memory_bytes().saturating_sub(context_bytes);
+        let pool = DevicePool::new(gpu.memory(), limit);
+        let n = graph.len();
+        let ends = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
+        let starts = (0..n).map(|_| gpu.event(true)).collect::<Result<Vec<_>, _>>()?;
+        let d = chunks[0].layout.dims();
+        let (p, t) = (&s.parallel, &s.training);
+        let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
+        let dims = Dims {
+            b: micro.batch,
+            s: micro.seq,
+            t: micro.tokens(),
+            h: d.hidden,
+            heads: d.heads,
+            hd: d.head_dim,
+            f: d.ffn,
+            v: d.vocab,
+            v0: d.vocab_start,
+        };
+        let m = p.microbatches();
+        let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
+        let offsets = chunks
+            .iter()
+            .map(|c| {
+                c.layout.entries().iter().filter(|e| !e.tied_copy).map(|e| ((e.layer, e.kind), e.offset)).collect()
+            })
+            .collect();
+        Ok(GpuRank {
+            offsets,
+            bufs: chunks.iter().map(|_| ChunkBufs::default()).collect(),
+            chunks,
+            gpu,
+            pool,
+            sched,
+            live: BTreeMap::new(),
+            flight: BTreeMap::new(),
+            kept: BTreeMap::new(),
+            tokens: None,
+            losses: None,
+            ends,
+            starts,
+            dims,
+            m,
+            micro,
+            grad_scale: 1.0 / (m as usize * micro.tokens()) as f32,
+            base_lr: adamw.lr,
+            adamw,
+            adam_steps: 0,
+            warmup: t.warmup_steps,
+            clip: t.grad_clip as f32,
+            clip_scale: 1.0,
+            grad_norm: None,
+            nonfinite: None,
+            corpus,
+            batches: Vec::new(),
+            cur: (0, Stream::Compute),
+            cfg,
+            context_bytes,
+            peaks: MemoryPeaks::default(),
+            rank: 0,
+            plan,
+        })
+    }
+
+    pub fn pool_stats(&self) -> super::pool::PoolStats {
+        self.pool.stats()
+    }
+
+    pub fn chunk_states(&self) -> &[ChunkState] {
+        &self.chunks
+    }
+
+    pub fn gpu_name(&self) -> &str {
+        self.gpu.name()
+    }
+
+    /// Peak memory so far: measured = the pool's reserved high-water mark + the context.
+    pub fn peaks(&self) -> &MemoryPeaks {
+        &self.peaks
+    }
+
+    fn lr_at(&self, step: u32) -> f32 {
+        if self.warmup == 0 {
+            self.base_lr
+        } else {
+            self.base_lr * ((step + 1).min(self.warmup) as f32 / self.warmup as f32)
+        }
+    }
+
+    /// A block for `name`; its stream waits on the fence of the block's previous user.
+    pub(super) fn take(&mut self, name: &str, bytes: u64) -> Res<Tensor> {
+        let lease = self.pool.alloc(name, bytes)?;
+        if let Some(fence) = &lease.fence {
+            let (_, s) = self.cur;
+            for &op in fence {
+                if self.plan.program(0).ops[op as usize].stream != s {
+                    self.gpu.wait(s, &self.ends[op as usize])?;
+                }
+            }
+        }
+        Ok(Tensor { lease })
+    }
+
+    /// Gives a block back; its next user waits for the op being enqueued now.
+    pub(super) fn give(&mut self, t: Tensor) {
+        self.pool.free(t.lease, Some(vec![self.cur.0]));
+    }
+
+    /// Runs one step: every op of the program enqueued in the schedule's order.
+    pub fn step(&mut self, step: u32) -> Res<StepReport> {
+        self.adamw.lr = self.lr_at(step);
+        self.grad_norm = None;
+        self.nonfinite = None;
+        self.clip_scale = 1.0;
+        self.load_batches(step)?;
+        let record = self.cfg.trace_step == Some(step);
+        let sched = self.sched.clone();
+        let plan = self.plan.clone();
+        let ops = &plan.program(0).ops;
+        let t0 = self.gpu.event(true)?;
+        if record {
+            self.gpu.sync_all()?;
+            self.gpu.record(&t0, Stream::Compute)?;
+        }
+        let mut samples: Vec<(OpId, u64)> = Vec::new();
+        for e in &sched.order {
+            let op = &ops[e.op as usize];
+            let Some(s) = e.stream else {
+                // A free: its block returns with the fence of its deps' end events.
+                let OpKind::Free { buf } = op.kind else { unreachable!("only frees run on no stream") };
+                self.measure();
+                self.free(buf, e.waits.clone())?;
+                continue;
+            };
+            self.cur = (e.op, s);
+            for &w in &e.waits {
+                self.gpu.wait(s, &self.ends[w as usize])?;
+            }
+            if record {
+                self.gpu.record(&self.starts[e.op as usize], s)?;
+            }
+            self.run(e.op, s)?;
+            self.gpu.record(&self.ends[e.op as usize], s)?;
+            if matches!(op.kind, OpKind::Alloc(_)) {
+                self.measure();
+            }
+            let in_use = self.pool.stats().in_use;
+            if samples.last().is_none_or(|l| l.1 != in_use) {
+                samples.push((e.op, in_use));
+            }
+        }
+        self.gpu.sync_all()?;
+        let loss_sum = self.step_losses()?;
+        self.end_of_step()?;
+        let (mut spans, mut memory) = (Vec::new(), Vec::new());
+        if record {
+            let ns = |e: &D::Event| -> Res<u64> {
+                let ms = self.gpu.elapsed_ms(&t0, e)?;
+                Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
+            };
+            for e in &sched.order {
+                if let Some(s) = e.stream {
+                    let (a, b) = (ns(&self.starts[e.op as usize])?, ns(&self.ends[e.op as usize])?);
+                    spans.push(Span { rank: self.rank, stream: s, op: e.op, start_ns: a, end_ns: b.max(a) });
+                }
+            }
+            for (op, bytes) in &samples {
+                let t_ns = ns(&self.ends[*op as usize])?;
+                memory.push(MemSample { rank: self.rank, t_ns, bytes: bytes + self.context_bytes });
+            }
+        }
+        self.measure();
+        Ok(StepReport {
+            step,
+            loss_sum: Some(loss_sum),
+            grad_norm: self.grad_norm,
+            nonfinite_grad: self.nonfinite.take(),
+            spans,
+            memory,
+            cpu: None,
+        })
+    }
+
+    fn load_batches(&mut self, step: u32) -> Res<()> {
+        let m = self.m as u64;
+        self.batches = (0..m)
+            .map(|k| self.corpus.batch(step as u64 * m + k, self.micro))
+            .collect::<Result<_, _>>()
+            .map_err(RuntimeError::from)?;
+        let mut ids: Vec<u32> = Vec::with_capacity(2 * self.m as usize * self.dims.t);
+        for b in &self.batches {
+            crate::embed::check_tokens(&b.inputs, self.plan.vocab() as usize)?;
+            ids.extend_from_slice(&b.inputs);
+        }
+        for b in &self.batches {
+            ids.extend_from_slice(&b.targets);
+        }
+        self.cur = (0, Stream::Compute);
+        let tokens = self.take("the step's token ids", 4 * ids.len() as u64)?;
+        self.gpu.upload(tokens.ptr(), &ids)?;
+        let losses = self.take("the step's per-token losses", 4 * (self.m as usize * self.dims.t) as u64)?;
+        self.gpu.zero(Stream::Compute, losses.ptr(), 4 * self.m as usize * self.dims.t)?;
+        self.tokens = Some(tokens);
+        self.losses = Some(losses);
+        Ok(())
+    }
+
+    /// Σ over microbatches of their mean loss, read back after the step.
+    fn step_losses(&mut self) -> Res<f64> {
+        let (m, t) = (self.m as usize, self.dims.t);
+        let mut host = vec![0f32; m * t];
+        let ptr = self.losses.as_ref().map(Tensor::ptr).expect("loaded with the batches");
+        self.gpu.download(Stream::Compute, &mut host, ptr)?;
+        Ok(host.chunks_exact(t).map(|mb| mb.iter().map(|&x| x as f64).sum::<f64>() / t as f64).sum())
+    }
+
+    /// Returns the step's own blocks and checks that every transient plan buffer was freed.
+    fn end_of_step(&mut self) -> Res<()> {
+        for t in [self.tokens.take(), self.losses.take()].into_iter().flatten() {
+            self.give(t);
+        }
+        let left: Vec<String> =
+            self.live.values().filter(|l| !l.key.persistent()).map(|l| format!("{:?}", l.key)).collect();
+        let flight: Vec<String> = self.flight.keys().chain(self.kept.keys()).map(|k| format!("{k:?}")).collect();
+        if !left.is_empty() || !flight.is_empty() {
+            return Err(RuntimeError::BadSetting(format!(
+                "after the step, buffers still live: {left:?}; tensors between pieces: {flight:?}"
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Peaks: the pool's high-water marks (with the context) and, per class, the plan
+    /// buffers' bytes and predictions — sampled after every `Alloc` and before every `Free`,
+    /// the only points where the live plan buffers change.
+    fn measure(&mut self) {
+        let st = self.pool.stats();
+        let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+        for l in self.live.values() {
+            let e = by.entry(l.class.key()).or_default();
+            e.0 += self.live_bytes(l);
+            e.1 += l.predicted;
+        }
+        let pk = &mut self.peaks;
+        pk.measured_bytes = pk.measured_bytes.max(st.peak_reserved + self.context_bytes);
+        pk.measured_plan_bytes = pk.measured_plan_bytes.max(st.peak_in_use);
+        pk.by_class.insert("context".into(), self.context_bytes);
+        for (k, (measured, predicted)) in by {
+            let e = pk.by_class.entry(k.to_string()).or_default();
+            *e = (*e).max(measured);
+            let e = pk.predicted_by_class.entry(k.to_string()).or_default();
+            *e = (*e).max(predicted);
+        }
+    }
+
+    /// Bytes of the block bound to a live plan buffer (the persistent states' live in `bufs`).
+    fn live_bytes(&self, l: &Live) -> u64 {
+        let held = |t: &Option<Tensor>| t.as_ref().map_or(0, |t| t.lease.class);
+        match l.key {
+            BufKey::Params { chunk } => held(&self.bufs[chunk as usize].params),
+            BufKey::Grads { chunk } => held(&self.bufs[chunk as usize].grads),
+            BufKey::Optimizer { chunk } => held(&self.bufs[chunk as usize].opt),
+            _ => held(&l.tensor),
+        }
+    }
+
+    /// Runs (enqueues) one op on stream `s`.
+    fn run(&mut self, id: OpId, s: Stream) -> Res<()> {
+        let plan = self.plan.clone();
+        let op = &plan.program(0).ops[id as usize];
+        match &op.kind {
+            OpKind::Compute(c) => self.compute(c),
+            OpKind::Alloc(a) => {
+                let key = BufKey::parse(&a.name).ok_or_else(|| {
+                    RuntimeError::BadSetting(format!(
+                        "the plan allocates \"{}\", which the executor does not know",
+                        a.name
+                    ))
+                })?;
+                if key.persistent() && self.live.contains_key(&a.buf) {
+                    return Ok(());
+                }
+                let tensor = self.alloc_buffer(key, &a.name)?;
+                let predicted = a.bytes;
+                self.live.insert(a.buf, Live { key, class: a.class, predicted, tensor });
+                let live_predicted: u64 = self.live.values().map(|l| l.predicted).sum();
+                self.peaks.predicted_bytes = self.peaks.predicted_bytes.max(live_predicted);
+                Ok(())
+            }
+            OpKind::Collective(c) => {
+                let members = plan.grid.group(0, c.group).len();
+                if members != 1 {
+                    return Err(unsupported(format!("a collective over {members} ranks: no communicator yet")));
+                }
+                // A group of one: nothing moves; the gradient norm is this rank's own.
+                if c.purpose == strata_models::plan::CollPurpose::GradNorm {
+                    self.grad_norm_local(s)?;
+                }
+                Ok(())
+            }
+            OpKind::Send(_) | OpKind::Recv(_) => Err(unsupported("pipeline messages: no communicator yet")),
+            OpKind::Free { .. } => unreachable!("frees run on no stream"),
+        }
+    }
+
+    fn free(&mut self, buf: BufId, fence: Fence) -> Res<()> {
+        let live = self
+            .live
+            .remove(&buf)
+            .ok_or_else(|| RuntimeError::BadSetting(format!("the plan frees buffer b{buf}, which is not live")))?;
+        if let Some(t) = live.tensor {
+            self.pool.free(t.lease, Some(fence));
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> GpuRank<D> {
+    /// The block of a plan buffer, filled where the buffer starts with a value: the
+    /// persistent states from the seeded initial parameters (the CPU executor's), zeroed
+    /// gradients and moments — these live in `bufs`, for the whole run. Activation and head
+    /// buffers are carved by `pieces`.
+    fn alloc_buffer(&mut self, key: BufKey, name: &str) -> Res<Option<Tensor>> {
+        let seed = self.plan.scenario.training.seed;
+        Ok(match key {
+            BufKey::Params { chunk } => {
+                let c = &self.chunks[chunk as usize];
+                let init: Vec<half::bf16> = c.layout.init(seed).into_iter().map(half::bf16::from_f32).collect();
+                let t = self.take(name, c.device_bytes(key).unwrap_or_default())?;
+                self.gpu.upload(t.ptr(), &init)?;
+                self.bufs[chunk as usize].params = Some(t);
+                None
+            }
+            BufKey::Grads { chunk } => {
+                let c = &self.chunks[chunk as usize];
+                let (len, bytes) = (c.len, c.device_bytes(key).unwrap_or_default());
+                let t = self.take(name, bytes)?;
+                self.gpu.zero(Stream::Compute, t.ptr(), 4 * len)?;
+                self.bufs[chunk as usize].grads = Some(t);
+                None
+            }
+            BufKey::Optimizer { chunk } => {
+                let c = &self.chunks[chunk as usize];
+                let (len, init, bytes) = (c.len, c.layout.init(seed), c.device_bytes(key).unwrap_or_default());
+                let t = self.take(name, bytes)?;
+                self.gpu.upload(t.ptr(), &init)?;
+                self.gpu.zero(Stream::Compute, t.ptr() + 4 * len as u64, 8 * len)?;
+                self.bufs[chunk as usize].opt = Some(t);
+                None
+            }
+            BufKey::Act { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
+            BufKey::Head { .. } => Some(self.take(name, super::pieces::head_acts(&self.dims, 0).1)?),
+            // The embedding saves nothing (no dropout).
+            BufKey::Embed { .. } => None,
+            other => {
+                return Err(unsupported(format!("plan buffer {other:?} (\"{name}\") is not implemented on the GPU")));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

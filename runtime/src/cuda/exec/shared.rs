@@ -1,0 +1,254 @@
+//! The shared-GPU communicator's bookkeeping: several ranks of one plan on one GPU, each on
+//! its own streams, meet in a collective as device copies and additions between their
+//! buffers. Given every member's contribution (its input and output on the device), this
+//! plans each member's stream work; `GpuRank` is to enqueue it once every member has
+//! arrived (matching by the plan's `Rendezvous`, as the CPU communicator does).
+//!
+//! **Determinism.** Every member sums the contributions itself, in rank order (member 0's,
+//! then 1's, …), so all members hold bit-identical results, equal to one fixed order of
+//! fp32 (or bf16) additions — never an order that depends on timing.
+//!
+//! **Two phases.** A member's output may be its input (an in-place all-reduce) or overlap
+//! it (an all-gather into the buffer that holds its slice), while the others still read
+//! that input. So each member first reduces or gathers into a scratch block of its own and
+//! records *read done*; only after every member's read-done does it copy its scratch to its
+//! output. Phase one waits for every member's *contribution ready* event (recorded by the
+//! member when its input was complete).
+//!
+//! Not wired yet: `GpuRank` runs one rank per process and GPU; the multi-rank driver
+//! (ranks of one plan interleaved on one host thread, their pieces under tensor and
+//! pipeline parallelism) is not built. The plan below is tested on host memory under
+//! adversarial interleavings of the members' streams.
+
+use strata_models::plan::CollKind;
+
+use super::device::Ptr;
+
+/// One member's part in a collective: element offsets are in elements of `elem_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub input: Ptr,
+    pub output: Ptr,
+    /// A block of the output's size, for phase one.
+    pub scratch: Ptr,
+}
+
+/// An event of the collective: member m's input is ready, or it is done reading inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ev {
+    Ready(usize),
+    ReadDone(usize),
+}
+
+/// Work on one member's stream, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Wait(Ev),
+    Record(Ev),
+    /// dst ← src, `elems` elements.
+    Copy {
+        dst: Ptr,
+        src: Ptr,
+        elems: usize,
+    },
+    /// dst += src, `elems` elements (the `add` kernel).
+    Add {
+        dst: Ptr,
+        src: Ptr,
+        elems: usize,
+    },
+}
+
+/// Each member's steps (by member position) for a collective of `elems` elements per
+/// member input (an all-gather's input is one slice; a reduce-scatter's output is one).
+pub fn plan(kind: CollKind, members: &[Member], elems: usize, elem_bytes: u64) -> Result<Vec<Vec<Step>>, String> {
+    let n = members.len();
+    if n == 0 {
+        return Err("a collective of no members".into());
+    }
+    let at = |p: Ptr, i: usize| p + i as u64 * elem_bytes;
+    let mut out = Vec::with_capacity(n);
+    for (m, me) in members.iter().enumerate() {
+        let mut s: Vec<Step> = (0..n).filter(|&r| r != m).map(|r| Step::Wait(Ev::Ready(r))).collect();
+        let out_elems = match kind {
+            CollKind::AllReduce => {
+                s.push(Step::Copy { dst: me.scratch, src: members[0].input, elems });
+                for r in members.iter().skip(1) {
+                    s.push(Step::Add { dst: me.scratch, src: r.input, elems });
+                }
+                elems
+            }
+            CollKind::ReduceScatter => {
+                if !elems.is_multiple_of(n) {
+                    return Err(format!("a reduce-scatter of {elems} elements over {n} members"));
+                }
+                let k = elems / n;
+                s.push(Step::Copy { dst: me.scratch, src: at(members[0].input, m * k), elems: k });
+                for r in members.iter().skip(1) {
+                    s.push(Step::Add { dst: me.scratch, src: at(r.input, m * k), elems: k });
+                }
+                k
+            }
+            CollKind::AllGather => {
+                for (r, x) in members.iter().enumerate() {
+                    s.push(Step::Copy { dst: at(me.scratch, r * elems), src: x.input, elems });
+                }
+                n * elems
+            }
+            other => return Err(format!("{} on the shared-GPU communicator is not built", other.key())),
+        };
+        s.push(Step::Record(Ev::ReadDone(m)));
+        s.extend((0..n).filter(|&r| r != m).map(|r| Step::Wait(Ev::ReadDone(r))));
+        s.push(Step::Copy { dst: me.output, src: me.scratch, elems: out_elems });
+        out.push(s);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::seq::SliceRandom;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+
+    /// Runs the members' steps on host memory (addresses are f32 indices), one stream at a
+    /// time in an order drawn from `seed`: a stream runs a random number of steps, stopping
+    /// at a wait whose event is not recorded yet. Every member records Ready first.
+    fn run(mem: &mut [f32], steps: &[Vec<Step>], seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut recorded: BTreeSet<Ev> = (0..steps.len()).map(Ev::Ready).collect();
+        let mut pc = vec![0usize; steps.len()];
+        while pc.iter().zip(steps).any(|(p, s)| *p < s.len()) {
+            let mut order: Vec<usize> = (0..steps.len()).collect();
+            order.shuffle(&mut rng);
+            let mut moved = false;
+            for m in order {
+                let budget = rng.random_range(1..4);
+                for _ in 0..budget {
+                    let Some(step) = steps[m].get(pc[m]) else { break };
+                    match *step {
+                        Step::Wait(e) if !recorded.contains(&e) => break,
+                        Step::Wait(_) => {}
+                        Step::Record(e) => {
+                            recorded.insert(e);
+                        }
+                        Step::Copy { dst, src, elems } => {
+                            let v = mem[src as usize..][..elems].to_vec();
+                            mem[dst as usize..][..elems].copy_from_slice(&v);
+                        }
+                        Step::Add { dst, src, elems } => {
+                            for i in 0..elems {
+                                mem[dst as usize + i] += mem[src as usize + i];
+                            }
+                        }
+                    }
+                    pc[m] += 1;
+                    moved = true;
+                }
+            }
+            assert!(moved, "the members' steps deadlock");
+        }
+    }
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    #[test]
+    fn an_in_place_all_reduce_sums_in_rank_order_on_every_member_under_any_interleaving() {
+        let (n, e) = (4usize, 37usize);
+        // Member m: input = output at m·e, scratch at 1000 + m·e.
+        let members: Vec<Member> = (0..n)
+            .map(|m| Member { input: (m * e) as u64, output: (m * e) as u64, scratch: (1000 + m * e) as u64 })
+            .collect();
+        let steps = plan(CollKind::AllReduce, &members, e, 1).unwrap();
+        let init = values(n * e, 7);
+        // The sum in rank order, as one rank would add them.
+        let want: Vec<f32> = (0..e).map(|i| (1..n).fold(init[i], |acc, r| acc + init[r * e + i])).collect();
+        for seed in 0..50 {
+            let mut mem = vec![f32::NAN; 2000];
+            mem[..n * e].copy_from_slice(&init);
+            run(&mut mem, &steps, seed);
+            for m in 0..n {
+                let got = &mem[m * e..(m + 1) * e];
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "seed {seed} member {m}");
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_and_all_gather_place_slices_by_rank() {
+        let (n, e) = (2usize, 8usize);
+        let members: Vec<Member> = (0..n)
+            .map(|m| Member { input: (m * e) as u64, output: (100 + m * e) as u64, scratch: (200 + m * e) as u64 })
+            .collect();
+        let init = values(n * e, 3);
+        let rs = plan(CollKind::ReduceScatter, &members, e, 1).unwrap();
+        let mut mem = vec![f32::NAN; 400];
+        mem[..n * e].copy_from_slice(&init);
+        run(&mut mem, &rs, 1);
+        let k = e / n;
+        for m in 0..n {
+            for i in 0..k {
+                assert_eq!(mem[100 + m * e + i], init[m * k + i] + init[e + m * k + i], "member {m} element {i}");
+            }
+        }
+        // All-gather in place: member m's slice already sits at its place in its output.
+        let members: Vec<Member> = (0..n)
+            .map(|m| Member {
+                input: (m * n * e + m * e) as u64,
+                output: (m * n * e) as u64,
+                scratch: (300 + m * n * e) as u64,
+            })
+            .collect();
+        let ag = plan(CollKind::AllGather, &members, e, 1).unwrap();
+        for seed in 0..20 {
+            let mut mem = vec![0f32; 400];
+            let slices = values(n * e, 9);
+            for m in 0..n {
+                mem[m * n * e + m * e..][..e].copy_from_slice(&slices[m * e..(m + 1) * e]);
+            }
+            run(&mut mem, &ag, seed);
+            for m in 0..n {
+                assert_eq!(&mem[m * n * e..(m + 1) * n * e], &slices[..], "seed {seed} member {m}");
+            }
+        }
+    }
+
+    #[test]
+    fn without_the_read_done_barrier_an_in_place_all_reduce_goes_wrong() {
+        // The test above would pass for a protocol without phase two only by luck: drop the
+        // read-done waits and some interleaving overwrites an input another member still reads.
+        let (n, e) = (3usize, 5usize);
+        let members: Vec<Member> = (0..n)
+            .map(|m| Member { input: (m * e) as u64, output: (m * e) as u64, scratch: (100 + m * e) as u64 })
+            .collect();
+        let steps: Vec<Vec<Step>> = plan(CollKind::AllReduce, &members, e, 1)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.into_iter().filter(|x| !matches!(x, Step::Wait(Ev::ReadDone(_)))).collect())
+            .collect();
+        let init = values(n * e, 5);
+        let want: Vec<f32> = (0..e).map(|i| (1..n).fold(init[i], |acc, r| acc + init[r * e + i])).collect();
+        let wrong = (0..50).any(|seed| {
+            let mut mem = vec![f32::NAN; 200];
+            mem[..n * e].copy_from_slice(&init);
+            run(&mut mem, &steps, seed);
+            (0..n).any(|m| mem[m * e..(m + 1) * e] != want[..])
+        });
+        assert!(wrong, "the interleavings never exposed the race: the test could not fail");
+    }
+
+    #[test]
+    fn unsupported_collectives_and_uneven_splits_are_errors() {
+        let m = [Member { input: 0, output: 0, scratch: 8 }; 2];
+        assert!(plan(CollKind::AllToAll, &m, 4, 4).unwrap_err().contains("shared-GPU communicator is not built"));
+        assert!(plan(CollKind::ReduceScatter, &m, 5, 4).unwrap_err().contains("5 elements over 2"));
+        assert!(plan(CollKind::AllReduce, &[], 4, 4).is_err());
+    }
+}

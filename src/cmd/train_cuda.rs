@@ -1,0 +1,101 @@
+//! `strata train --backend cuda`: the plan on one GPU through the CUDA executor
+//! (`strata_runtime::cuda::exec`), with the CPU path's outputs — the loss curve, the
+//! measured trace of the last step from CUDA events, memory.json (measured: the device
+//! pool's high-water mark plus the CUDA context; predicted: the plan's live buffers).
+//! Checkpoints, restarts and injected faults are the CPU executor's: refused here, exit 2.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use strata_models::hardware::GpuKind;
+use strata_models::plan::{lower, verify};
+use strata_runtime::cuda::exec::train::train_cuda;
+use strata_runtime::data::Corpus;
+use strata_runtime::exec::ExecConfig;
+use strata_runtime::train::{StepRecord, TrainError, TrainOptions, synthetic_corpus, write_outputs};
+
+use super::train::{Args, progress_bar, summary};
+use crate::common::{self, RunFailure};
+
+pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
+    for (set, what) in [
+        (args.checkpoint_dir.is_some(), "--checkpoint-dir"),
+        (args.restarts > 0, "--restarts"),
+        (!args.inject.is_empty(), "--inject"),
+        (args.ranks.is_some(), "--ranks"),
+    ] {
+        if set {
+            bail!(
+                "{what} is not available with --backend cuda yet (the CUDA executor trains one GPU, without checkpoints); use --backend cpu"
+            );
+        }
+    }
+    let s = args.scenario.load()?;
+    if s.cluster.gpu == GpuKind::Cpu {
+        bail!(
+            "--backend cuda trains a GPU cluster's plan, but the scenario's cluster is cpu-local; use a GPU scenario, e.g. scenarios/gpt2-124m-1xh200.toml"
+        );
+    }
+    let steps = args.steps.unwrap_or(s.training.steps);
+    let plan = lower(&s)?;
+    verify(&plan).context("the plan of this scenario does not verify")?;
+    strata_runtime::cuda::exec::rank::check_plan(&plan).map_err(anyhow::Error::new)?;
+    let seq = s.model.seq_len as usize;
+    let (corpus, data_name, entropy) = match &args.data {
+        Some(path) => {
+            let c = Corpus::from_text_file(path, seq)?;
+            let name = format!("{} ({} bytes)", path.display(), c.len());
+            (c, name, None)
+        }
+        None => {
+            let (c, name, h) = synthetic_corpus(s.model.vocab, s.training.seed)?;
+            (c, name, Some(h))
+        }
+    };
+    if !args.json {
+        println!(
+            "Training {} on GPU {ordinal}, {steps} steps of {} tokens; data {data_name}{}",
+            s.name,
+            s.tokens_per_step(),
+            entropy.map_or(String::new(), |h| format!(", entropy rate {h:.4} nats/token (the best loss possible)"))
+        );
+    }
+    let opts = TrainOptions {
+        steps,
+        data_name,
+        checkpoint: None,
+        exec: ExecConfig { recv_timeout: Duration::from_secs(args.timeout.max(1)), trace_step: steps.checked_sub(1) },
+        faults: Vec::new(),
+    };
+    let bar = progress_bar(steps as u64, args.json);
+    let quiet = args.json;
+    let mut progress = |r: &StepRecord| {
+        bar.set_position(r.step as u64 + 1);
+        if !quiet {
+            bar.suspend(|| println!("step {:>5}  loss {:.4}  {:>10.0} tokens/s", r.step, r.loss, r.tokens_per_s));
+        }
+    };
+    let plan = Arc::new(plan);
+    let run = train_cuda(plan.clone(), ordinal, Arc::new(corpus), &opts, Some(&mut progress));
+    bar.finish_and_clear();
+    let (result, gpu) = run.map_err(|e| match e {
+        TrainError::Setup(_) | TrainError::Checkpoint(_) => anyhow::Error::new(e),
+        other => anyhow::Error::new(RunFailure(other.to_string())),
+    })?;
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &plan, &result)
+            .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
+        if let Some(trace) = &result.trace {
+            common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(&plan, trace))?;
+        }
+    }
+    if args.json {
+        return common::print_json(&serde_json::json!({
+            "scenario": s.name, "backend": "cuda", "gpu": gpu, "steps": result.steps, "memory": result.memory,
+        }));
+    }
+    println!("GPU {ordinal}: {gpu}");
+    summary(&result, args.out.as_deref());
+    Ok(())
+}
