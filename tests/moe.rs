@@ -72,11 +72,14 @@ fn impossible_expert_parallel_splits_exit_2_naming_the_rule() {
     rejects(&strata(&["plan", s, "--set", "parallel.sequence_parallel=false"]), &["sequence parallelism"]);
     rejects(&strata(&["plan", s, "--set", "parallel.zero=3"]), &["ZeRO-3"]);
     rejects(&strata(&["plan", s, "--set", "model.moe.experts=8192"]), &["experts = 8192", "docs/limits.md"]);
-    rejects(&strata(&["plan", s, "--set", "model.moe.capacity_factor=0"]), &["capacity_factor", "docs/limits.md"]);
+    rejects(
+        &strata(&["plan", s, "--set", "model.moe.capacity_factor=0"]),
+        &["model.moe.capacity_factor = 0", "positive multiple"],
+    );
     rejects(&strata(&["plan", s, "--set", "model.mtp_layers=17"]), &["model.mtp_layers = 17", "docs/limits.md"]);
     rejects(
         &strata(&["plan", "scenarios/tiny-gpt-cpu.toml", "--set", "parallel.ep=2"]),
-        &["parallel.ep = 2", "[model.moe]"],
+        &["parallel.ep = 2", "model.moe is absent"],
     );
 }
 

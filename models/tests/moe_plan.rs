@@ -46,6 +46,8 @@ fn mtp_scenario(
 ) -> Result<Scenario, String> {
     let text = moe_scenario(family, tp, pp, dp, ep, schedule, zero, m, extra)?.to_toml();
     let text = text.replacen("[model]\n", &format!("[model]\nmtp_layers = {mtp}\n"), 1);
+    // Planned as for Megatron-LM: Strata's own executor runs no MTP modules (strata-cpu-mla).
+    let text = text.replace("framework = \"strata\"", "framework = \"megatron\"");
     Scenario::from_toml(&text, "mtp", "mtp", &[]).map_err(|e| e.to_string())
 }
 
@@ -150,7 +152,7 @@ fn mtp_modules_are_costed_on_the_last_stage() {
     for (family, tp, pp, dp, ep, sched, zero, mtp, rc) in [
         ("llama", 1, 1, 2, 2, Schedule::OneFOneB, 0, 1, "none"),
         ("llama", 2, 2, 2, 4, Schedule::OneFOneB, 1, 2, "full"),
-        ("gpt", 2, 2, 1, 2, Schedule::ZbH1, 2, 1, "selective"),
+        ("gpt", 2, 2, 1, 2, Schedule::OneFOneB, 1, 1, "selective"),
         ("llama", 1, 2, 2, 2, Schedule::Interleaved, 1, 1, "none"),
     ] {
         let s = mtp_scenario(family, tp, pp, dp, ep, sched, zero, 4, mtp, &format!("recompute = \"{rc}\"\n")).unwrap();
@@ -261,7 +263,13 @@ prop_compose! {
                           zero in 0u8..3, rc in 0usize..3, mfac in 1u32..4, gelu: bool,
                           bucket in prop::sample::select(vec![0.001f64, 1.0]), cf in prop::sample::select(vec![0.0f64, 0.5, 1.25]),
                           overlap_grad: bool, overlap_param: bool, clip: bool, mtp in 0u32..3) -> Option<Scenario> {
-        let schedule = Schedule::ALL[sched];
+        // MTP modules are planned as for Megatron-LM (Strata's executor runs none): its
+        // schedules and ZeRO-1 at most.
+        let schedule = match Schedule::ALL[sched] {
+            Schedule::ZbH1 | Schedule::ZbH2 | Schedule::Gpipe if mtp > 0 => Schedule::OneFOneB,
+            other => other,
+        };
+        let zero = if mtp > 0 { zero.min(1) } else { zero };
         let m = if schedule == Schedule::Interleaved { pp * mfac } else { mfac + pp / 2 };
         let extra = format!(
             "recompute = \"{}\"\ngrad_bucket_mb = {bucket}\noverlap_grad_reduce = {overlap_grad}\noverlap_param_gather = {overlap_param}\n\
@@ -270,6 +278,7 @@ prop_compose! {
         let moe = if cf > 0.0 { format!("capacity_factor = {cf}\n") } else { String::new() };
         let s = moe_scenario_with(if gelu { "gpt" } else { "llama" }, tp, pp, dp, ep, schedule, zero, m, &moe, &extra).ok()?;
         let text = s.to_toml().replacen("[model]\n", &format!("[model]\nmtp_layers = {mtp}\n"), 1);
+        let text = if mtp > 0 { text.replace("framework = \"strata\"", "framework = \"megatron\"") } else { text };
         Scenario::from_toml(&text, "prop", "prop", &[]).ok()
     }
 }

@@ -34,6 +34,7 @@ preset = "dgx-h100"
 nodes = {nodes}
 [parallel]
 tp = 8
+sequence_parallel = true
 global_batch = 256
 "#
     ))

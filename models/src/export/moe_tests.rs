@@ -97,7 +97,7 @@ fn torchtitan_writes_deepseek_v3_with_ep_cp_and_float8() {
     let s = scenario(
         "deepseek-v3",
         256,
-        "tp = 1\npp = 16\ncp = 2\nep = 64\nzero = 3\nglobal_batch = 15360",
+        "tp = 1\npp = 16\ncp = 2\nep = 64\nzero = 2\nglobal_batch = 15360",
         "framework = \"torchtitan\"\ndtype = \"fp8\"",
     );
     let e = export(&s, Framework::Torchtitan, true).unwrap();
