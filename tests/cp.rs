@@ -1,11 +1,8 @@
 //! Context parallelism through the binary: every exchange plans, verifies, simulates and
 //! trains on CPU ranks; a split the lowering cannot cut exits 2 naming the rule.
 
-use std::process::{Command, Output};
-
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
-}
+mod support;
+use support::strata;
 
 const TINY: &str = "scenarios/tiny-gpt-cpu.toml";
 

@@ -3,11 +3,10 @@
 //! rule; training it is refused (exit 2) until the plan interpreter drives MoE layers.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
-}
+mod support;
+use support::strata;
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("strata-moe-{}", std::process::id()));
@@ -17,12 +16,7 @@ fn tmp(name: &str) -> PathBuf {
 
 /// Asserts a bad-input failure: exit code 2, no panic, a message containing every word.
 fn rejects(out: &Output, words: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for w in words {
-        assert!(err.contains(w), "message lacks {w:?}: {err}");
-    }
+    support::fails(out, 2, words)
 }
 
 /// tiny-gpt with 8 experts top-2 (width 128), one shared expert (64), the first layer
@@ -31,7 +25,10 @@ fn rejects(out: &Output, words: &[&str]) {
 /// yet MoE-aware, stay below the plan's executed FLOPs and the simulator's sanity check
 /// holds.)
 fn tiny_moe() -> PathBuf {
-    let path = tmp("tiny-moe.toml");
+    // One file per call: the tests run in parallel threads of one process.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = tmp(&format!("tiny-moe-{n}.toml"));
     std::fs::write(
         &path,
         "[model]\npreset = \"tiny-gpt\"\n[model.moe]\nexperts = 8\ntop_k = 2\nexpert_ffn_hidden = 128\n\

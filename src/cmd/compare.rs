@@ -404,17 +404,23 @@ pub(super) fn predict(s: &Scenario, cfg: &LoopConfig) -> anyhow::Result<(Trace, 
     Ok((sim.trace.context("the simulator recorded no trace")?, plan))
 }
 
-/// One run of a plan, trained for real: a warm-up, then the measured steps; the last is
-/// traced.
-fn measure_run(s: &Scenario, cfg: &LoopConfig, corpus: Arc<Corpus>, plan: &Plan) -> anyhow::Result<Measured> {
+/// How a measured run trains, on either backend: the warm-up and measured steps on the
+/// synthetic corpus, the last step traced.
+pub(super) fn measure_options(cfg: &LoopConfig) -> TrainOptions {
     let steps = cfg.warmup + cfg.steps;
-    let opts = TrainOptions {
+    TrainOptions {
         steps,
         data_name: "synthetic".into(),
         checkpoint: None,
         exec: ExecConfig { recv_timeout: Duration::from_secs(300), trace_step: Some(steps - 1) },
         faults: Vec::new(),
-    };
+    }
+}
+
+/// One run of a plan, trained for real: a warm-up, then the measured steps; the last is
+/// traced.
+fn measure_run(s: &Scenario, cfg: &LoopConfig, corpus: Arc<Corpus>, plan: &Plan) -> anyhow::Result<Measured> {
+    let opts = measure_options(cfg);
     let r = train_threads(Arc::new(plan.clone()), corpus, &opts, None)
         .map_err(|e| RunFailure(format!("training {}: {e}", s.name)))?;
     Ok(Measured {

@@ -5,14 +5,12 @@
 //! One plan, one GPU: `--plan`, `--search` and `--runs` > 1 are the CPU path's (exit 2).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use strata_models::hardware::GpuKind;
 use strata_reports::{ComparisonSet, PlanComparison, ReportInputs};
 use strata_runtime::cuda::exec::train::train_cuda;
-use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{TrainOptions, synthetic_corpus};
+use strata_runtime::train::synthetic_corpus;
 use strata_sim::HardwareProfile;
 
 use super::compare::{Args, LoopConfig, predict, table, write};
@@ -49,14 +47,7 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     strata_runtime::cuda::exec::rank::check_plan(&plan).map_err(anyhow::Error::new)?;
     common::create_dir(&args.out)?;
     let (corpus, _, _) = synthetic_corpus(s.model.vocab, s.training.seed)?;
-    let steps = cfg.warmup + cfg.steps;
-    let opts = TrainOptions {
-        steps,
-        data_name: "synthetic".into(),
-        checkpoint: None,
-        exec: ExecConfig { recv_timeout: Duration::from_secs(300), trace_step: Some(steps - 1) },
-        faults: Vec::new(),
-    };
+    let opts = super::compare::measure_options(&cfg);
     let (r, gpu) = train_cuda(Arc::new(plan.clone()), ordinal, Arc::new(corpus), &opts, None)
         .map_err(|e| RunFailure(format!("training {} on GPU {ordinal}: {e}", s.name)))?;
     let seconds: Vec<f64> = r.steps.iter().skip(cfg.warmup as usize).map(|x| x.seconds).collect();

@@ -174,18 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sup = SuperviseOptions { restarts: args.restarts, inject };
     let plan = lower(&s)?;
     verify(&plan).context("the plan of this scenario does not verify")?;
-    let seq = s.model.seq_len as usize;
-    let (corpus, data_name, entropy) = match &args.data {
-        Some(path) => {
-            let c = Corpus::from_text_file(path, seq)?;
-            let name = format!("{} ({} bytes)", path.display(), c.len());
-            (c, name, None)
-        }
-        None => {
-            let (c, name, h) = synthetic_corpus(s.model.vocab, s.training.seed)?;
-            (c, name, Some(h))
-        }
-    };
+    let (corpus, data_name, entropy) = load_corpus(args.data.as_deref(), &s)?;
     if !args.json {
         println!(
             "Training {} on {ranks} CPU ranks ({}), {steps} steps of {} tokens; data {data_name}{}",
@@ -253,6 +242,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The exit status of a run that did not finish: 1 for a run that failed, 2 for bad input.
+/// The training text: `--data FILE` in sequences of the model's length, or the synthetic
+/// corpus (with its entropy rate, the best loss possible); and its name for the banner.
+pub(super) fn load_corpus(
+    data: Option<&Path>,
+    s: &strata_models::Scenario,
+) -> anyhow::Result<(Corpus, String, Option<f64>)> {
+    Ok(match data {
+        Some(path) => {
+            let c = Corpus::from_text_file(path, s.model.seq_len as usize)?;
+            let name = format!("{} ({} bytes)", path.display(), c.len());
+            (c, name, None)
+        }
+        None => {
+            let (c, name, h) = synthetic_corpus(s.model.vocab, s.training.seed)?;
+            (c, name, Some(h))
+        }
+    })
+}
+
 fn failure(e: SuperviseError, checkpoint_dir: Option<&Path>) -> anyhow::Error {
     let (e, gave_up) = match e {
         SuperviseError::Failed { error, attempts, restarts } => {

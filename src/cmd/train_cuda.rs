@@ -11,9 +11,8 @@ use anyhow::{Context, bail};
 use strata_models::hardware::GpuKind;
 use strata_models::plan::{lower, verify};
 use strata_runtime::cuda::exec::train::train_cuda;
-use strata_runtime::data::Corpus;
 use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{StepRecord, TrainError, TrainOptions, synthetic_corpus, write_outputs};
+use strata_runtime::train::{StepRecord, TrainError, TrainOptions, write_outputs};
 
 use super::train::{Args, progress_bar, summary};
 use crate::common::{self, RunFailure};
@@ -41,18 +40,7 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     let plan = lower(&s)?;
     verify(&plan).context("the plan of this scenario does not verify")?;
     strata_runtime::cuda::exec::rank::check_plan(&plan).map_err(anyhow::Error::new)?;
-    let seq = s.model.seq_len as usize;
-    let (corpus, data_name, entropy) = match &args.data {
-        Some(path) => {
-            let c = Corpus::from_text_file(path, seq)?;
-            let name = format!("{} ({} bytes)", path.display(), c.len());
-            (c, name, None)
-        }
-        None => {
-            let (c, name, h) = synthetic_corpus(s.model.vocab, s.training.seed)?;
-            (c, name, Some(h))
-        }
-    };
+    let (corpus, data_name, entropy) = super::train::load_corpus(args.data.as_deref(), &s)?;
     if !args.json {
         println!(
             "Training {} on GPU {ordinal}, {steps} steps of {} tokens; data {data_name}{}",
