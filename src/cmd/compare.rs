@@ -202,10 +202,8 @@ pub fn with_split(base: &Scenario, spec: &str) -> anyhow::Result<Scenario> {
             base.parallel.ranks()
         );
     }
+    // The search's label names every split key, cp and its exchange among them.
     s.name = search::label(&s.parallel);
-    if s.parallel.cp > 1 {
-        s.name += &format!(" cp{} {}", s.parallel.cp, s.parallel.cp_comm.key());
-    }
     Ok(s)
 }
 
