@@ -3,6 +3,8 @@
 //! agrees with the analytic memory, its exchanges move what Transformer Engine's do, and
 //! ZeRO shards over the cp · dp ranks of the data-parallel group.
 
+mod common;
+use common::program_order_peak;
 use proptest::prelude::*;
 use strata_models::Scenario;
 use strata_models::accounting::flops::scenario_step_flops;
@@ -248,23 +250,6 @@ fn alloc_free_peak_agrees_with_the_analytic_model_under_cp() {
             }
         }
     }
-}
-
-fn program_order_peak(p: &Program) -> u64 {
-    let mut live: std::collections::BTreeMap<BufId, u64> = Default::default();
-    let (mut now, mut peak) = (0u64, 0u64);
-    for op in &p.ops {
-        match &op.kind {
-            OpKind::Alloc(a) => {
-                live.insert(a.buf, a.bytes);
-                now += a.bytes;
-                peak = peak.max(now);
-            }
-            OpKind::Free { buf } => now -= live.remove(buf).unwrap(),
-            _ => {}
-        }
-    }
-    peak
 }
 
 #[test]

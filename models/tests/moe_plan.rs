@@ -5,6 +5,8 @@
 //! gradients reduce over the expert-data-parallel group, and the refused splits name their
 //! rule.
 
+mod common;
+use common::program_order_peak;
 use proptest::prelude::*;
 use strata_models::Scenario;
 use strata_models::accounting::flops::{
@@ -296,24 +298,6 @@ proptest! {
             panic!("{e}\n{}", s.to_toml());
         }
     }
-}
-
-/// Peak bytes of a program's Alloc/Free timeline taken in program order.
-fn program_order_peak(p: &Program) -> u64 {
-    let mut live: std::collections::BTreeMap<BufId, u64> = Default::default();
-    let (mut now, mut peak) = (0u64, 0u64);
-    for op in &p.ops {
-        match &op.kind {
-            OpKind::Alloc(a) => {
-                live.insert(a.buf, a.bytes);
-                now += a.bytes;
-                peak = peak.max(now);
-            }
-            OpKind::Free { buf } => now -= live.remove(buf).unwrap(),
-            _ => {}
-        }
-    }
-    peak
 }
 
 /// The plan's Alloc/Free peak of a Mixtral-like MoE (Llama-3 70B shapes, 8 experts top-2,

@@ -1,6 +1,8 @@
 //! The plan IR end to end: golden programs, verification of random scenarios, mutations
 //! the verifier must catch, memory and communication volumes against the closed forms.
 
+mod common;
+use common::program_order_peak;
 use proptest::prelude::*;
 use strata_models::Scenario;
 use strata_models::accounting::memory::{layer_activation_bytes, stage_memory};
@@ -270,24 +272,6 @@ fn mutation_circular_wait_is_a_deadlock() {
     let e = verify(&plan).unwrap_err();
     assert_eq!(e.kind, "deadlock", "{e}");
     assert!(e.reason.contains("recv next grad mb0"), "{e}");
-}
-
-/// Peak bytes of a program's Alloc/Free timeline taken in program order.
-fn program_order_peak(p: &Program) -> u64 {
-    let mut live: std::collections::BTreeMap<BufId, u64> = Default::default();
-    let (mut now, mut peak) = (0u64, 0u64);
-    for op in &p.ops {
-        match &op.kind {
-            OpKind::Alloc(a) => {
-                live.insert(a.buf, a.bytes);
-                now += a.bytes;
-                peak = peak.max(now);
-            }
-            OpKind::Free { buf } => now -= live.remove(buf).unwrap(),
-            _ => {}
-        }
-    }
-    peak
 }
 
 /// The peak of each rank's Alloc/Free timeline (in program order) agrees with the analytic
