@@ -61,30 +61,6 @@ pub struct SearchSpace {
 const CP_MIN_TOKENS: u32 = 4096;
 const CP_MIN_SEQ: u32 = 8192;
 
-/// The rules of the new dimensions the split's validation does not state (yet): expert
-/// parallelism splits whole experts over ranks of a stage; TE's load-balanced context
-/// parallelism cuts the sequence into 2·cp chunks; Ulysses shards heads over tp·cp.
-fn moe_cp_rule(base: &Scenario, p: &ParallelConfig) -> Option<&'static str> {
-    let m = &base.model;
-    let experts = m.moe.as_ref().map_or(1, |e| e.experts);
-    if !experts.is_multiple_of(p.ep) {
-        return Some("ep-divides-experts");
-    }
-    if !(p.tp * p.cp * p.dp).is_multiple_of(p.ep) {
-        return Some("ep-divides-stage");
-    }
-    if p.cp > 1 && !m.seq_len.is_multiple_of(2 * p.cp) {
-        return Some("cp-divides-seq");
-    }
-    if p.cp > 1
-        && p.cp_comm == CpComm::Ulysses
-        && !(m.heads.is_multiple_of(p.tp * p.cp) && m.kv_heads.is_multiple_of(p.tp * p.cp))
-    {
-        return Some("ulysses-divides-heads");
-    }
-    None
-}
-
 fn divisors(n: u64) -> Vec<u32> {
     (1..=n).filter(|d| n.is_multiple_of(*d)).map(|d| d as u32).collect()
 }
@@ -251,10 +227,6 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 };
                                                 if let Err(e) = parallel.validate(&base.model, &base.cluster) {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
-                                                    continue;
-                                                }
-                                                if let Some(rule) = moe_cp_rule(base, &parallel) {
-                                                    *out.invalid.entry(rule).or_default() += 1;
                                                     continue;
                                                 }
                                                 // One candidate per framework that runs the split; a
