@@ -19,8 +19,6 @@ use crate::cluster::ClusterSpec;
 use crate::model::ModelSpec;
 use crate::plan::grid::Pipeline;
 
-mod moe_rules;
-
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Schedule {
@@ -450,7 +448,6 @@ impl ParallelConfig {
                 ),
             );
         }
-        v.extend(moe_rules::violations(p, model));
         if v.is_empty() { Ok(()) } else { Err(ConfigError { violations: v }) }
     }
 }

@@ -7,6 +7,8 @@
 //! | `ep-divides-stage` | ep divides tp · cp · dp | Megatron-core `parallel_state`: the expert grid ETP·EP·EDP·PP is the world, with ETP = 1 |
 //! | `moe-tp-needs-sp` | MoE with tp > 1 needs sequence parallelism | Megatron-LM `arguments.py`: "When using MoE and tensor parallelism, sequence parallelism must be used." |
 //! | `cp-divides-seq` | seq_len % (2·cp) = 0 | Megatron-LM's `get_batch_on_this_cp_rank` cuts each sequence into 2·cp chunks (rank r holds r and 2cp−1−r) |
+//! | `tp-divides-shared-ffn` | tp divides shared_experts · shared_ffn_hidden | the shared experts' MLP is column-parallel, as a dense MLP |
+//! | `moe-zero3` | no ZeRO-3 with experts | Strata's plan gathers whole units over the data-parallel group, and experts shard over another (a limit of the plan, not of the frameworks) |
 //! | `ulysses-divides-heads` | heads/tp and kv_heads/tp divisible by cp under `cp_comm = "ulysses"` | Transformer Engine `AttnFuncWithCPAndQKVOA2A` asserts heads % cp for Q, K and V; DeepSpeed-Ulysses `heads % sp_size` |
 
 use super::{CpComm, ParallelConfig};
@@ -54,6 +56,25 @@ impl ParallelConfig {
                         format!(
                             "parallel.tp = {} with sequence_parallel = false and a mixture of experts: Megatron-LM asserts that MoE with tensor parallelism uses sequence parallelism (tokens reach the router split along the sequence); set sequence_parallel = true",
                             p.tp
+                        ),
+                    );
+                }
+                let shared = moe.shared_experts as u64 * moe.shared_ffn_hidden as u64;
+                if p.tp > 0 && !shared.is_multiple_of(p.tp as u64) {
+                    bad(
+                        "tp-divides-shared-ffn",
+                        format!(
+                            "parallel.tp = {} does not divide model.moe.shared_experts · shared_ffn_hidden = {shared}: the shared experts' MLP is column-parallel",
+                            p.tp
+                        ),
+                    );
+                }
+                if p.zero >= 3 {
+                    bad(
+                        "moe-zero3",
+                        format!(
+                            "parallel.zero = {} with a mixture of experts: ZeRO-3 is not planned for experts (use zero ≤ 2, as Megatron-LM's distributed optimizer does)",
+                            p.zero
                         ),
                     );
                 }
