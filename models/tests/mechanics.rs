@@ -1,7 +1,8 @@
 //! Framework mechanics in the lowering: DeepSpeed ZeRO-3 gathers each sub-module's
 //! flattened parameters on its own within its prefetch and live-parameter limits and never
 //! gathers persistent parameters; torchtitan's FSDP2 reduces one unit per collective;
-//! DeepSpeed's PipelineEngine reduces gradients only after the pipeline flush.
+//! DeepSpeed's PipelineEngine reduces gradients only after the pipeline flush and runs its
+//! sends and receives in series with compute.
 
 use std::collections::BTreeMap;
 
@@ -238,4 +239,167 @@ fn deepspeed_pipeline_reduces_after_the_flush() {
         )
         .unwrap();
     assert!(first_rs < last_bwd);
+}
+
+/// Program indices of a stage's sends and receives, and of its compute ops.
+fn p2p_and_compute(prog: &Program) -> (Vec<usize>, Vec<usize>) {
+    let p2p = (0..prog.ops.len()).filter(|&i| matches!(prog.ops[i].kind, OpKind::Send(_) | OpKind::Recv(_))).collect();
+    let compute = (0..prog.ops.len()).filter(|&i| matches!(prog.ops[i].kind, OpKind::Compute(_))).collect();
+    (p2p, compute)
+}
+
+/// Whether op `i` of `prog` starts only after op `j` is done: an explicit dep, or an earlier
+/// op of its stream that holds the stream up (the emitter leaves those implied).
+fn waits_for(prog: &Program, i: usize, j: usize) -> bool {
+    let (a, b) = (&prog.ops[i], &prog.ops[j]);
+    a.deps.contains(&(j as OpId))
+        || (j < i && a.stream == b.stream && !matches!(b.kind, OpKind::Send(_) | OpKind::Free { .. }))
+}
+
+#[test]
+fn deepspeed_pipeline_sends_and_receives_in_series_with_compute() {
+    for (pp, dp) in [(2, 4), (4, 2), (8, 1)] {
+        let plan = lower(&scenario("deepspeed", "gpt2-350m", 1, pp, dp, 1, "")).unwrap();
+        verify(&plan).unwrap();
+        for (stage, prog) in plan.programs.iter().enumerate() {
+            let (p2p, compute) = p2p_and_compute(prog);
+            assert!(!p2p.is_empty(), "pp {pp} stage {stage}");
+            for (k, &i) in p2p.iter().enumerate() {
+                // Issued after the compute before it and after the transfer before it.
+                if let Some(&c) = compute.iter().rev().find(|&&c| c < i) {
+                    assert!(waits_for(prog, i, c), "pp {pp} stage {stage} op {i}: not after compute {c}");
+                }
+                if k > 0 {
+                    assert!(waits_for(prog, i, p2p[k - 1]), "pp {pp} stage {stage} op {i}: not in series");
+                }
+                // The next compute waits for it (a receive's consumer, or a send's delivery).
+                if matches!(prog.ops[i].kind, OpKind::Send(_))
+                    && let Some(&c) = compute.iter().find(|&&c| c > i)
+                {
+                    assert!(waits_for(prog, c, i), "pp {pp} stage {stage} send {i}");
+                }
+            }
+            // DeepSpeed's instruction order: a backward step receives its gradient before it
+            // sends the activation of the forward before it; a step after a backward sends
+            // that backward's gradient before anything else.
+            let recv_grad = |mb: u32| {
+                p2p.iter().copied().find(
+                    |&r| matches!(&prog.ops[r].kind, OpKind::Recv(m) if m.kind == P2pKind::Gradient && m.mb == mb),
+                )
+            };
+            for &i in &p2p {
+                let OpKind::Send(m) = &prog.ops[i].kind else { continue };
+                let Some(&c) = compute.iter().find(|&&c| c > i) else { continue };
+                let OpKind::Compute(next) = &prog.ops[c].kind else { unreachable!() };
+                if matches!(next.phase, Phase::Forward | Phase::Step) {
+                    continue;
+                }
+                if let Some(r) = recv_grad(next.mb) {
+                    let before = m.kind == P2pKind::Activation;
+                    assert_eq!(
+                        r < i,
+                        before,
+                        "pp {pp} stage {stage}: {:?} of mb {} vs RecvGrad mb {}",
+                        m.kind,
+                        m.mb,
+                        next.mb
+                    );
+                }
+            }
+        }
+    }
+    // Megatron-LM posts its sends and computes on: no compute waits for a send.
+    let m = lower(&scenario("megatron", "gpt2-350m", 1, 4, 2, 1, "")).unwrap();
+    for prog in &m.programs {
+        let sends: Vec<OpId> =
+            (0..prog.ops.len() as OpId).filter(|&i| matches!(prog.ops[i as usize].kind, OpKind::Send(_))).collect();
+        assert!(!sends.is_empty());
+        assert!(
+            prog.ops.iter().all(|o| !matches!(o.kind, OpKind::Compute(_)) || o.deps.iter().all(|d| !sends.contains(d)))
+        );
+    }
+}
+
+#[test]
+fn the_reuse_distance_keeps_a_recomputed_module_only_if_its_backward_is_near() {
+    let m = DEEPSPEED_ZERO3;
+    assert_eq!(m.max_reuse_distance, 1_000_000_000);
+    // GPT-3 175B (h = 12288): QKV, projection, FC1, FC2. After FC1's recomputation the
+    // trace is FC2 (604M), FC2's backward (604M): 1.21e9 > 1e9 before FC1's backward.
+    let h = 12288u64;
+    let gpt3 = [3 * h * h, h * h, 4 * h * h, 4 * h * h];
+    assert_eq!(m.kept_for_backward(&gpt3), [false, false, false, true]);
+    // h = 8192: FC1's backward comes 536M elements after it, the projection's 1.07e9.
+    let h = 8192u64;
+    assert_eq!(m.kept_for_backward(&[3 * h * h, h * h, 4 * h * h, 4 * h * h]), [false, false, true, true]);
+    // h = 4096: the whole layer (201M) is within the distance.
+    let h = 4096u64;
+    assert_eq!(m.kept_for_backward(&[3 * h * h, h * h, 4 * h * h, 4 * h * h]), [true; 4]);
+    // Distance 0: only the last module, whose backward comes next, survives.
+    let zero = strata_models::framework::mechanics::Zero3Mechanics { max_reuse_distance: 0, ..m };
+    assert_eq!(zero.kept_for_backward(&[5, 5, 5]), [false, false, true]);
+}
+
+#[test]
+fn deepspeed_gathers_again_in_backward_what_the_reuse_distance_released() {
+    let text = |preset: &str| {
+        format!(
+            "[model]\npreset = \"{preset}\"\nlayers = 2\n[cluster]\npreset = \"dgx-a100\"\nnodes = 1\n[parallel]\ntp = 1\npp = 1\ndp = 8\nglobal_batch = 8\nzero = 3\nrecompute = \"full\"\n[training]\nframework = \"deepspeed\"\n"
+        )
+    };
+    let s = Scenario::from_toml(&text("gpt3-175b"), "reuse", "reuse", &[]).unwrap();
+    let plan = lower(&s).unwrap();
+    verify(&plan).unwrap();
+    let h = 12288u64;
+    let (qkv, proj, fc1, fc2) = (3 * h * h * 2, h * h * 2, 4 * h * h * 2, 4 * h * h * 2);
+    for ((layer, _, phase), sizes) in gathers(&plan, 0) {
+        let mut sizes = sizes.clone();
+        sizes.sort();
+        let mut want = if phase == Phase::Forward {
+            vec![qkv, proj, fc1, fc2]
+        } else {
+            // The recomputation's four, then QKV, projection and FC1 again for the backward.
+            vec![qkv, proj, fc1, fc2, qkv, proj, fc1]
+        };
+        want.sort();
+        assert_eq!(sizes, want, "layer {layer} {phase:?}");
+    }
+    // A 350M model's layer lies within the distance: its backward reuses every gather.
+    let small = lower(&Scenario::from_toml(&text("gpt2-350m"), "reuse", "reuse", &[]).unwrap()).unwrap();
+    assert!(gathers(&small, 0).values().all(|v| v.len() == 4));
+}
+
+#[test]
+fn the_prefetch_queue_stops_at_a_recomputed_modules_backward() {
+    // h = 4096: every module is ≥ 1.6e7 elements, the layer 2e8, within the reuse distance.
+    // DeepSpeed's queue pops the recomputation's modules, then their backward occurrences
+    // (still gathered, but counted), so the next layer's recomputation is first prefetched
+    // from the attention's backward, not from the MLP's recomputation.
+    let text = "[model]\npreset = \"gpt2-350m\"\nlayers = 3\nhidden = 4096\nheads = 32\nkv_heads = 32\nffn_hidden = 16384\n[cluster]\npreset = \"dgx-a100\"\nnodes = 1\n[parallel]\ntp = 1\npp = 1\ndp = 8\nglobal_batch = 8\nzero = 3\nrecompute = \"full\"\n[training]\nframework = \"deepspeed\"\n";
+    let plan = lower(&Scenario::from_toml(text, "queue", "queue", &[]).unwrap()).unwrap();
+    verify(&plan).unwrap();
+    let ops = &plan.programs[0].ops;
+    let names: BTreeMap<BufId, &str> = ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            OpKind::Alloc(a) => Some((a.buf, a.name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let first_gather = |layer: u32| {
+        ops.iter().position(|o| {
+            matches!(&o.kind, OpKind::Collective(c) if matches!(c.purpose, CollPurpose::ParamGather { phase: Phase::BackwardInput, .. }))
+                && names[&o.bufs[0]].starts_with(&format!("gathered L{layer} "))
+        })
+    };
+    let compute = |layer: u32, piece: Piece| {
+        ops.iter()
+            .position(|o| matches!(&o.kind, OpKind::Compute(c) if c.layer == layer && c.piece == piece && c.phase == Phase::BackwardInput))
+            .unwrap()
+    };
+    for layer in [2u32, 1] {
+        let next = first_gather(layer - 1).unwrap();
+        assert!(next > compute(layer, Piece::Mlp), "layer {}'s gather before layer {layer}'s MLP backward", layer - 1);
+        assert!(next < compute(layer, Piece::Attn), "layer {}'s gather not prefetched", layer - 1);
+    }
 }

@@ -34,7 +34,9 @@ pub enum Metric {
     /// SC'21): 96·B·s·l·h²·(1 + s/6h + V/16lh) per step.
     MegatronTflopsPerGpu,
     /// The same without recomputation: 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (the
-    /// "TFLOPS ignoring checkpointing" of DeepSpeed PR #1453: × 4/3 gives the other).
+    /// "TFLOPS ignoring checkpointing" of DeepSpeed PR #1453: × 4/3 gives the other; and
+    /// Megatron-LM's 2024 `num_floating_point_operations` for multi-head attention and a 4h
+    /// MLP).
     ModelTflopsPerGpu,
 }
 

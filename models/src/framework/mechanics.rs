@@ -10,6 +10,11 @@
 //!   (so it may overshoot by one module); a module's parameters are released after it runs;
 //!   parameters of at most `stage3_param_persistence_threshold` elements are kept whole on
 //!   every rank and never gathered. Defaults from `runtime/zero/config.py` (element counts).
+//!   After a module runs, its parameters are released unless the module recurs in the
+//!   trace within `stage3_max_reuse_distance` elements (`__params_to_release`): under full
+//!   recomputation a layer's recomputed forward is followed by its backward, so a module
+//!   whose backward lies further than that (counting the modules between) is gathered again
+//!   ([`Zero3Mechanics::kept_for_backward`]).
 //!   Each hooked module also costs host time (the Python hooks, the coordinator's
 //!   bookkeeping, the all-gather launch and its event wait), which the plan charges to the
 //!   module's compute.
@@ -19,6 +24,10 @@
 //! - **DeepSpeed's PipelineEngine** (`runtime/pipe/engine.py`): runs the whole 1F1B
 //!   `TrainSchedule` and only then reduces the data-parallel gradients
 //!   (`_exec_reduce_grads` after the flush), so no gradient reduction overlaps the backward.
+//!   Its sends are synchronous (`runtime/pipe/p2p.py`: `send` asserts `async_op == False`
+//!   and runs a blocking `dist.broadcast` on the two stages' group, whose `wait` makes the
+//!   compute stream wait for it): the stage's next pass starts only once the activation or
+//!   gradient it sent has been delivered, so no pipeline send overlaps compute.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -36,11 +45,24 @@ pub enum Mechanic {
     PipeFlushReduce,
     /// FSDP2's per-unit gradient reduction under torchtitan.
     FsdpUnits,
+    /// DeepSpeed PipelineEngine's synchronous sends: the next pass waits for delivery.
+    PipeSyncSend,
+    /// DeepSpeed ZeRO-3's reuse distance: recomputed modules released before their backward.
+    Zero3Reuse,
+    /// DeepSpeed ZeRO-3's prefetch queue counting the gathered modules it pops.
+    Zero3Queue,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 4] =
-        [Mechanic::Zero3Modules, Mechanic::Zero3Host, Mechanic::PipeFlushReduce, Mechanic::FsdpUnits];
+    pub const ALL: [Mechanic; 7] = [
+        Mechanic::Zero3Modules,
+        Mechanic::Zero3Host,
+        Mechanic::PipeFlushReduce,
+        Mechanic::FsdpUnits,
+        Mechanic::PipeSyncSend,
+        Mechanic::Zero3Reuse,
+        Mechanic::Zero3Queue,
+    ];
 
     pub fn key(self) -> &'static str {
         match self {
@@ -48,6 +70,9 @@ impl Mechanic {
             Mechanic::Zero3Host => "zero3-host",
             Mechanic::PipeFlushReduce => "pipe-flush-reduce",
             Mechanic::FsdpUnits => "fsdp-units",
+            Mechanic::PipeSyncSend => "pipe-sync-send",
+            Mechanic::Zero3Reuse => "zero3-reuse",
+            Mechanic::Zero3Queue => "zero3-queue",
         }
     }
 
@@ -80,11 +105,19 @@ pub struct Zero3Mechanics {
     pub max_live: u64,
     /// `stage3_param_persistence_threshold`: parameters this small stay whole, never gathered.
     pub persistence_threshold: u64,
+    /// `stage3_max_reuse_distance`: a module's parameters stay gathered after it runs only if
+    /// it recurs within this many elements of the modules that follow it in the trace.
+    pub max_reuse_distance: u64,
     /// Host nanoseconds per hooked module per pass (pre- and post-hook, fetch, release).
     pub host_ns_per_module: u64,
+    /// Whether the prefetch queue counts, against its budget, the trace entries it pops of
+    /// modules already gathered (`fetch_sub_module`: every popped parameter adds its
+    /// elements, gathered or not). It matters where a module recurs: a recomputed module's
+    /// backward occurrence, still gathered, ends the prefetch there.
+    pub queue_counts_gathered: bool,
 }
 
-/// DeepSpeed's documented defaults (`runtime/zero/config.py`: 5e7, 1e9, 1e5 elements).
+/// DeepSpeed's documented defaults (`runtime/zero/config.py`: 5e7, 1e9, 1e5 and 1e9 elements).
 ///
 /// The host time per module is a first-principles estimate, not a fit to any run: the pre-
 /// and post-hook walk a handful of Python calls each (trace step, queue pops, status checks,
@@ -96,7 +129,9 @@ pub const DEEPSPEED_ZERO3: Zero3Mechanics = Zero3Mechanics {
     prefetch_bucket: 50_000_000,
     max_live: 1_000_000_000,
     persistence_threshold: 100_000,
+    max_reuse_distance: 1_000_000_000,
     host_ns_per_module: 100_000,
+    queue_counts_gathered: true,
 };
 
 /// How a framework gathers and reduces ZeRO units.
@@ -114,7 +149,14 @@ impl Framework {
         match self {
             Framework::DeepSpeed if Mechanic::Zero3Modules.on() => {
                 let host = if Mechanic::Zero3Host.on() { DEEPSPEED_ZERO3.host_ns_per_module } else { 0 };
-                Gathering::PerModule(Zero3Mechanics { host_ns_per_module: host, ..DEEPSPEED_ZERO3 })
+                // Without the reuse rule every recomputed module is kept for its backward.
+                let reuse = if Mechanic::Zero3Reuse.on() { DEEPSPEED_ZERO3.max_reuse_distance } else { u64::MAX };
+                Gathering::PerModule(Zero3Mechanics {
+                    host_ns_per_module: host,
+                    max_reuse_distance: reuse,
+                    queue_counts_gathered: Mechanic::Zero3Queue.on(),
+                    ..DEEPSPEED_ZERO3
+                })
             }
             _ => Gathering::PerUnit,
         }
@@ -131,9 +173,41 @@ impl Framework {
     pub fn reduces_after_flush(self, s: &Scenario) -> bool {
         self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeFlushReduce.on()
     }
+
+    /// Whether a pipeline send holds up the stage's compute until it is delivered
+    /// (DeepSpeed's PipelineEngine: blocking broadcasts in the instruction stream).
+    pub fn sends_block_compute(self, s: &Scenario) -> bool {
+        self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeSyncSend.on()
+    }
 }
 
 impl Zero3Mechanics {
+    /// Under full recomputation, which of a layer's gathered modules (element counts, in
+    /// forward order) stay gathered from their recomputed forward to their backward. The
+    /// trace after recomputed module *t* is the recomputation's modules after it, then the
+    /// backward's in reverse; DeepSpeed walks it adding each module's elements and keeps *t*
+    /// if *t* recurs before the sum exceeds `max_reuse_distance` (the first module after it
+    /// is always looked at).
+    pub fn kept_for_backward(&self, modules: &[u64]) -> Vec<bool> {
+        let n = modules.len();
+        let trace: Vec<usize> = (0..n).chain((0..n).rev()).collect();
+        (0..n)
+            .map(|t| {
+                let mut traversed = 0u64;
+                for &m in &trace[t + 1..] {
+                    if traversed > self.max_reuse_distance {
+                        return false;
+                    }
+                    if m == t {
+                        return true;
+                    }
+                    traversed = traversed.saturating_add(modules[m]);
+                }
+                false
+            })
+            .collect()
+    }
+
     /// Most gathered elements alive at once over a pass of `layers` layers whose pieces
     /// run the modules `pieces` (element counts, in forward order), under the coordinator's
     /// rule: fetch a piece's modules, prefetch the ones after them while the queued

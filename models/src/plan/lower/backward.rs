@@ -17,14 +17,22 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let vs = self.vstage(chunk);
         let mut deps = Vec::new();
         let mut grad_in = None;
+        // DeepSpeed: a backward after a backward has an (empty) forward step between them,
+        // which sends the earlier backward's gradient before this one's RecvGrad.
+        if self.deferred_send.is_some_and(|(m, _)| m.kind == P2pKind::Gradient) {
+            self.flush_send();
+        }
         if vs != self.last_vs {
             let bytes = self.residual_bytes();
             let (buf, _) =
                 self.e.alloc(Stream::Pp, &[], BufClass::Activations, bytes, format!("recv grad vs{} mb{mb}", vs + 1));
             let p2p = P2pOp { peer: Peer::Next, kind: P2pKind::Gradient, mb, vstage: vs + 1, bytes };
-            deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
+            deps.push(self.recv(p2p, buf));
             grad_in = Some(buf);
+            // DeepSpeed's backward step: RecvGrad, then SendActivation(prev).
+            self.flush_send();
         } else {
+            self.flush_send();
             self.mtp_backward(chunk, mb, split);
             self.head_backward(chunk, mb, split);
         }
@@ -44,8 +52,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let (buf, _) =
                 self.e.alloc(Stream::Pp, &[after], BufClass::Activations, bytes, format!("send grad vs{vs} mb{mb}"));
             let p2p = P2pOp { peer: Peer::Prev, kind: P2pKind::Gradient, mb, vstage: vs, bytes };
-            let send = self.e.op(Stream::Pp, &[after], &[buf], OpKind::Send(p2p));
-            self.e.free(Stream::Pp, &[send], buf);
+            self.send(after, p2p, buf);
         } else if !split {
             self.embed_backward(chunk, mb);
         }

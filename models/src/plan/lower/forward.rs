@@ -16,12 +16,14 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let vs = self.vstage(chunk);
         let mut deps = Vec::new();
         let mut input_buf = None;
+        // DeepSpeed's forward step: SendGrad(prev) before RecvActivation.
+        self.flush_send();
         if vs > 0 {
             let bytes = self.residual_bytes();
             let (buf, _) =
                 self.e.alloc(Stream::Pp, &[], BufClass::Activations, bytes, format!("recv act vs{vs} mb{mb}"));
             let p2p = P2pOp { peer: Peer::Prev, kind: P2pKind::Activation, mb, vstage: vs, bytes };
-            deps.push(self.e.op(Stream::Pp, &[], &[buf], OpKind::Recv(p2p)));
+            deps.push(self.recv(p2p, buf));
             input_buf = Some(buf);
         } else {
             let units = if self.s().model.learned_positions() {
@@ -79,8 +81,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 format!("send act vs{} mb{mb}", vs + 1),
             );
             let p2p = P2pOp { peer: Peer::Next, kind: P2pKind::Activation, mb, vstage: vs + 1, bytes };
-            let send = self.e.op(Stream::Pp, &[after], &[buf], OpKind::Send(p2p));
-            self.e.free(Stream::Pp, &[send], buf);
+            self.send(after, p2p, buf);
         }
     }
 
@@ -149,6 +150,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             };
             if pass == Pass::Forward {
                 self.release_modules(layer, gather_piece, mb, pass, op);
+            } else {
+                self.release_recomputed(layer, gather_piece, mb, op);
             }
             let mut wait = Vec::new();
             if self.tp {

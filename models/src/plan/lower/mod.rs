@@ -45,6 +45,7 @@ mod forward;
 mod modules;
 mod moe;
 mod mtp;
+mod pipe;
 mod step;
 mod units;
 mod zero;
@@ -232,8 +233,13 @@ struct StageLowering<'p, 'a> {
     gathered_frees: VecDeque<OpId>,
     dp_ops: Vec<OpId>,
     deferred_grad_reduce: Vec<(usize, u32, Vec<OpId>)>,
-    /// Ops the next compute op must wait for (synchronous ZeRO-2/3 reductions).
+    /// Ops the next compute op must wait for (synchronous ZeRO-2/3 reductions, DeepSpeed's
+    /// blocking pipeline sends).
     pending_sync: Vec<OpId>,
+    /// DeepSpeed's PipelineEngine: the send of the pass just run, issued in the next pass's
+    /// instruction slot (`pipe.rs`), and the last send or receive issued.
+    deferred_send: Option<(P2pOp, BufId)>,
+    last_p2p: Option<OpId>,
     /// ZeRO-3 gathers issued ahead: (bucket, mb, phase) → (gather op, buffer).
     prefetched: BTreeMap<(usize, u32, Phase), (OpId, BufId)>,
     last_compute: Option<OpId>,
@@ -278,6 +284,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             dp_ops: Vec::new(),
             deferred_grad_reduce: Vec::new(),
             pending_sync: Vec::new(),
+            deferred_send: None,
+            last_p2p: None,
             prefetched: BTreeMap::new(),
             last_compute: None,
             recent_compute: VecDeque::new(),
@@ -354,6 +362,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 Pass::BackwardWeight => self.backward_weight(slot.chunk, slot.mb),
             }
         }
+        self.flush_send();
         self.end_of_step();
         debug_assert!(self.act.is_empty() && self.recompute.is_empty(), "activation buffers left alive");
     }

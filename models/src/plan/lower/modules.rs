@@ -3,9 +3,11 @@
 //! q/k/v, the attention projection, FC1/FC2 or gate/up/down) is all-gathered on its own
 //! before the piece that runs it; on each fetch the modules that follow in the pass are
 //! prefetched while the queued elements are under `min(prefetch_bucket, max_live − live)`;
-//! a module is released after its piece (after its weight gradient in backward), and a
-//! full recomputation's gather is kept for the backward that follows it (DeepSpeed's reuse
-//! distance). Parameters at or under the persistence threshold (norms, biases) stay whole
+//! a module is released after its piece (after its weight gradient in backward); a full
+//! recomputation's gather is kept for the backward that follows it only where DeepSpeed's
+//! reuse distance keeps it, else released and gathered again for the backward (the
+//! recomputation's walk counts the backward occurrences it passes against the prefetch
+//! budget, as the coordinator's queue pops them). Parameters at or under the persistence threshold (norms, biases) stay whole
 //! and are never gathered.
 //!
 //! A gather is issued when the host reaches the fetching module's pre-hook: modelled as
@@ -106,38 +108,53 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         piece_modules(&s.model, s.parallel.tp, piece, mech.persistence_threshold)
     }
 
-    /// The (layer, piece) pairs that follow (layer, piece) in DeepSpeed's module trace of
-    /// this chunk's pass: a full recomputation re-runs each layer's forward (Attn, Mlp)
-    /// just before its backward (Mlp, Attn), which reuses what the recomputation gathered.
-    fn successors(&self, chunk: u32, layer: u32, piece: Piece, walk: Walk) -> Vec<(u32, Piece)> {
+    /// The (layer, piece, repeat) entries that follow (layer, piece) in DeepSpeed's module
+    /// trace of this chunk's pass. A full recomputation re-runs each layer's forward (Attn,
+    /// Mlp) just before its backward (Mlp, Attn); a *repeat* entry is such a backward
+    /// occurrence seen from the recomputation, which the coordinator's queue pops (and
+    /// counts against its prefetch budget) even when the module is still gathered.
+    fn successors(&self, chunk: u32, layer: u32, piece: Piece, walk: Walk) -> Vec<(u32, Piece, bool)> {
         let layers = self.layers(chunk);
         let mut out = Vec::new();
+        let recomputed = |out: &mut Vec<(u32, Piece, bool)>, l: u32| {
+            out.extend([
+                (l, Piece::Attn, false),
+                (l, Piece::Mlp, false),
+                (l, Piece::Mlp, true),
+                (l, Piece::Attn, true),
+            ]);
+        };
         match walk {
             Walk::Forward => {
                 if piece == Piece::Attn {
-                    out.push((layer, Piece::Mlp));
+                    out.push((layer, Piece::Mlp, false));
                 }
                 for l in layer + 1..layers.end {
-                    out.push((l, Piece::Attn));
-                    out.push((l, Piece::Mlp));
+                    out.push((l, Piece::Attn, false));
+                    out.push((l, Piece::Mlp, false));
                 }
             }
             Walk::Recompute | Walk::BackwardRecomputed => {
-                if walk == Walk::Recompute && piece == Piece::Attn {
-                    out.push((layer, Piece::Mlp));
+                if walk == Walk::Recompute {
+                    if piece == Piece::Attn {
+                        out.push((layer, Piece::Mlp, false));
+                    }
+                    out.extend([(layer, Piece::Mlp, true), (layer, Piece::Attn, true)]);
+                } else if piece == Piece::Mlp {
+                    // Kept from the recomputation, it is popped now: counted.
+                    out.push((layer, Piece::Attn, true));
                 }
                 for l in (layers.start..layer).rev() {
-                    out.push((l, Piece::Attn));
-                    out.push((l, Piece::Mlp));
+                    recomputed(&mut out, l);
                 }
             }
             Walk::Backward => {
                 if piece == Piece::Mlp {
-                    out.push((layer, Piece::Attn));
+                    out.push((layer, Piece::Attn, false));
                 }
                 for l in (layers.start..layer).rev() {
-                    out.push((l, Piece::Mlp));
-                    out.push((l, Piece::Attn));
+                    out.push((l, Piece::Mlp, false));
+                    out.push((l, Piece::Attn, false));
                 }
             }
         }
@@ -188,7 +205,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         // Prefetch along the trace while under min(bucket, max_live − live) elements.
         let budget = mech.prefetch_bucket.min(mech.max_live.saturating_sub(self.modules.live_elems));
         let mut queued = 0u64;
-        'trace: for (l, p) in self.successors(chunk, layer, piece, walk) {
+        'trace: for (l, p, repeat) in self.successors(chunk, layer, piece, walk) {
             for (i, elems) in self.modules(p, &mech).into_iter().enumerate() {
                 if queued >= budget {
                     break 'trace;
@@ -196,6 +213,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 let key = (l, p, i, mb, pass);
                 if !self.modules.live.contains_key(&key) {
                     self.gather_module(key, elems, &issue);
+                    queued += elems;
+                } else if repeat && mech.queue_counts_gathered {
                     queued += elems;
                 }
             }
@@ -205,11 +224,38 @@ impl<'p, 'a> StageLowering<'p, 'a> {
 
     /// Releases the modules of (layer, piece) after `after`.
     pub(super) fn release_modules(&mut self, layer: u32, piece: Piece, mb: u32, pass: Pass, after: OpId) {
+        self.release_where(layer, piece, mb, pass, after, |_| true);
+    }
+
+    /// After a piece's full recomputation: releases the modules DeepSpeed's reuse distance
+    /// does not keep for the layer's backward
+    /// ([`crate::framework::mechanics::Zero3Mechanics::kept_for_backward`]).
+    pub(super) fn release_recomputed(&mut self, layer: u32, piece: Piece, mb: u32, after: OpId) {
+        let Some(mech) = self.per_module() else { return };
+        let attn = self.modules(Piece::Attn, &mech);
+        let mut all = attn.clone();
+        if !self.s().model.is_moe_layer(layer) {
+            all.extend(self.modules(Piece::Mlp, &mech));
+        }
+        let kept = mech.kept_for_backward(&all);
+        let offset = if piece == Piece::Attn { 0 } else { attn.len() };
+        self.release_where(layer, piece, mb, Pass::Backward, after, |i| !kept.get(offset + i).copied().unwrap_or(true));
+    }
+
+    fn release_where(
+        &mut self,
+        layer: u32,
+        piece: Piece,
+        mb: u32,
+        pass: Pass,
+        after: OpId,
+        release: impl Fn(usize) -> bool,
+    ) {
         let keys: Vec<ModKey> = self
             .modules
             .live
             .keys()
-            .filter(|k| k.0 == layer && k.1 == piece && k.3 == mb && k.4 == pass)
+            .filter(|k| k.0 == layer && k.1 == piece && k.3 == mb && k.4 == pass && release(k.2))
             .copied()
             .collect();
         for k in keys {

@@ -12,13 +12,18 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn end_of_step(&mut self) {
         let p = self.s().parallel.clone();
         let last_compute = self.last_compute.expect("a step computes");
+        // What the next compute would have waited for (DeepSpeed's last blocking send): the
+        // reductions after the flush and the optimizer wait for it too.
+        let pending = std::mem::take(&mut self.pending_sync);
         for (b, mb, deps) in std::mem::take(&mut self.deferred_grad_reduce) {
             let mut d = deps;
             d.push(last_compute);
+            d.extend(&pending);
             self.grad_reduce(b, mb, &d, None);
         }
         let mut sync: Vec<OpId> = self.dp_ops.clone();
         sync.push(last_compute);
+        sync.extend(pending);
         // Tied embeddings: sum the two copies' gradients (the ZeRO shard of them).
         let m = &self.s().model;
         if m.tied_embeddings() && p.pp > 1 && (self.stage == 0 || self.stage == p.pp - 1) {
