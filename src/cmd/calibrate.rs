@@ -159,7 +159,7 @@ pub fn calibrate(
     let cores = measure::host_cores();
     let t0 = Instant::now();
     let meter = measure::CpuMeter::now();
-    let shapes = gemm_shapes(s, ranks);
+    let shapes = gemm_shapes_with(s, ranks, effort.cp);
     log(format!("calibrate: {} GEMM shapes on {cores} threads at once", shapes.len()));
     let gemms = measure::time_gemms(&shapes, cores, effort.gemm_reps);
     let jobs = piece_jobs(s, ranks, effort)?;
@@ -298,8 +298,16 @@ fn micro_batches(s: &Scenario) -> Vec<u32> {
 }
 
 /// Every GEMM (m, n, k) a plan of the model on `ranks` ranks can run: every tensor-parallel
-/// size that divides the ranks and the heads, every micro-batch.
+/// size that divides the ranks and the heads, every micro-batch; context-parallel pieces at
+/// the scenario's own cp only (what `calibrate --backend cuda` times).
+#[cfg(feature = "cuda")]
 pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
+    gemm_shapes_with(s, ranks, false)
+}
+
+/// [`gemm_shapes`], with `all_cp` the context-parallel pieces of every cp and exchange that
+/// calibration measures ([`cp::cp_sizes`]).
+fn gemm_shapes_with(s: &Scenario, ranks: u32, all_cp: bool) -> Vec<(u64, u64, u64)> {
     let mut shapes = std::collections::BTreeSet::new();
     let m = &s.model;
     for tp in tensor_parallel_sizes(s, ranks) {
@@ -307,8 +315,14 @@ pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
             use Piece::*;
             // Context-parallel splits run the split attention pieces on s/cp tokens (the core's
             // shape following the exchange); every split runs the unsplit ones.
-            let cps = cp::cp_sizes(s, ranks).into_iter().filter(|c| cp_fits(s, ranks, tp, *c));
-            let splits = std::iter::once((1, CpComm::Ring)).chain(cps.flat_map(|c| CpComm::ALL.map(|x| (c, x))));
+            let (cps, comms) = if all_cp {
+                (cp::cp_sizes(s, ranks), CpComm::ALL.to_vec())
+            } else {
+                (vec![s.parallel.cp], vec![s.parallel.cp_comm])
+            };
+            let cps = cps.into_iter().filter(|c| *c > 1 && cp_fits(s, ranks, tp, *c));
+            let splits = std::iter::once((1, CpComm::Ring))
+                .chain(cps.flat_map(|c| comms.iter().map(move |x| (c, *x))).collect::<Vec<_>>());
             for (cp, cp_comm) in splits {
                 let p = ParallelConfig { tp, cp, cp_comm, micro_batch: mb, ..s.parallel.clone() };
                 let pieces: &[Piece] = if cp == 1 {
@@ -474,4 +488,20 @@ pub fn require_cpu(s: &Scenario) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_parallel_gemm_shapes_only_when_asked() {
+        let text = "[model]\npreset = \"tiny-gpt\"\n[cluster]\npreset = \"cpu-local\"\ngpus_per_node = 8\n\
+                    [parallel]\ntp = 2\npp = 2\ndp = 2\nmicro_batch = 2\nglobal_batch = 16\n";
+        let s = Scenario::from_toml(text, "t", "t", &[]).unwrap();
+        let (dense, all) = (gemm_shapes_with(&s, 8, false), gemm_shapes_with(&s, 8, true));
+        assert!(dense.iter().all(|g| all.contains(g)) && all.len() > dense.len());
+        // The ring core's block at tp 2, cp 2, mb 2: (s/cp)² scores over 16-wide heads.
+        assert!(all.contains(&(32, 32, 16)) && !dense.contains(&(32, 32, 16)), "{all:?}");
+    }
 }
