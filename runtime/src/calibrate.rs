@@ -12,12 +12,13 @@
 //!   really costs beside its GEMMs. (The OS runs an op mostly to its end once it is on a
 //!   core, so a span is the op's own time even when ranks outnumber cores; the fit takes
 //!   medians.)
-//! - [`time_comm`]: every collective (and a pipeline message) on the threads communicator
-//!   over group sizes and message sizes, with all of the job's ranks at once (every group of
-//!   the size runs concurrently): each member's CPU work posting its contribution and
-//!   finishing (combining what arrived) — thread CPU time (`CLOCK_THREAD_CPUTIME_ID` on
-//!   64-bit Linux; wall time elsewhere) — and the delay from the last
-//!   member's post until a waiting member notices it; medians over repetitions;
+//! - [`time_comm`]: collectives (and a pipeline message) on the threads communicator — the
+//!   kinds every plan sends ([`KINDS`]) and context parallelism's ring exchange and
+//!   all-to-all ([`CP_KINDS`]) — over group sizes and message sizes, with all of the job's
+//!   ranks at once (every group of the size runs concurrently): each member's CPU work
+//!   posting its contribution and finishing (combining what arrived) — thread CPU time
+//!   (`CLOCK_THREAD_CPUTIME_ID` on 64-bit Linux; wall time elsewhere) — and the delay from
+//!   the last member's post until a waiting member notices it; medians over repetitions;
 //! - [`shared_cores`]: how many cores' worth of compute N busy threads get, relative to one
 //!   thread's speed while every core is busy (processor sharing's capacity).
 //!
