@@ -271,3 +271,29 @@ fn impossible_cp_splits_are_refused_naming_the_rule() {
     let e = err(2, "all-gather", "recompute = \"selective\"\n[training]\nflash_attention = false\n");
     assert!(e.contains("flash_attention"), "{e}");
 }
+
+/// Fused or not, a context-parallel layer saves each row's log-sum-exp and never the
+/// attention probabilities (its block attention recomputes them in the backward, as the CPU
+/// executor's does): the plan's buffers and the analytic memory are the fused layer's, and
+/// the hardware FLOPs count the recomputed QKᵀ. A dense unfused layer still saves them.
+#[test]
+fn an_unfused_cp_layer_saves_the_log_sum_exp_and_recomputes_its_scores() {
+    let unfused = |s: &Scenario| {
+        let text = s.to_toml().replace("flash_attention = true", "flash_attention = false");
+        let u = scenario(&text);
+        assert!(!u.training.flash_attention, "{text}");
+        u
+    };
+    let peaks = |s: &Scenario| lower(s).unwrap().programs.iter().map(program_order_peak).collect::<Vec<_>>();
+    let acts = |s: &Scenario| stage_memory(s).iter().map(|m| m.activations_bytes).collect::<Vec<_>>();
+    for comm in CpComm::ALL {
+        let fused = toy(2, comm, "");
+        let u = unfused(&fused);
+        assert_eq!(peaks(&u), peaks(&fused), "{comm:?}");
+        assert_eq!(acts(&u), acts(&fused), "{comm:?}");
+        assert_eq!(plan_flops(&lower(&u).unwrap()), scenario_step_flops(&u).hardware, "{comm:?}");
+        assert_eq!(scenario_step_flops(&u).hardware, scenario_step_flops(&fused).hardware, "{comm:?}");
+    }
+    let dense = toy(1, CpComm::Ring, "");
+    assert!(acts(&unfused(&dense))[0] > acts(&dense)[0]);
+}

@@ -163,6 +163,7 @@ fn kind_to_comm(k: CommFitKind) -> crate::net::CommKind {
         CommFitKind::Broadcast => crate::net::CommKind::Collective(CollKind::Broadcast),
         CommFitKind::AllToAll => crate::net::CommKind::Collective(CollKind::AllToAll),
         CommFitKind::SendRecv => crate::net::CommKind::SendRecv,
+        CommFitKind::RingExchange => crate::net::CommKind::Collective(CollKind::RingExchange),
     }
 }
 

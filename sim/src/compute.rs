@@ -32,8 +32,10 @@
 //!   T_core = F / (P · η_dir · x / (x + x_½,dir + causal · x_c))
 //!
 //! with F the plan's core GEMM FLOPs (4·b·a·s²·d forward, 2.5× that backward, where the
-//! kernel recomputes QKᵀ), halved under a causal mask, and x = s (s/2 causal) the keys a
-//! query sees on average. η, x_½ and x_c are fitted to FlashAttention's published kernel
+//! kernel recomputes QKᵀ), scaled by the share of the listed keys the kernel attends (a
+//! later ring-attention step lists its whole block and attends half of it, unmasked) and
+//! halved under a causal mask, and x = s (s/2 causal) the keys a query sees on average, s
+//! the keys of the plan's `AttnShape`. η, x_½ and x_c are fitted to FlashAttention's published kernel
 //! benchmarks (sim/data/gpu_microbench.csv, `cargo run --example fit_h100`).
 //!
 //! **Element-wise** work moves `mem_bytes` at η_mem of the HBM bandwidth.
@@ -211,10 +213,18 @@ impl ComputeModel {
         let (Some(a), Some((fit, peak))) = (c.attention.filter(|a| a.fused), &self.attention) else {
             return c.gemms.iter().map(|g| self.gemm_s(g)).sum();
         };
+        // The core's GEMMs: (seq_q × keys) blocks with head_dim as the other dimension, the
+        // keys listed at least those the kernel attends (a later ring step lists its whole
+        // block and attends half of it, unmasked).
+        let listed_keys = |g: &Gemm| match (g.n == a.head_dim, g.k == a.head_dim) {
+            (_, true) => Some(g.n),
+            (true, false) => Some(g.k),
+            (false, false) => None,
+        };
         let is_core = |g: &Gemm| {
             g.batch == a.batch_heads
                 && g.m == a.seq_q
-                && ((g.n == a.seq_k && g.k == a.head_dim) || (g.n == a.head_dim && g.k == a.seq_k))
+                && listed_keys(g).is_some_and(|k| k >= a.seq_k && k.is_multiple_of(a.seq_k.max(1)))
         };
         let (core, rest): (Vec<&Gemm>, Vec<&Gemm>) = c.gemms.iter().partition(|g| is_core(g));
         let others: f64 = rest.iter().map(|g| self.gemm_s(g)).sum();
@@ -227,7 +237,9 @@ impl ComputeModel {
             if backward { (fit.bwd_efficiency, fit.bwd_seq_half) } else { (fit.fwd_efficiency, fit.fwd_seq_half) };
         let flops: f64 = core.iter().map(|g| g.flops() as f64).sum();
         let seq = a.seq_k as f64;
-        let (work, keys, extra) = if a.causal { (0.5, seq / 2.0, fit.causal_seq_extra) } else { (1.0, seq, 0.0) };
+        let attended = seq / listed_keys(core[0]).map_or(seq, |k| k as f64);
+        let (work, keys, extra) =
+            if a.causal { (0.5 * attended, seq / 2.0, fit.causal_seq_extra) } else { (attended, seq, 0.0) };
         let rate = peak * eff * keys / (keys + half + extra);
         others + work * flops / rate
     }
@@ -388,6 +400,14 @@ mod tests {
         assert_eq!(m.gemms_s(&unfused), gemm_sum);
         let a100 = a100();
         assert_eq!(a100.gemms_s(&c), c.gemms.iter().map(|g| a100.gemm_s(g)).sum::<f64>());
+        // A later ring step: the whole block listed, half its keys attended without a mask —
+        // the same FLOPs as the causal diagonal step, at the unmasked rate over s/2 keys.
+        let half = AttnShape { seq_k: s / 2, causal: false, ..core(true) };
+        let ring = ComputeCost { attention: Some(half), ..c.clone() };
+        let unmasked = 989.4e12 * a.fwd_efficiency * x / (x + a.fwd_seq_half);
+        let want = m.gemm_s(&qkv) + 0.5 * 4.0 * (bh * s * s * d) as f64 / unmasked;
+        assert!((m.gemms_s(&ring) / want - 1.0).abs() < 1e-12);
+        assert!(m.gemms_s(&ring) < m.gemms_s(&c));
     }
 
     #[test]

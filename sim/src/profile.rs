@@ -36,6 +36,9 @@ use serde::{Deserialize, Serialize};
 use strata_models::plan::{Phase, Piece};
 use strata_models::{Dtype, GpuKind};
 
+mod comm;
+pub use comm::{CommFit, CommFitKind, NetworkParams};
+
 /// One GEMM tile shape the library can pick, with how well it keeps an SM busy relative to
 /// the best (large) tile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -209,69 +212,6 @@ pub struct ExecutionParams {
     /// work (noticing messages, checking what can start or finish, measuring memory), µs.
     #[serde(default)]
     pub loop_us_per_op: f64,
-}
-
-/// The communicator as measured: one line per collective kind and group size.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NetworkParams {
-    /// What was measured, one line.
-    pub source: String,
-    pub links: Vec<CommFit>,
-}
-
-/// What a calibrated communication moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CommFitKind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    AllToAll,
-    SendRecv,
-}
-
-impl CommFitKind {
-    pub const ALL: [CommFitKind; 6] = [
-        CommFitKind::AllReduce,
-        CommFitKind::ReduceScatter,
-        CommFitKind::AllGather,
-        CommFitKind::Broadcast,
-        CommFitKind::AllToAll,
-        CommFitKind::SendRecv,
-    ];
-
-    pub fn key(self) -> &'static str {
-        match self {
-            CommFitKind::AllReduce => "all-reduce",
-            CommFitKind::ReduceScatter => "reduce-scatter",
-            CommFitKind::AllGather => "all-gather",
-            CommFitKind::Broadcast => "broadcast",
-            CommFitKind::AllToAll => "all-to-all",
-            CommFitKind::SendRecv => "send-recv",
-        }
-    }
-}
-
-/// One communication kind over `ranks` ranks on the executor's communicator: the delay
-/// from the last member's post until the others notice it (a thread waking up), and the CPU
-/// work each member does on its own thread — posting its contribution (copies to the
-/// others) and combining what it received (the sum, the concatenation) — at each measured
-/// size S (nccl-tests' S). Work between sizes is interpolated linearly in S, and beyond the
-/// measured range extrapolated from the nearest two sizes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CommFit {
-    pub kind: CommFitKind,
-    pub ranks: u32,
-    pub latency_us: f64,
-    /// Measured sizes, ascending.
-    pub bytes: Vec<u64>,
-    /// CPU work of one member posting, µs, at each size.
-    pub post_us: Vec<f64>,
-    /// CPU work of one member combining, µs, at each size.
-    pub finish_us: Vec<f64>,
 }
 
 /// A hardware profile.
@@ -490,7 +430,7 @@ impl HardwareProfile {
                     ));
                 }
             }
-            for kind in CommFitKind::ALL.into_iter().filter(|k| *k != CommFitKind::AllToAll) {
+            for kind in CommFitKind::ALL.into_iter().filter(|k| k.fallback().is_none()) {
                 if !n.links.iter().any(|l| l.kind == kind) {
                     bad.push(format!(
                         "network.links has no {} line: measure every kind (strata calibrate)",
@@ -564,7 +504,7 @@ mod tests {
             post_us: vec![1.0, 100.0],
             finish_us: vec![2.0, 200.0],
         };
-        let links = CommFitKind::ALL.iter().filter(|k| **k != CommFitKind::AllToAll).map(|k| line(*k)).collect();
+        let links = CommFitKind::ALL.iter().filter(|k| k.fallback().is_none()).map(|k| line(*k)).collect();
         p.network = Some(NetworkParams { source: "test".into(), links });
         assert_eq!(HardwareProfile::from_toml(&p.to_toml(), "round trip").unwrap(), p);
         let mut bad = p.clone();

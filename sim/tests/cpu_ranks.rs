@@ -41,7 +41,7 @@ fn profile(shared_cores: f64, one_thread_per_rank: bool) -> HardwareProfile {
 fn threads_network() -> NetworkParams {
     let links = CommFitKind::ALL
         .iter()
-        .filter(|k| **k != CommFitKind::AllToAll)
+        .filter(|k| k.fallback().is_none())
         .flat_map(|&kind| {
             [2, 8].map(|ranks| CommFit {
                 kind,

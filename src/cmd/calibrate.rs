@@ -8,6 +8,9 @@
 //!   what each costs beside its GEMMs;
 //! - the threads communicator: each collective and a pipeline message over every group
 //!   size that divides N and a range of sizes, all N ranks at once;
+//! - context parallelism ([`cp`]), whatever the scenario's own cp: its split attention
+//!   pieces in real jobs (cp 2 and 4, every exchange and tensor-parallel size), and its ring
+//!   exchange and all-to-all at the sizes those plans send;
 //! - how many cores' worth of compute N busy rank threads share.
 //!
 //! The profile is for the `cpu-local` cluster: `strata simulate|search|compare --profile
@@ -21,7 +24,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use strata_models::hardware::GpuKind;
-use strata_models::parallel::{ParallelConfig, Recompute};
+use strata_models::parallel::{CpComm, ParallelConfig, Recompute};
 use strata_models::plan::cost::piece_cost;
 use strata_models::plan::{CollKind, Phase, Piece};
 use strata_models::{Dtype, Scenario};
@@ -31,6 +34,9 @@ use strata_sim::calibrate::{CommInJob, CommTiming, GemmTiming, Measurements, Pie
 use strata_sim::profile::CommFitKind;
 
 use crate::common::{self, ScenarioArgs};
+
+mod cp;
+use cp::cp_fits;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -70,15 +76,23 @@ pub struct Effort {
     pub piece_steps: u32,
     /// Fewer piece jobs (recomputation at tp = 1 only).
     pub quick: bool,
+    /// Measure the context-parallel pieces and exchanges ([`cp`]) too: what a profile needs
+    /// to predict plans with cp > 1 (a loop whose plans have none can leave them out).
+    pub cp: bool,
 }
 
 impl Effort {
     pub fn new(quick: bool) -> Effort {
         if quick {
-            Effort { gemm_reps: 3, comm_size_step: 2, comm_reps: 2, piece_steps: 2, quick }
+            Effort { gemm_reps: 3, comm_size_step: 2, comm_reps: 2, piece_steps: 2, quick, cp: true }
         } else {
-            Effort { gemm_reps: 7, comm_size_step: 1, comm_reps: 5, piece_steps: 3, quick }
+            Effort { gemm_reps: 7, comm_size_step: 1, comm_reps: 5, piece_steps: 3, quick, cp: true }
         }
+    }
+
+    /// As [`Effort::new`], measuring the context-parallel pieces only if `cp`.
+    pub fn for_plans(quick: bool, cp: bool) -> Effort {
+        Effort { cp, ..Effort::new(quick) }
     }
 }
 
@@ -145,21 +159,38 @@ pub fn calibrate(
     let cores = measure::host_cores();
     let t0 = Instant::now();
     let meter = measure::CpuMeter::now();
-    let shapes = gemm_shapes(s, ranks);
+    let shapes = gemm_shapes_with(s, ranks, effort.cp);
     log(format!("calibrate: {} GEMM shapes on {cores} threads at once", shapes.len()));
     let gemms = measure::time_gemms(&shapes, cores, effort.gemm_reps);
-    let jobs = piece_jobs(s, ranks, effort.quick)?;
+    let jobs = piece_jobs(s, ranks, effort)?;
     log(format!("calibrate: the pieces of {} in {} jobs (every tensor-parallel size)", s.model.name, jobs.len()));
     let job_samples = measure::time_jobs(&jobs, cores, effort.piece_steps).map_err(anyhow::Error::msg)?;
     let ops = job_samples.pieces.len();
     let groups: Vec<u32> = (2..=ranks).filter(|g| ranks.is_multiple_of(*g)).collect();
     log(format!("calibrate: the threads communicator, {ranks} ranks, groups of {groups:?}"));
-    let comm = if groups.is_empty() {
+    let mut comm = if groups.is_empty() {
         Vec::new()
     } else {
-        measure::time_comm(ranks, &groups, &comm_sizes(s, effort.comm_size_step), effort.comm_reps)
+        measure::time_comm(&measure::KINDS, ranks, &groups, &comm_sizes(s, effort.comm_size_step), effort.comm_reps)
             .map_err(|e| anyhow::anyhow!("measuring the communicator: {e}"))?
     };
+    // Context parallelism's ring exchange and all-to-all, at the sizes its plans send (and
+    // the smallest and largest of the general sizes, so the lines span them too).
+    let (cp_groups, mut cp_bytes) = if effort.cp {
+        cp::cp_messages(s, ranks, &tensor_parallel_sizes(s, ranks), &micro_batches(s))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    if !cp_groups.is_empty() {
+        let general = comm_sizes(s, effort.comm_size_step);
+        cp_bytes.extend(general.first().into_iter().chain(general.last()));
+        cp_bytes.sort_unstable();
+        cp_bytes.dedup();
+        log(format!("calibrate: ring exchange and all-to-all, groups of {cp_groups:?}, {} sizes", cp_bytes.len()));
+        let cp = measure::time_comm(&measure::CP_KINDS, ranks, &cp_groups, &cp_bytes, effort.comm_reps)
+            .map_err(|e| anyhow::anyhow!("measuring the communicator: {e}"))?;
+        comm.extend(cp);
+    }
     log(format!("calibrate: compute shared by {ranks} rank threads"));
     let shared = measure::shared_cores(ranks);
     let m = Measurements {
@@ -220,7 +251,8 @@ fn fit_kind(op: CommOp) -> CommFitKind {
         CommOp::Collective(CollKind::AllGather) => CommFitKind::AllGather,
         CommOp::Collective(CollKind::Broadcast) => CommFitKind::Broadcast,
         CommOp::Collective(CollKind::AllToAll) => CommFitKind::AllToAll,
-        CommOp::SendRecv | CommOp::Collective(CollKind::RingExchange) => CommFitKind::SendRecv,
+        CommOp::Collective(CollKind::RingExchange) => CommFitKind::RingExchange,
+        CommOp::SendRecv => CommFitKind::SendRecv,
     }
 }
 
@@ -266,17 +298,33 @@ fn micro_batches(s: &Scenario) -> Vec<u32> {
 }
 
 /// Every GEMM (m, n, k) a plan of the model on `ranks` ranks can run: every tensor-parallel
-/// size that divides the ranks and the heads, every micro-batch.
+/// size that divides the ranks and the heads, every micro-batch; context-parallel pieces at
+/// the scenario's own cp only (what `calibrate --backend cuda` times).
+#[cfg(feature = "cuda")]
 pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
+    gemm_shapes_with(s, ranks, false)
+}
+
+/// [`gemm_shapes`], with `all_cp` the context-parallel pieces of every cp and exchange that
+/// calibration measures ([`cp::cp_sizes`]).
+fn gemm_shapes_with(s: &Scenario, ranks: u32, all_cp: bool) -> Vec<(u64, u64, u64)> {
     let mut shapes = std::collections::BTreeSet::new();
     let m = &s.model;
     for tp in tensor_parallel_sizes(s, ranks) {
         for mb in micro_batches(s) {
             use Piece::*;
-            // The scenario's context-parallel split runs the split attention pieces on s/cp
-            // tokens; every split runs the unsplit ones.
-            for cp in [1, s.parallel.cp].into_iter().filter(|c| *c == 1 || cp_fits(s, ranks, tp, *c)) {
-                let p = ParallelConfig { tp, cp, micro_batch: mb, ..s.parallel.clone() };
+            // Context-parallel splits run the split attention pieces on s/cp tokens (the core's
+            // shape following the exchange); every split runs the unsplit ones.
+            let (cps, comms) = if all_cp {
+                (cp::cp_sizes(s, ranks), CpComm::ALL.to_vec())
+            } else {
+                (vec![s.parallel.cp], vec![s.parallel.cp_comm])
+            };
+            let cps = cps.into_iter().filter(|c| *c > 1 && cp_fits(s, ranks, tp, *c));
+            let splits = std::iter::once((1, CpComm::Ring))
+                .chain(cps.flat_map(|c| comms.iter().map(move |x| (c, *x))).collect::<Vec<_>>());
+            for (cp, cp_comm) in splits {
+                let p = ParallelConfig { tp, cp, cp_comm, micro_batch: mb, ..s.parallel.clone() };
                 let pieces: &[Piece] = if cp == 1 {
                     &[Embed, AttnIn, Attn, MlpIn, Mlp, LayerOut, FinalNorm, Logits, Loss]
                 } else {
@@ -300,7 +348,8 @@ pub fn gemm_shapes(s: &Scenario, ranks: u32) -> Vec<(u64, u64, u64)> {
 /// when t > 1) — at every micro-batch, or `quick`, at a middle one. Full recomputation
 /// re-runs forward pieces, which these measure. Every layer of the model (`quick`: four),
 /// so that the ranks' working sets load the caches as a real job does.
-fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scenario>> {
+fn piece_jobs(s: &Scenario, ranks: u32, effort: Effort) -> anyhow::Result<Vec<Scenario>> {
+    let quick = effort.quick;
     let mbs = micro_batches(s);
     let mid = mbs[mbs.len() / 2];
     let m = &s.model;
@@ -336,38 +385,10 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
             jobs.push(j);
         }
     }
-    // Context-parallel jobs (the scenario's cp, each exchange: ring, all-gather, Ulysses,
-    // at the middle micro-batch, one tp rank), for the split attention pieces.
-    let cp = s.parallel.cp;
-    if cp > 1 && cp_fits(s, ranks, 1, cp) {
-        for comm in strata_models::parallel::CpComm::ALL {
-            let mut j = s.clone();
-            j.name = format!("calibrate-cp{cp}-{}-mb{mid}", comm.key());
-            j.model.layers = if quick { m.layers.min(4) } else { m.layers };
-            j.cluster.nodes = 1;
-            j.cluster.gpus_per_node = cp;
-            j.training.dtype = Dtype::Fp32;
-            j.parallel = ParallelConfig {
-                tp: 1,
-                pp: 1,
-                dp: 1,
-                cp,
-                cp_comm: comm,
-                vpp: 1,
-                schedule: strata_models::parallel::Schedule::OneFOneB,
-                micro_batch: mid,
-                global_batch: 2 * mid,
-                zero: 0,
-                recompute: Recompute::None,
-                sequence_parallel: false,
-                ep: 1,
-                ..s.parallel.clone()
-            };
-            // Ulysses needs the heads to split over cp; the other two run anyway.
-            if j.validate().is_ok() && strata_models::plan::lower(&j).is_ok() {
-                jobs.push(j);
-            }
-        }
+    // Context-parallel jobs (cp 2, 4 and the scenario's; every exchange and tp beside it),
+    // for the split attention pieces and their exchanges.
+    if effort.cp {
+        jobs.extend(cp::cp_jobs(s, ranks, &tensor_parallel_sizes(s, ranks), mid, quick));
     }
     // Data-parallel jobs (the whole model, one replica per rank), for what its gradient
     // collectives cost inside a job: all-reduce (ZeRO-0), reduce-scatter and all-gather
@@ -399,12 +420,6 @@ fn piece_jobs(s: &Scenario, ranks: u32, quick: bool) -> anyhow::Result<Vec<Scena
         }
     }
     Ok(jobs)
-}
-
-/// Whether a context-parallel split of `cp` ranks (with tp) fits `ranks` and the sequence
-/// (2·cp chunks).
-fn cp_fits(s: &Scenario, ranks: u32, tp: u32, cp: u32) -> bool {
-    ranks.is_multiple_of(tp * cp) && s.model.seq_len.is_multiple_of(2 * cp)
 }
 
 /// Tensor-parallel sizes a plan of `s` on `ranks` ranks can use.
@@ -473,4 +488,20 @@ pub fn require_cpu(s: &Scenario) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_parallel_gemm_shapes_only_when_asked() {
+        let text = "[model]\npreset = \"tiny-gpt\"\n[cluster]\npreset = \"cpu-local\"\ngpus_per_node = 8\n\
+                    [parallel]\ntp = 2\npp = 2\ndp = 2\nmicro_batch = 2\nglobal_batch = 16\n";
+        let s = Scenario::from_toml(text, "t", "t", &[]).unwrap();
+        let (dense, all) = (gemm_shapes_with(&s, 8, false), gemm_shapes_with(&s, 8, true));
+        assert!(dense.iter().all(|g| all.contains(g)) && all.len() > dense.len());
+        // The ring core's block at tp 2, cp 2, mb 2: (s/cp)² scores over 16-wide heads.
+        assert!(all.contains(&(32, 32, 16)) && !dense.contains(&(32, 32, 16)), "{all:?}");
+    }
 }

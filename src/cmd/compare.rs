@@ -133,7 +133,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => p,
         None => {
             let ranks = base.parallel.ranks() as u32;
-            let (p, _) = calibrate::calibrate(&base, ranks, Effort::new(true), &mut log)?;
+            // The context-parallel pieces where a plan has cp, or the search may pick it.
+            let searched = args.search.is_some() && SearchSpace::full(&base).cp.iter().any(|c| *c > 1);
+            let cp = searched || base.parallel.cp > 1 || plans.iter().any(|p: &Scenario| p.parallel.cp > 1);
+            let (p, _) = calibrate::calibrate(&base, ranks, Effort::for_plans(true, cp), &mut log)?;
             let path = args.out.join("profile.toml");
             common::write_file(&path, calibrate::profile_text(&p, &base, ranks))?;
             log(format!("compare: calibrated this machine; profile in {}", path.display()));

@@ -47,7 +47,9 @@ pub fn run(no_wait: bool) -> anyhow::Result<()> {
     let mut wait = QuietWait::new(quiet::MAIN_JOB_LIMIT, no_wait);
     wait.wait("calibrating", &mut log);
     let meter = CpuMeter::now();
-    let (profile, _) = calibrate::calibrate(&base, ranks, Effort::new(true), &mut log)?;
+    // The context-parallel pieces only where the search may pick cp (long sequences).
+    let cp = strata_sim::search::SearchSpace::full(&base).cp.iter().any(|c| *c > 1);
+    let (profile, _) = calibrate::calibrate(&base, ranks, Effort::for_plans(true, cp), &mut log)?;
     let calibration_load = meter.and_then(|m| m.foreign_share());
     let profile_path = out.join("profile.toml");
     common::write_file(&profile_path, calibrate::profile_text(&profile, &base, ranks))?;

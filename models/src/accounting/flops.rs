@@ -114,13 +114,14 @@ pub fn step_flops(m: &ModelSpec, global_batch: u64, recompute: Recompute) -> Ste
     StepFlops { model, hardware: model + extra }
 }
 
-/// FLOPs of one step of a scenario: [`step_flops`] plus, with fused (flash) attention,
-/// the score GEMM QKᵀ that its backward kernel recomputes (2·s·a·d_qk per token and layer,
-/// 2·s·h without latent attention).
+/// FLOPs of one step of a scenario: [`step_flops`] plus, with fused (flash) attention or
+/// context parallelism (whose block attention recomputes each block's probabilities from
+/// the log-sum-exp, fused or not), the score GEMM QKᵀ that the backward recomputes
+/// (2·s·a·d_qk per token and layer, 2·s·h without latent attention).
 pub fn scenario_step_flops(s: &crate::scenario::Scenario) -> StepFlops {
     let m = &s.model;
     let mut f = step_flops(m, s.parallel.global_batch as u64, s.parallel.recompute);
-    if s.training.flash_attention {
+    if s.training.flash_attention || s.parallel.cp > 1 {
         // QKᵀ: 2·s·a·d_qk per token and layer (half the core when d_qk = d_v), MTP layers too.
         let tokens = s.tokens_per_step() as f64;
         let qk = 2 * m.seq_len as u64 * m.heads as u64 * m.qk_head_dim();

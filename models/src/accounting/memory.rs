@@ -206,6 +206,15 @@ pub fn cp_exchange_bytes(s: &Scenario) -> u64 {
     }
 }
 
+/// Whether a layer's attention saves only each row's log-sum-exp (fp32, a·s·b·4 bytes) and
+/// not its probabilities: with fused attention, and always under context parallelism, whose
+/// block attention keeps the log-sum-exp to merge blocks and recomputes each block's
+/// probabilities in the backward (Transformer Engine's fused kernels; the CPU executor's
+/// `attention_cp`). The activations of the plan and of the analytic model both ask this.
+pub fn saves_lse_only(s: &Scenario) -> bool {
+    s.training.flash_attention || s.parallel.cp > 1
+}
+
 /// What a context-parallel layer saves beyond its s/cp share of the activations, bytes per
 /// microbatch: under Ulysses the attention output in head layout (b·(s/cp)·h/t·e) that the
 /// core's backward reads beside the projection's sequence-layout input (TE's
@@ -284,11 +293,11 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     let dtype = s.training.storage_dtype();
     let t = p.tp as f64;
     let b = p.micro_batch;
-    // Context parallelism: every activation holds s/cp tokens of a sequence (the core's
-    // scores too: (s/cp)·s under all-gather, (s/cp)² per ring step, s² for a/cp heads).
+    // Context parallelism: every activation holds s/cp tokens of a sequence, the core's
+    // log-sum-exp too (no probabilities are saved, `saves_lse_only`).
     let c = p.cp.max(1) as f64;
     let sbh = m.seq_len as f64 * b as f64 * m.hidden as f64 / c;
-    let flash = s.training.flash_attention;
+    let flash = saves_lse_only(s);
     let per_layer = layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, p.recompute, flash) / c
         + cp_saved_extra_bytes(s) as f64;
     let layout = scenario_layout(s);

@@ -210,6 +210,9 @@ impl Gemm {
 /// the core runs as one kernel that never stores the scores; a hardware profile with a
 /// fitted attention kernel then costs it from this shape instead of from the GEMMs
 /// (sim/src/compute.rs). Absent in plan files written before the flag (read as unfused).
+/// The shape is what the kernel attends, which can be less than the GEMMs' block: a later
+/// ring-attention step lists its whole (s/cp)² block but attends half its keys unmasked
+/// (`plan/cost/cp.rs`); `causal` masks within the shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttnShape {
     pub batch_heads: u64,

@@ -19,8 +19,9 @@
 //! P and F are tabulated at measured sizes and interpolated linearly in S (beyond the range,
 //! extrapolated from the nearest two sizes, never below 0); a group size between two
 //! measured ones interpolates linearly in n; outside, the nearest is used. `all-to-all`
-//! (no dense-model plan issues it, and the CPU communicator does not implement it) uses its
-//! own lines when present and all-gather's otherwise. Nothing is shared between requests,
+//! and the ring exchange (context parallelism's) use their own lines when the profile has
+//! them, else all-gather's and a pipeline message's ([`CommFitKind::fallback`], profiles
+//! measured before those kinds were). Nothing is shared between requests,
 //! so they never slow each other here (their work competes for cores in the engine), and
 //! `multiplicity` changes nothing.
 //!
@@ -45,7 +46,7 @@ struct Line {
 #[derive(Clone, Debug)]
 pub struct CalibratedNetwork {
     /// Per kind (index of [`CommFitKind::ALL`]), sorted by ranks.
-    lines: [Vec<Line>; 6],
+    lines: [Vec<Line>; CommFitKind::ALL.len()],
     /// Pending completions, ordered by (time, id).
     pending: FixedTimes,
 }
@@ -57,8 +58,8 @@ fn kind_of(k: CommKind) -> CommFitKind {
         CommKind::Collective(CollKind::AllGather) => CommFitKind::AllGather,
         CommKind::Collective(CollKind::Broadcast) => CommFitKind::Broadcast,
         CommKind::Collective(CollKind::AllToAll) => CommFitKind::AllToAll,
-        // One ring step: each member sends its block to the next, a send/recv per member.
-        CommKind::SendRecv | CommKind::Collective(CollKind::RingExchange) => CommFitKind::SendRecv,
+        CommKind::Collective(CollKind::RingExchange) => CommFitKind::RingExchange,
+        CommKind::SendRecv => CommFitKind::SendRecv,
     }
 }
 
@@ -92,9 +93,10 @@ impl Line {
 }
 
 impl CalibratedNetwork {
-    /// The network of a profile's `[network]` table; every kind but all-to-all needs a line.
+    /// The network of a profile's `[network]` table; every kind needs a line but the
+    /// optional ones, which fall back to another kind's.
     pub fn new(params: &NetworkParams) -> Result<CalibratedNetwork, NetError> {
-        let mut lines: [Vec<Line>; 6] = Default::default();
+        let mut lines: [Vec<Line>; CommFitKind::ALL.len()] = Default::default();
         for f in &params.links {
             if f.bytes.is_empty() || f.post_us.len() != f.bytes.len() || f.finish_us.len() != f.bytes.len() {
                 return Err(NetError::Cluster(format!(
@@ -106,8 +108,10 @@ impl CalibratedNetwork {
             }
             lines[f.kind as usize].push(Line::from_fit(f));
         }
-        if lines[CommFitKind::AllToAll as usize].is_empty() {
-            lines[CommFitKind::AllToAll as usize] = lines[CommFitKind::AllGather as usize].clone();
+        for kind in CommFitKind::ALL {
+            if let Some(other) = kind.fallback().filter(|_| lines[kind as usize].is_empty()) {
+                lines[kind as usize] = lines[other as usize].clone();
+            }
         }
         for (i, v) in lines.iter_mut().enumerate() {
             if v.is_empty() {
@@ -204,7 +208,7 @@ mod tests {
     fn params() -> NetworkParams {
         let mut links: Vec<CommFit> = CommFitKind::ALL
             .iter()
-            .filter(|k| **k != CommFitKind::AllToAll)
+            .filter(|k| k.fallback().is_none())
             .map(|&kind| line(kind, 2, 10.0, [1.0, 100.0], [2.0, 200.0]))
             .collect();
         links.push(line(CommFitKind::AllReduce, 8, 40.0, [7.0, 700.0], [8.0, 800.0]));
@@ -241,7 +245,16 @@ mod tests {
     #[test]
     fn a_missing_kind_is_an_error_that_says_what_to_do() {
         let mut p = params();
-        assert!(CalibratedNetwork::new(&p).is_ok(), "all-to-all falls back to all-gather");
+        assert!(CalibratedNetwork::new(&p).is_ok(), "all-to-all and the ring exchange fall back");
+        // A ring exchange takes a message's line when it has none, its own when it has one.
+        let ring = |p: &NetworkParams| {
+            let r = req(CommKind::Collective(CollKind::RingExchange), 2, 1_000_000);
+            CalibratedNetwork::new(p).unwrap().host_work(&r).unwrap().post_ns
+        };
+        assert_eq!(ring(&p), 100_000);
+        let mut own = p.clone();
+        own.links.push(line(CommFitKind::RingExchange, 2, 10.0, [1.0, 30.0], [2.0, 60.0]));
+        assert_eq!(ring(&own), 30_000);
         p.links.retain(|l| l.kind != CommFitKind::Broadcast);
         let e = CalibratedNetwork::new(&p).unwrap_err().to_string();
         assert!(e.contains("broadcast") && e.contains("strata calibrate"), "{e}");

@@ -15,11 +15,20 @@
 //!
 //! Every core's GEMMs are listed at the full block, the convention the unsplit `Attn`
 //! follows for its causal core (Megatron-LM counts the masked half), so a plan's FLOPs
-//! summed over its ranks equal [`crate::accounting::flops::step_flops`] for every cp and
-//! variant: cp² ring blocks of (s/cp)² make s², as do cp all-gather rows of (s/cp)·s and cp
-//! Ulysses head groups. The `causal` flag of the shape says that half of the block is
-//! computed — the lower triangle of the diagonal step, the half block of a later ring step
-//! — which is the work a fused kernel does.
+//! summed over its ranks equal [`crate::accounting::flops::scenario_step_flops`] for every
+//! cp and variant: cp² ring blocks of (s/cp)² make s², as do cp all-gather rows of (s/cp)·s
+//! and cp Ulysses head groups. The backward lists the score GEMM QKᵀ a second time, fused
+//! or not: a block's backward recomputes its probabilities from the row's log-sum-exp (TE's
+//! fused kernels do; so does the CPU executor's `attention_cp::block_backward`).
+//!
+//! The shape (`AttnShape`) says what a fused kernel attends, so that the simulator costs the
+//! kernel TE launches: the diagonal step and the all-gather and Ulysses cores are causal
+//! (half of the listed block); a later ring step is TE's half block *without* a mask —
+//! (s/cp) queries against the s/(2·cp) keys of the first K/V chunk, the case of the ranks
+//! after the sender (r > j), which every step has and which attend fewer keys per query
+//! than the other case (the second query chunk against all s/cp keys), so they set the
+//! step's pace. The CPU executor computes every listed block whole, masking by position,
+//! which is what an unfused core is costed at (its GEMMs).
 
 use super::{Dims, cost, dims, linear};
 use crate::model::ModelSpec;
@@ -31,17 +40,23 @@ use crate::scenario::Dtype;
 /// Ulysses, one ring step's block under ring attention (the same shape at every step).
 pub fn attn_core_shape(m: &ModelSpec, p: &ParallelConfig, flash: bool) -> AttnShape {
     let x = dims(m, p, Dtype::Bf16);
-    core_shape(&x, p, flash)
+    core_shape(&x, p, flash, 0)
 }
 
-fn core_shape(x: &Dims, p: &ParallelConfig, flash: bool) -> AttnShape {
+/// The GEMMs' block (queries, keys) and the shape the kernel attends at ring step `step`.
+fn core_shape(x: &Dims, p: &ParallelConfig, flash: bool, step: u32) -> AttnShape {
     let c = p.cp.max(1) as u64;
     let (batch_heads, seq_q, seq_k) = match p.cp_comm {
         CpComm::Ring => (x.b * x.a_t, x.s / c, x.s / c),
         CpComm::AllGather => (x.b * x.a_t, x.s / c, x.s),
         CpComm::Ulysses => (x.b * x.a_t / c, x.s, x.s),
     };
-    AttnShape { batch_heads, seq_q, seq_k, head_dim: (x.qk_d + x.v_d) / 2, causal: true, fused: flash }
+    let d = (x.qk_d + x.v_d) / 2;
+    if p.cp_comm == CpComm::Ring && step > 0 {
+        // TE's later step: half the block, unmasked (both query chunks, the first K/V chunk).
+        return AttnShape { batch_heads, seq_q, seq_k: seq_k / 2, head_dim: d, causal: false, fused: flash };
+    }
+    AttnShape { batch_heads, seq_q, seq_k, head_dim: d, causal: true, fused: flash }
 }
 
 /// The cost of a context-parallel attention piece in one phase, for one microbatch on one
@@ -79,16 +94,15 @@ pub fn cp_piece_cost(
         (Piece::AttnProj, Phase::BackwardInput) => cost(vec![linear(x.tokens, x.q_t, x.h, x.fp8)], None, 0, 1),
         (Piece::AttnProj, _) => cost(vec![linear(x.q_t, x.h, x.tokens, x.fp8)], None, 0, 1),
         (Piece::AttnCore, Phase::Forward | Phase::BackwardInput) => {
-            let a = core_shape(&x, p, flash);
+            let a = core_shape(&x, p, flash, step);
             let backward = phase == Phase::BackwardInput;
             let g = |m, n, k| Gemm { m, n, k, batch: a.batch_heads, fp8: false };
-            let (sq, sk, d) = (a.seq_q, a.seq_k, a.head_dim);
+            // The listed block: the whole (s/cp)² of a ring step, whatever the kernel attends.
+            let (sq, sk, d) = (a.seq_q, core_shape(&x, p, flash, 0).seq_k, a.head_dim);
             let mut gemms = vec![g(sq, sk, d), g(sq, d, sk)];
             if backward {
-                gemms.extend([g(sq, d, sk), g(sq, d, sk)]);
-                if flash {
-                    gemms.push(g(sq, sk, d));
-                }
+                // dV, dP, dQ, dK and the recomputed QKᵀ.
+                gemms.extend([g(sq, d, sk), g(sq, d, sk), g(sq, sk, d)]);
             }
             let mask = u64::from(x.dropout);
             let scores = a.batch_heads * sq * sk;
@@ -126,7 +140,8 @@ mod tests {
     }
 
     /// Over the cp ranks (and ring steps), the split attention's FLOPs are the unsplit
-    /// `Attn`'s, in every phase and variant, with and without fused attention and tp.
+    /// `Attn`'s, in every phase and variant, with and without fused attention and tp — the
+    /// fused `Attn`'s, since a block's backward always recomputes QKᵀ.
     #[test]
     fn split_attention_flops_sum_to_the_unsplit_pieces() {
         let m = gpt(2048);
@@ -136,7 +151,7 @@ mod tests {
                     let one = ParallelConfig { tp, micro_batch: 2, ..Default::default() };
                     let p = ParallelConfig { cp, cp_comm: comm, ..one.clone() };
                     for phase in [Phase::Forward, Phase::BackwardInput, Phase::BackwardWeight] {
-                        let want = piece_cost(&m, &one, Dtype::Bf16, flash, Piece::Attn, phase).flops;
+                        let want = piece_cost(&m, &one, Dtype::Bf16, true, Piece::Attn, phase).flops;
                         let steps = if comm == CpComm::Ring { cp } else { 1 };
                         let core: u64 = if phase == Phase::BackwardWeight {
                             0
@@ -176,5 +191,14 @@ mod tests {
         assert_eq!(k(1).kernels, k(0).kernels + 1);
         assert_eq!(k(1).flops, k(0).flops);
         assert!(k(1).mem_bytes > k(0).mem_bytes);
+        // The diagonal step's kernel is causal over the 1024 × 1024 block; a later step's is
+        // TE's unmasked half: the 1024 queries against 512 keys, the GEMMs still listed whole.
+        let (a0, a1) = (k(0).attention.unwrap(), k(1).attention.unwrap());
+        assert_eq!((a0.seq_q, a0.seq_k, a0.causal), (1024, 1024, true));
+        assert_eq!((a1.seq_q, a1.seq_k, a1.causal), (1024, 512, false));
+        assert_eq!(k(1).gemms, k(0).gemms);
+        // Backward lists dV, dP, dQ, dK and the recomputed QKᵀ, fused or not.
+        let unfused = cp_piece_cost(&m, &ring, Dtype::Fp32, false, Piece::AttnCore, Phase::BackwardInput, 1);
+        assert_eq!(unfused.gemms.len(), 5);
     }
 }

@@ -74,7 +74,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn act_bytes_of(&self, layer: u32, recompute: Recompute) -> u64 {
         let s = self.s();
         let p = &s.parallel;
-        let flash = s.training.flash_attention;
+        let flash = crate::accounting::memory::saves_lse_only(s);
         if s.model.is_moe_layer(layer) {
             crate::accounting::memory::moe_layer_activation_bytes(&s.model, p, self.dtype(), recompute, flash).ceil()
                 as u64

@@ -1,0 +1,133 @@
+//! How this machine's cores are shared, for `strata calibrate` and the measuring commands:
+//! the speed of a fixed unit of compute with every core busy ([`speed_probe`]), how many
+//! cores' worth of work N busy threads get ([`shared_cores`]), and how much of the machine
+//! other processes took meanwhile ([`CpuMeter`]).
+
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use super::{host_cores, median};
+use crate::matmul::{MatMut, MatRef, Transpose, matmul};
+
+/// A fixed unit of compute (GEMMs of a transformer's shapes and an element-wise pass), as a
+/// job's ranks run them: seconds it takes.
+fn work_unit() -> f64 {
+    let (m, n, k) = (256, 256, 256);
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 * 1e-2).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 89) as f32 * 1e-2).collect();
+    let mut c = vec![0.0f32; m * n];
+    let t = Instant::now();
+    for _ in 0..24 {
+        matmul(MatRef::new(&a, m, k), MatRef::new(&b, k, n), MatMut::new(&mut c, m, n), Transpose::Nn, 1.0, 0.0);
+        let mut y = vec![0.0f32; c.len()];
+        crate::kernels::gelu_forward(&c, &mut y);
+        c.copy_from_slice(&y);
+    }
+    std::hint::black_box(&c);
+    t.elapsed().as_secs_f64()
+}
+
+/// Seconds of `threads` threads each running `units` work units, started together: (wall
+/// time of the last to finish, median per-unit seconds).
+fn run_units(threads: u32, units: u32) -> (f64, f64) {
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let start = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (barrier, start) = (barrier.clone(), start.clone());
+            std::thread::spawn(move || {
+                work_unit();
+                if barrier.wait().is_leader() {
+                    *start.lock().expect("start time") = Some(Instant::now());
+                }
+                let per: Vec<f64> = (0..units).map(|_| work_unit()).collect();
+                (Instant::now(), per)
+            })
+        })
+        .collect();
+    let results: Vec<(Instant, Vec<f64>)> = handles.into_iter().map(|h| h.join().expect("a work thread")).collect();
+    let t0 = start.lock().expect("start time").expect("the leader set it");
+    let wall = results.iter().map(|(end, _)| end.duration_since(t0).as_secs_f64()).fold(0.0, f64::max);
+    (wall, median(results.into_iter().flat_map(|(_, p)| p).collect()))
+}
+
+/// The machine's speed now: seconds of one fixed unit of compute (GEMMs and an element-wise
+/// pass) with every core busy, median over a few units. Compare two readings to see whether
+/// the host slowed down between them.
+pub fn speed_probe() -> f64 {
+    run_units(host_cores(), 8).1
+}
+
+/// Processor sharing's capacity: with `threads` threads computing at once, the cores'
+/// worth of work done per second, in units of one thread's speed while every core is busy.
+/// (c cores with no loss from oversubscription give c.)
+/// Three trials, each pairing the two runs back to back; the median ratio, at most the
+/// host's cores.
+pub fn shared_cores(threads: u32) -> f64 {
+    let cores = host_cores();
+    let units = 6;
+    let threads = threads.max(1);
+    let trials: Vec<f64> = (0..3)
+        .map(|_| {
+            // One thread's speed with every core busy: a work unit's median time on `cores`
+            // threads; then the wall time of `threads` threads doing `units` each.
+            let (_, unit_s) = run_units(cores, units);
+            let (wall, _) = run_units(threads, units);
+            (threads * units) as f64 * unit_s / wall
+        })
+        .collect();
+    median(trials).min(cores as f64)
+}
+
+/// CPU time of the whole host and of this process (with its waited-for children), to tell
+/// how much of the machine other processes took while a measurement ran (Linux `/proc/stat`
+/// and `/proc/self/stat`, in clock ticks). On other systems every reading is `None`.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuMeter {
+    host_busy: u64,
+    host_total: u64,
+    own: u64,
+}
+
+impl CpuMeter {
+    pub fn now() -> Option<CpuMeter> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+        // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
+        let total: u64 = cpu.iter().take(8).sum();
+        let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces): utime, stime, and the
+        // children's cutime, cstime (a tool that runs strata as a child counts it as its own).
+        let rest = own_stat.rsplit_once(')')?.1;
+        let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+        let own = f.get(11)? + f.get(12)? + f.get(13)? + f.get(14)?;
+        Some(CpuMeter { host_busy: total - idle, host_total: total, own })
+    }
+
+    /// The share of the machine's CPU time since `self` that other processes used (0 = the
+    /// machine was ours; 0.5 = half of every core went elsewhere).
+    pub fn foreign_share(&self) -> Option<f64> {
+        let now = CpuMeter::now()?;
+        let total = now.host_total.saturating_sub(self.host_total);
+        if total == 0 {
+            return Some(0.0);
+        }
+        let busy = now.host_busy.saturating_sub(self.host_busy);
+        let own = now.own.saturating_sub(self.own);
+        Some(busy.saturating_sub(own) as f64 / total as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meter_sees_this_process_as_its_own() {
+        let Some(m) = CpuMeter::now() else { return };
+        work_unit();
+        let share = m.foreign_share().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{share}");
+    }
+}
