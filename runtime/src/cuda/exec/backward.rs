@@ -5,8 +5,6 @@
 
 use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
-use cudarc::driver::LaunchConfig;
-
 use super::device::{Arg, Device, blocks, per_row};
 use super::pieces::{C, W, attn_grid};
 use super::rank::{GpuExecError, GpuRank, Res};
@@ -240,38 +238,10 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
-    /// The gradient norm of this rank's gradients (one rank: the global one), on stream `s`;
-    /// read back, since the optimizer's launch takes the clip scale as an argument.
+    /// The gradient norm of this rank's gradients (one rank: the global one), on stream `s`.
     pub(super) fn grad_norm_local(&mut self, s: Stream) -> Res<()> {
-        const PARTS: usize = 120;
-        let partial = self.take("the gradient norm's partial sums", 8 * PARTS as u64)?;
-        let total = self.take("the gradient norm", 8)?;
-        let mut sum = 0.0f64;
-        for c in 0..self.bufs.len() {
-            let Some(g) = self.bufs[c].grads.as_ref() else { continue };
-            let n = self.chunks[c].len;
-            let cfg = LaunchConfig { grid_dim: (PARTS as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.gpu.launch(
-                s,
-                "sum_squares_partial",
-                cfg,
-                &[Arg::P(g.ptr()), Arg::L(n as i64), Arg::P(partial.ptr())],
-            )?;
-            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.gpu.launch(
-                s,
-                "sum_partials",
-                one,
-                &[Arg::P(partial.ptr()), Arg::I(PARTS as i32), Arg::P(total.ptr())],
-            )?;
-            let mut host = [0f64];
-            self.gpu.download(s, &mut host, total.ptr())?;
-            sum += host[0];
-        }
-        self.give(partial);
-        self.give(total);
-        self.grad_norm = Some(sum.sqrt());
-        self.clip_scale = crate::optim::clip_scale(sum, self.clip);
+        let sum = self.grad_sq_local(s)?;
+        self.set_grad_norm(sum);
         Ok(())
     }
 
@@ -293,7 +263,9 @@ impl<D: Device> GpuRank<D> {
                 };
                 let len = self.chunks[c].len as u64;
                 let (master, m, v) = (o.ptr(), o.ptr() + 4 * len, o.ptr() + 8 * len);
-                for e in self.chunks[c].layout.entries().iter().filter(|e| !e.tied_copy) {
+                // The head's tied copy of the word table steps too: after the tied-gradient
+                // all-reduce its gradient is the table's, so both copies stay equal.
+                for e in self.chunks[c].layout.entries() {
                     let (off, n) = (e.offset as u64, e.len());
                     let wd = if e.kind.decays() { cfg.weight_decay } else { 0.0 };
                     let args = [

@@ -9,7 +9,7 @@
 //! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
 //! pool blocks of their own (the workspace), given back when their consumer is enqueued.
 
-use strata_models::plan::{ComputeOp, P2pKind, Phase, Piece, Stream};
+use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
@@ -159,7 +159,7 @@ impl<D: Device> GpuRank<D> {
         Ok(out)
     }
 
-    fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
+    pub(super) fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
         self.live
             .values()
             .find(|l| l.key == key)
@@ -183,10 +183,14 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
+    /// Tensor `w` of (chunk, mb): from an earlier piece, or from a received pipeline message.
     pub(super) fn got(&mut self, chunk: u32, mb: u32, w: W) -> Res<Tensor> {
-        self.flight.remove(&(chunk, mb, w)).ok_or_else(|| {
-            GpuExecError::Unsupported(format!("{w:?} of chunk {chunk} mb {mb} is needed but no earlier op produced it"))
-        })
+        if !self.flight.contains_key(&(chunk, mb, w))
+            && let Some(t) = self.incoming(chunk, mb, w)?
+        {
+            return Ok(t);
+        }
+        self.got_here(chunk, mb, w)
     }
 
     pub(super) fn ws(&mut self, what: &str, bytes: usize) -> Res<Tensor> {
@@ -308,15 +312,10 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
-    /// The residual entering a chunk's first layer (one stage: the embedding's output).
+    /// The residual entering a layer: the previous piece's, the embedding's, or the one
+    /// received from the previous stage.
     fn residual_in(&mut self, chunk: u32, mb: u32) -> Res<Tensor> {
-        if self.flight.contains_key(&(chunk, mb, W::R)) {
-            return self.got(chunk, mb, W::R);
-        }
-        Err(GpuExecError::Unsupported(format!(
-            "a {:?} message from another stage: no communicator yet",
-            P2pKind::Activation
-        )))
+        self.got(chunk, mb, W::R)
     }
 
     fn layer_fwd(&mut self, c: &ComputeOp) -> Res<()> {

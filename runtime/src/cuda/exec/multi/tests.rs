@@ -1,0 +1,104 @@
+//! The multi-rank driver on the computing host stand-in: pipeline- and data-parallel
+//! splits of the tiny GPT train as the single rank does, and a communicator that forgets
+//! to add does not.
+
+use std::sync::Arc;
+
+use strata_models::Scenario;
+use strata_models::plan::Plan;
+
+use super::MultiGpu;
+use crate::cuda::exec::host::HostDevice;
+use crate::cuda::exec::rank::{GpuExecError, check_plan};
+use crate::cuda::exec::train::train_multi;
+use crate::exec::ExecConfig;
+
+/// Largest |loss_split − loss_single| allowed at any step, in nats: the CPU equivalence
+/// suite's (`runtime/tests/equivalence.rs`).
+const LOSS_TOL_NATS: f64 = 2e-6;
+const STEPS: u32 = 3;
+
+fn plan(sets: &[&str]) -> Plan {
+    let base = [
+        "cluster.preset=\"dgx-h200\"",
+        "cluster.nodes=1",
+        "cluster.nics_per_node=1",
+        "parallel.tp=1",
+        "parallel.pp=1",
+        "parallel.dp=1",
+        "parallel.zero=0",
+        "parallel.micro_batch=1",
+        "parallel.global_batch=8",
+        "model.seq_len=16",
+        "training.dtype=\"bf16\"",
+        "training.flash_attention=true",
+    ];
+    // One GPU of the cluster per rank (the scenario's rule); all of them run on one device.
+    let dim =
+        |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
+    let gpus = format!("cluster.gpus_per_node={}", dim("tp") * dim("pp") * dim("dp"));
+    let sets: Vec<String> = base.iter().chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
+    let text = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
+    strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
+}
+
+fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
+    let p = Arc::new(plan(sets));
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let first = HostDevice::computing(80 << 30);
+    let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
+    let mut multi =
+        MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+    multi.drop_sums = drop_sums;
+    let opts = crate::train::TrainOptions {
+        steps: STEPS,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: ExecConfig::default(),
+        faults: Vec::new(),
+    };
+    let (r, _) = train_multi(p, multi, &opts, None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+fn worst(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn pipeline_and_data_parallel_splits_match_the_single_rank_losses() {
+    let single = losses(&[], false);
+    assert!(single[STEPS as usize - 1] < single[0], "the loss falls: {single:?}");
+    for sets in [
+        &["parallel.dp=2"][..],
+        &["parallel.pp=2"],
+        &["parallel.pp=2", "parallel.dp=2"],
+        &["parallel.pp=2", "parallel.dp=2", "parallel.schedule=\"gpipe\"", "training.framework=\"strata\""],
+    ] {
+        let split = losses(sets, false);
+        let d = worst(&split, &single);
+        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats");
+        assert!(d <= LOSS_TOL_NATS, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
+    }
+}
+
+#[test]
+fn a_communicator_that_copies_without_adding_is_caught() {
+    let single = losses(&[], false);
+    let broken = losses(&["parallel.pp=2", "parallel.dp=2"], true);
+    let d = worst(&broken, &single);
+    eprintln!("without the sums: {broken:?}, worst {d:.3e} nats");
+    assert!(d > 100.0 * LOSS_TOL_NATS, "dropping the sums went unnoticed: {d:.3e} nats");
+}
+
+#[test]
+fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
+    let why = |sets: &[&str]| match check_plan(&plan(sets)) {
+        Err(GpuExecError::Unsupported(w)) => w,
+        other => panic!("{sets:?}: {other:?}"),
+    };
+    assert!(why(&["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]).contains("parallel.tp = 2"));
+    assert!(why(&["parallel.dp=2", "parallel.zero=1"]).contains("parallel.zero = 1 over dp = 2"));
+    assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
+    check_plan(&plan(&["parallel.pp=2", "parallel.dp=2"])).unwrap();
+}
