@@ -16,6 +16,7 @@ pub mod exec;
 pub mod kernels;
 pub mod measure;
 pub mod nccl_bench;
+pub mod nccl_comm;
 pub mod peers;
 pub mod reference;
 

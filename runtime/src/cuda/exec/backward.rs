@@ -245,8 +245,10 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
-    /// AdamW on the fp32 masters, tensor by tensor (weight decay on the tensors the CPU
-    /// executor decays), writing the bf16 copy; then the gradients start again from zero.
+    /// AdamW on the fp32 masters of the owned runs, tensor by tensor (weight decay on the
+    /// tensors the CPU executor decays), writing the bf16 copy (ZeRO-1: the parameter
+    /// all-gather then brings the other replicas' parts); then the gradients start again
+    /// from zero.
     /// A non-finite gradient norm leaves every parameter as it was.
     pub(super) fn optimizer_step(&mut self) -> Res<()> {
         if let Some(g) = self.grad_norm.filter(|g| !g.is_finite()) {
@@ -261,18 +263,19 @@ impl<D: Device> GpuRank<D> {
                 let (Some(p), Some(g), Some(o)) = (b.params.as_ref(), b.grads.as_ref(), b.opt.as_ref()) else {
                     continue;
                 };
-                let len = self.chunks[c].len as u64;
-                let (master, m, v) = (o.ptr(), o.ptr() + 4 * len, o.ptr() + 8 * len);
-                // The head's tied copy of the word table steps too: after the tied-gradient
-                // all-reduce its gradient is the table's, so both copies stay equal.
-                for e in self.chunks[c].layout.entries() {
-                    let (off, n) = (e.offset as u64, e.len());
-                    let wd = if e.kind.decays() { cfg.weight_decay } else { 0.0 };
+                let owned = self.chunks[c].owned as u64;
+                let (master, m, v) = (o.ptr(), o.ptr() + 4 * owned, o.ptr() + 8 * owned);
+                // The owned runs only (all of the chunk under ZeRO-0); the head's tied copy
+                // of the word table steps too: after the tied-gradient all-reduce its
+                // gradient is the table's, so both copies stay equal.
+                for run in self.chunks[c].owned_runs() {
+                    let (off, mo, n) = (run.flat as u64, run.master as u64, run.len);
+                    let wd = if run.decays { cfg.weight_decay } else { 0.0 };
                     let args = [
-                        Arg::P(master + 4 * off),
+                        Arg::P(master + 4 * mo),
                         Arg::P(g.ptr() + 4 * off),
-                        Arg::P(m + 4 * off),
-                        Arg::P(v + 4 * off),
+                        Arg::P(m + 4 * mo),
+                        Arg::P(v + 4 * mo),
                         Arg::P(p.ptr() + 2 * off),
                         Arg::L(n as i64),
                         Arg::F(cfg.lr),

@@ -13,10 +13,10 @@ use crate::exec::pool::BufKey;
 
 impl<D: Device> GpuRank<D> {
     /// Σ g² over the gradients this rank counts toward the global norm, computed on stream
-    /// `s` and read back: every gradient it holds except the head's tied copy of the word
-    /// table (the table's own copy counts), and under ZeRO-0 nothing on data-parallel
-    /// replicas other than the first (their gradients are the first's after the
-    /// all-reduce).
+    /// `s` and read back (the CPU executor's rule): the owned part of its gradients (all of
+    /// them under ZeRO-0) except the head's tied copy of the word table (the table's own
+    /// copy counts), and under ZeRO-0 nothing on data-parallel replicas other than the
+    /// first (their gradients are the first's after the all-reduce).
     pub(super) fn grad_sq_local(&mut self, s: Stream) -> Res<f64> {
         if self.plan.scenario.parallel.zero == 0 && self.dp.0 != 0 {
             return Ok(0.0);
@@ -27,14 +27,19 @@ impl<D: Device> GpuRank<D> {
         let mut sum = 0.0f64;
         for c in 0..self.bufs.len() {
             let Some(g) = self.bufs[c].grads.as_ref().map(Tensor::ptr) else { continue };
-            // Contiguous runs of counted tensors, in offset order.
-            let mut entries: Vec<_> = self.chunks[c].layout.entries().iter().collect();
-            entries.sort_by_key(|e| e.offset);
+            // The owned runs but the tied copy, merged where contiguous, in offset order.
+            let mut owned: Vec<(usize, usize)> = self.chunks[c]
+                .owned_runs()
+                .into_iter()
+                .filter(|r| !r.tied_copy)
+                .map(|r| (r.flat, r.flat + r.len))
+                .collect();
+            owned.sort_unstable();
             let mut runs: Vec<(usize, usize)> = Vec::new();
-            for e in entries.iter().filter(|e| !e.tied_copy) {
+            for (a, b) in owned {
                 match runs.last_mut() {
-                    Some(r) if r.1 == e.offset => r.1 += e.len(),
-                    _ => runs.push((e.offset, e.offset + e.len())),
+                    Some(r) if r.1 == a => r.1 = b,
+                    _ => runs.push((a, b)),
                 }
             }
             for (a, b) in runs {

@@ -22,8 +22,8 @@
 //! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
 //!
 //! Runs GPT, bf16, flash attention, no recompute; one rank, or pp · dp ranks on one GPU
-//! (tp = 1, ZeRO-0 over dp > 1); other plans are refused naming why. Not built: tensor
-//! parallelism's pieces, ZeRO sharding over dp > 1 on the GPU, NCCL.
+//! (tp = 1, ZeRO ≤ 1); other plans are refused naming why. Not built: tensor
+//! parallelism's pieces, ZeRO-2/3 on the GPU, NCCL.
 
 mod backward;
 mod comm;

@@ -24,10 +24,11 @@
 //! (read back, added on the host in rank order).
 //!
 //! Runs what the single-rank pieces run, under pipeline and data parallelism: gradient
-//! buckets all-reduced (ZeRO-0), the tied word table's gradients all-reduced between the
-//! first and last stage, pipeline messages. Tensor parallelism (its column- and
-//! row-parallel pieces) and ZeRO-1 sharding over dp > 1 are not built; `check_plan`
-//! refuses them.
+//! buckets all-reduced (ZeRO-0) or reduce-scattered into each replica's owned part and the
+//! updated parameters all-gathered (ZeRO-1, uneven shards crossing units), the tied word
+//! table's gradients all-reduced between the first and last stage, pipeline messages.
+//! Tensor parallelism (its column- and row-parallel pieces) and ZeRO-2/3 are not built;
+//! `check_plan` refuses them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -294,6 +295,35 @@ impl<D: Device> MultiGpu<D> {
                     .collect::<Res<Vec<_>>>()?;
                 self.all_reduce_grads(&members, &streams, &ranges)?;
             }
+            CollPurpose::GradBucket { chunk, bucket, .. } if zero == 1 && c.kind == CollKind::ReduceScatter => {
+                let parts = self.owned_parts(&members, chunk, bucket)?;
+                self.sharded(&members, &streams, chunk, &parts, true)?;
+            }
+            CollPurpose::ParamBucket { chunk, bucket } if zero == 1 && c.kind == CollKind::AllGather => {
+                let parts = self.owned_parts(&members, chunk, bucket)?;
+                self.sharded(&members, &streams, chunk, &parts, false)?;
+            }
+            CollPurpose::TiedEmbeddingGrad if zero == 1 => {
+                // The owned part of the word table on each end of the pipeline.
+                let ranges = members
+                    .iter()
+                    .map(|&a| {
+                        let rk = &self.ranks[a];
+                        for (ci, ch) in rk.chunks.iter().enumerate() {
+                            let Some(word) = ch.unit_range(Unit::WordEmbedding) else { continue };
+                            let rs = ch
+                                .owned_runs()
+                                .into_iter()
+                                .filter(|r| r.flat >= word.start && r.flat < word.end)
+                                .map(|r| r.flat..r.flat + r.len)
+                                .collect();
+                            return Ok((ci as u32, rs));
+                        }
+                        Err(internal(format!("rank {a} holds no word table for the tied gradient")))
+                    })
+                    .collect::<Res<Vec<_>>>()?;
+                self.all_reduce_grads(&members, &streams, &ranges)?;
+            }
             other => {
                 return Err(GpuExecError::Unsupported(format!(
                     "the shared-GPU communicator does not run {:?} ({}) under ZeRO-{zero} yet",
@@ -347,6 +377,63 @@ impl<D: Device> MultiGpu<D> {
             .collect();
         let steps = plan_segments(CollKind::AllReduce, &segments, &lens, 4).map_err(internal)?;
         self.run_steps(members, streams, &steps, "add_f32", 4)?;
+        for (&a, t) in members.iter().zip(scratch) {
+            self.ranks[a].give(t);
+        }
+        Ok(())
+    }
+
+    /// Each member's owned part of bucket `bucket` of chunk `chunk`, as (offset, elements)
+    /// ranges of the flat buffers.
+    fn owned_parts(&self, members: &[usize], chunk: u32, bucket: u32) -> Res<Vec<Vec<(u64, usize)>>> {
+        members
+            .iter()
+            .map(|&a| {
+                let ch = &self.ranks[a].chunks[chunk as usize];
+                let b = ch
+                    .buckets
+                    .iter()
+                    .find(|b| b.index == bucket)
+                    .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+                b.pieces(b.owned.clone())
+                    .into_iter()
+                    .map(|(u, r)| {
+                        let start = ch.unit_range(u).map(|x| x.start).ok_or_else(|| {
+                            internal(format!("rank {a}: unit {u:?} of bucket {bucket} is not in chunk {chunk}"))
+                        })?;
+                        Ok(((start + r.start) as u64, r.len()))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// ZeRO-1 over the members' shards of chunk `chunk`: `sum` reduce-scatters the fp32
+    /// gradients into each member's owned part, otherwise the bf16 parameters' owned parts
+    /// are all-gathered.
+    fn sharded(
+        &mut self,
+        members: &[usize],
+        streams: &[Stream],
+        chunk: u32,
+        parts: &[Vec<(u64, usize)>],
+        sum: bool,
+    ) -> Res<()> {
+        let eb = if sum { 4 } else { 2 };
+        let mut bases = Vec::with_capacity(members.len());
+        let mut scratch = Vec::with_capacity(members.len());
+        for (i, &a) in members.iter().enumerate() {
+            let b = &self.ranks[a].bufs[chunk as usize];
+            let t = if sum { b.grads.as_ref() } else { b.params.as_ref() };
+            bases.push(
+                t.map(Tensor::ptr).ok_or_else(|| internal(format!("rank {a}'s chunk {chunk} is not allocated")))?,
+            );
+            let elems = super::shared::parts_scratch(sum, parts, i).max(1);
+            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", eb * elems as u64)?);
+        }
+        let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
+        let steps = super::shared::plan_parts(sum, &bases, &bases, &ptrs, parts, eb);
+        self.run_steps(members, streams, &steps, "add_f32", eb)?;
         for (&a, t) in members.iter().zip(scratch) {
             self.ranks[a].give(t);
         }

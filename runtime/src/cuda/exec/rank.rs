@@ -5,8 +5,7 @@
 //!
 //! Scope so far: GPT blocks, bf16 storage, flash attention, no recomputation; one rank, or
 //! several of one plan under pipeline and data parallelism (tp = cp = 1, no interleaving,
-//! ZeRO-0 over dp > 1) through the multi-rank driver (`multi`), which runs the ops that need
-//! peers. Other plans are refused at construction with the reason; NCCL is not built.
+//! ZeRO ≤ 1) through the multi-rank driver (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced
@@ -167,13 +166,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
             p.vpp
         )));
     }
-    if p.zero > 0 && p.dp > 1 {
-        return Err(unsupported(format!(
-            "parallel.zero = {} over dp = {}: the shared-GPU communicator's ZeRO sharding (reduce-scatter into the \
-             owned part, all-gather of the updated parameters) is not wired yet; use parallel.zero = 0",
-            p.zero, p.dp
-        )));
-    }
     if s.model.family != Family::Gpt {
         return Err(unsupported(format!(
             "model family {:?}: the executor's pieces are GPT blocks so far (the Llama kernels exist, the pieces do not)",
@@ -200,7 +192,7 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     }
     if p.zero > 1 {
         return Err(unsupported(format!(
-            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet",
+            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet (ZeRO-0 and ZeRO-1 are)",
             p.zero
         )));
     }
@@ -508,11 +500,16 @@ impl<D: Device> GpuRank<D> {
                 None
             }
             BufKey::Optimizer { chunk } => {
+                // fp32 masters of the owned runs, in their order; then m and v, zeroed.
                 let c = &self.chunks[chunk as usize];
-                let (len, init, bytes) = (c.len, c.layout.init(seed), c.device_bytes(key).unwrap_or_default());
+                let (owned, init, bytes) = (c.owned, c.layout.init(seed), c.device_bytes(key).unwrap_or_default());
+                let mut master = vec![0f32; owned];
+                for r in c.owned_runs() {
+                    master[r.master..r.master + r.len].copy_from_slice(&init[r.flat..r.flat + r.len]);
+                }
                 let t = self.take(name, bytes)?;
-                self.gpu.upload(t.ptr(), &init)?;
-                self.gpu.zero(Stream::Compute, t.ptr() + 4 * len as u64, 8 * len)?;
+                self.gpu.upload(t.ptr(), &master)?;
+                self.gpu.zero(Stream::Compute, t.ptr() + 4 * owned as u64, 8 * owned)?;
                 self.bufs[chunk as usize].opt = Some(t);
                 None
             }

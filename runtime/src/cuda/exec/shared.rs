@@ -141,6 +141,55 @@ pub fn plan_segments(
         .collect())
 }
 
+/// A collective over parts of the members' buffers, for ZeRO's uneven shards: `parts[m]`
+/// are member m's (offset, elements) ranges, in elements of `elem_bytes` from each base.
+/// `sum` (a reduce-scatter): member m adds every member's input over its own parts, in rank
+/// order, into its output there. Otherwise (an all-gather): member m copies every other
+/// member r's input over r's parts into its output there. Each member's scratch holds what
+/// it gathers (`parts_scratch`); the two phases are [`plan`]'s.
+pub fn plan_parts(
+    sum: bool,
+    inputs: &[Ptr],
+    outputs: &[Ptr],
+    scratch: &[Ptr],
+    parts: &[Vec<(u64, usize)>],
+    elem_bytes: u64,
+) -> Vec<Vec<Step>> {
+    let n = inputs.len();
+    (0..n)
+        .map(|m| {
+            let others = (0..n).filter(move |&r| r != m);
+            let mut s: Vec<Step> = others.clone().map(|r| Step::Wait(Ev::Ready(r))).collect();
+            let mut out = Vec::new();
+            let mut at = scratch[m];
+            let from: Vec<usize> = if sum { vec![m] } else { others.clone().collect() };
+            for r in from {
+                for &(off, elems) in &parts[r] {
+                    let b = off * elem_bytes;
+                    if sum {
+                        s.push(Step::Copy { dst: at, src: inputs[0] + b, elems });
+                        s.extend(inputs[1..].iter().map(|x| Step::Add { dst: at, src: x + b, elems }));
+                    } else {
+                        s.push(Step::Copy { dst: at, src: inputs[r] + b, elems });
+                    }
+                    out.push(Step::Copy { dst: outputs[m] + b, src: at, elems });
+                    at += elems as u64 * elem_bytes;
+                }
+            }
+            s.push(Step::Record(Ev::ReadDone(m)));
+            s.extend(others.map(|r| Step::Wait(Ev::ReadDone(r))));
+            s.extend(out);
+            s
+        })
+        .collect()
+}
+
+/// Elements of member m's scratch under [`plan_parts`].
+pub fn parts_scratch(sum: bool, parts: &[Vec<(u64, usize)>], m: usize) -> usize {
+    let count = |r: usize| parts[r].iter().map(|p| p.1).sum::<usize>();
+    if sum { count(m) } else { (0..parts.len()).filter(|&r| r != m).map(count).sum() }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -322,5 +371,49 @@ mod tests {
             }
         }
         assert!(plan_segments(CollKind::AllReduce, &[segs[0].clone(), segs[1][..2].to_vec()], &lens, 1).is_err());
+    }
+
+    #[test]
+    fn uneven_shards_reduce_scatter_and_all_gather_in_place() {
+        // 3 members over a buffer of 10 elements each, shards of 4, 4 and 2 in two pieces
+        // each (the way a bucket's owned part crosses units).
+        let parts: Vec<Vec<(u64, usize)>> = vec![vec![(0, 3), (5, 1)], vec![(3, 2), (6, 2)], vec![(8, 2)]];
+        let bases: Vec<Ptr> = (0..3).map(|m| (m * 10) as u64).collect();
+        let scratch: Vec<Ptr> = (0..3).map(|m| (100 + m * 10) as u64).collect();
+        let init = values(30, 21);
+        let rs = plan_parts(true, &bases, &bases, &scratch, &parts, 1);
+        for seed in 0..30 {
+            let mut mem = vec![f32::NAN; 200];
+            mem[..30].copy_from_slice(&init);
+            run(&mut mem, &rs, seed);
+            for (m, ps) in parts.iter().enumerate() {
+                for &(off, e) in ps {
+                    for i in off as usize..off as usize + e {
+                        let want = init[i] + init[10 + i] + init[20 + i];
+                        assert_eq!(mem[m * 10 + i].to_bits(), want.to_bits(), "seed {seed} member {m} element {i}");
+                    }
+                }
+            }
+        }
+        // All-gather: member m's own parts hold its values; afterwards every member holds all.
+        let ag = plan_parts(false, &bases, &bases, &scratch, &parts, 1);
+        assert_eq!(parts_scratch(false, &parts, 2), 8);
+        for seed in 0..30 {
+            let mut mem = vec![f32::NAN; 200];
+            for (m, ps) in parts.iter().enumerate() {
+                for &(off, e) in ps {
+                    for i in off as usize..off as usize + e {
+                        for r in 0..3 {
+                            // Stale values elsewhere, the owner's value in its part.
+                            mem[r * 10 + i] = if r == m { init[i] } else { -1.0 };
+                        }
+                    }
+                }
+            }
+            run(&mut mem, &ag, seed);
+            for r in 0..3 {
+                assert_eq!(&mem[r * 10..r * 10 + 10], &init[..10], "seed {seed} member {r}");
+            }
+        }
     }
 }
