@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use strata_models::Scenario;
-use strata_models::plan::Plan;
+use strata_models::plan::{OpKind, Plan};
 
 use super::MultiGpu;
 use crate::cuda::exec::host::HostDevice;
@@ -106,4 +106,35 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
     assert!(why(&["parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""]).contains("ZeRO-2/3"));
     assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
+}
+
+#[test]
+fn a_multi_rank_run_traces_every_rank_and_writes_the_outputs() {
+    // The checking (not computing) stand-in: every launch and address of four ranks checked.
+    let p = Arc::new(plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"]));
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let first = HostDevice::new(80 << 30);
+    let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
+    let cfg = ExecConfig { trace_step: Some(1), ..ExecConfig::default() };
+    let multi = MultiGpu::new(p.clone(), devices, Arc::new(corpus), cfg.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let opts = crate::train::TrainOptions {
+        steps: 2,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: cfg,
+        faults: Vec::new(),
+    };
+    let (r, _) = train_multi(p.clone(), multi, &opts, None).unwrap_or_else(|e| panic!("{e}"));
+    let trace = r.trace.as_ref().expect("the traced step");
+    assert_eq!((trace.step, &trace.ranks[..]), (1, &[0, 1, 2, 3][..]));
+    for rank in 0..4u32 {
+        let running = p.program(rank).ops.iter().filter(|o| !matches!(o.kind, OpKind::Free { .. })).count();
+        assert_eq!(trace.spans.iter().filter(|s| s.rank == rank).count(), running, "rank {rank}");
+    }
+    assert_eq!(r.memory.iter().map(|m| m.rank).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert!(r.memory.iter().all(|m| m.peaks.measured_bytes > 512 << 20 && m.peaks.predicted_bytes > 0));
+    let dir = std::env::temp_dir().join(format!("strata-cuda-multi-outputs-{}", std::process::id()));
+    crate::train::write_outputs(&dir, &p, &r).unwrap();
+    assert!(dir.join("measured-trace.json").is_file() && dir.join("memory.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
 }
