@@ -48,7 +48,7 @@ pub struct Args {
     pub scenario: ScenarioArgs,
     /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
     /// build with `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, every rank
-    /// on that GPU — tp = 1, any pp · dp, ZeRO ≤ 1 — e.g.
+    /// on that GPU — any tp · pp · dp without sequence parallelism, ZeRO ≤ 1 — e.g.
     /// scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,

@@ -33,9 +33,9 @@ run probe 15 "$BIN" probe --out "$OUT/cluster.toml" --json
 # plan (bf16 storage on the GPU, fp32 on the CPU); the table prints the largest loss gap.
 run tiny-cuda 35 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --json
 run tiny-cpu 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
-# Four ranks of the same tiny GPT (pp 2 · dp 2) on this one GPU through the shared-GPU
-# communicator: the same global batch, so its losses are the single rank's above.
-run tiny-pp2dp2 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.pp=2 --ranks 4 --json
+# Eight ranks of the same tiny GPT (tp 2 · pp 2 · dp 2) on this one GPU through the
+# shared-GPU communicator: the same global batch, so its losses are the single rank's above.
+run tiny-tp2pp2dp2 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.tp=2 --set parallel.pp=2 --ranks 8 --json
 run calibrate 70 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --out "$OUT/h200-measured.toml" --json
 # The step predicted with the measured profile, beside the built-in (published-fit) one.
 run predicted-builtin 15 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json

@@ -47,8 +47,8 @@ impl<D: Device> GpuRank<D> {
                 let args = [Arg::P(ac.fc1_pre), Arg::P(dact.ptr()), Arg::P(dpre.ptr()), Arg::L(tf as i64)];
                 self.k("gelu_bwd_bf16", blocks(tf), &args)?;
                 self.give(dact);
-                let part = self.ws("the MLP input's gradient", 2 * th)?;
-                self.dinput(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
+                let part = self.ws("the MLP input's gradient", self.partial_dt().1 * th)?;
+                self.dinput_partial(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
                 self.keep(layer, mb, W::DFc2Out, keep_out);
                 self.keep(layer, mb, W::DFc1Pre, dpre);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -101,8 +101,8 @@ impl<D: Device> GpuRank<D> {
                 self.k("attn_bwd_dkdv_bf16", attn_grid(&d), &dkv_args)?;
                 self.give(delta);
                 self.give(dctx);
-                let part = self.ws("the attention input's gradient", 2 * th)?;
-                self.dinput(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
+                let part = self.ws("the attention input's gradient", self.partial_dt().1 * th)?;
+                self.dinput_partial(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
                 self.keep(layer, mb, W::DProjOut, keep_out);
                 self.keep(layer, mb, W::DQkv, dqkv);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -177,7 +177,9 @@ impl<D: Device> GpuRank<D> {
             }
             (Piece::Loss, Phase::Forward) => {
                 let stats = self.got(chunk, mb, W::Stats)?;
-                let args = [Arg::P(stats.ptr()), Arg::P(hd.lse), Arg::P(hd.loss), Arg::I(t_in), Arg::I(1)];
+                // The statistics of every vocabulary shard (gathered over tp; one rank: its own).
+                let tp = self.plan.grid.tp as i32;
+                let args = [Arg::P(stats.ptr()), Arg::P(hd.lse), Arg::P(hd.loss), Arg::I(t_in), Arg::I(tp)];
                 self.k("xent_combine", blocks(d.t), &args)?;
                 self.give(stats);
                 let losses = self.losses.as_ref().map(|t| t.ptr()).expect("the step's losses");
@@ -196,8 +198,9 @@ impl<D: Device> GpuRank<D> {
                     Arg::F(self.grad_scale),
                 ];
                 self.k("xent_grad_bf16", blocks(n), &args)?;
-                let part = self.ws("the final norm output's gradient", 2 * th)?;
-                // dhn (T, h) = dlogits (T, V) · wte (V, h)
+                let (dt, eb) = self.partial_dt();
+                let part = self.ws("the final norm output's gradient", eb * th)?;
+                // dhn (T, h) = dlogits (T, V) · wte (V, h), a partial sum over vocabulary shards
                 self.gpu.gemm(
                     d.t,
                     d.h,
@@ -205,7 +208,7 @@ impl<D: Device> GpuRank<D> {
                     super::device::n(hd.logits),
                     super::device::n(wte),
                     part.ptr(),
-                    super::device::Dt::Bf16,
+                    dt,
                     0.0,
                 )?;
                 self.put(chunk, mb, W::DPart, part)

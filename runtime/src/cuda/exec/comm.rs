@@ -15,13 +15,15 @@ impl<D: Device> GpuRank<D> {
     /// Σ g² over the gradients this rank counts toward the global norm, computed on stream
     /// `s` and read back (the CPU executor's rule): the owned part of its gradients (all of
     /// them under ZeRO-0) except the head's tied copy of the word table (the table's own
-    /// copy counts), and under ZeRO-0 nothing on data-parallel replicas other than the
-    /// first (their gradients are the first's after the all-reduce).
+    /// copy counts) and, off tensor-parallel rank 0, the replicated tensors; under ZeRO-0
+    /// nothing on data-parallel replicas other than the first (their gradients are the
+    /// first's after the all-reduce).
     pub(super) fn grad_sq_local(&mut self, s: Stream) -> Res<f64> {
         if self.plan.scenario.parallel.zero == 0 && self.dp.0 != 0 {
             return Ok(0.0);
         }
         const PARTS: usize = 120;
+        let tp0 = self.plan.grid.coord(self.rank).tp == 0;
         let partial = self.take("the gradient norm's partial sums", 8 * PARTS as u64)?;
         let total = self.take("the gradient norm", 8)?;
         let mut sum = 0.0f64;
@@ -31,7 +33,7 @@ impl<D: Device> GpuRank<D> {
             let mut owned: Vec<(usize, usize)> = self.chunks[c]
                 .owned_runs()
                 .into_iter()
-                .filter(|r| !r.tied_copy)
+                .filter(|r| !r.tied_copy && (tp0 || !r.replicated))
                 .map(|r| (r.flat, r.flat + r.len))
                 .collect();
             owned.sort_unstable();

@@ -224,7 +224,10 @@ impl Device for HostDevice {
             .map_err(|cause| CudaError { what: format!("launching {name}"), cause })?;
         let mut st = self.state.borrow_mut();
         for a in args {
-            if let Arg::P(p) = a {
+            // A null pointer is an absent optional operand (the kernels test for it).
+            if let Arg::P(p) = a
+                && *p != 0
+            {
                 st.within(&format!("an argument of {name}"), *p, 1)?;
             }
         }

@@ -96,6 +96,7 @@ impl ChunkState {
                             master: master + (a - lo),
                             decays: e.kind.decays(),
                             tied_copy: e.tied_copy,
+                            replicated: e.kind.split() == crate::params::TpSplit::Replicated,
                         });
                     }
                 }
@@ -123,6 +124,8 @@ pub struct OwnedRun {
     pub decays: bool,
     /// Inside the head's tied copy of the word table (not counted in the gradient norm).
     pub tied_copy: bool,
+    /// A tensor every tensor-parallel rank holds whole (counted on tp rank 0 only).
+    pub replicated: bool,
 }
 
 /// Every chunk of rank `rank`.

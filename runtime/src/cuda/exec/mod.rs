@@ -21,9 +21,9 @@
 //!   `shared` at the plan's rendezvous, pipeline messages as device copies;
 //! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
 //!
-//! Runs GPT, bf16, flash attention, no recompute; one rank, or pp · dp ranks on one GPU
-//! (tp = 1, ZeRO ≤ 1); other plans are refused naming why. Not built: tensor
-//! parallelism's pieces, ZeRO-2/3 on the GPU, NCCL.
+//! Runs GPT, bf16, flash attention, no recompute; one rank, or tp · pp · dp ranks on one
+//! GPU (no sequence parallelism, ZeRO ≤ 1); other plans are refused naming why. Not
+//! built: sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
 
 mod backward;
 mod comm;

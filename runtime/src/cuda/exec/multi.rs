@@ -27,16 +27,22 @@
 //! buckets all-reduced (ZeRO-0) or reduce-scattered into each replica's owned part and the
 //! updated parameters all-gathered (ZeRO-1, uneven shards crossing units), the tied word
 //! table's gradients all-reduced between the first and last stage, pipeline messages.
-//! Tensor parallelism (its column- and row-parallel pieces) and ZeRO-2/3 are not built;
-//! `check_plan` refuses them.
+//! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
+//! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
+//! (as the single rank's GEMM rounds once), the vocabulary shards' embeddings in bf16
+//! (exact), the loss statistics of the vocabulary shards all-gathered. Sequence
+//! parallelism and ZeRO-2/3 are not built; `check_plan` refuses them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use strata_models::plan::exec::{ActorMap, Arrival, Rendezvous, pair_messages};
-use strata_models::plan::{CollKind, CollPurpose, CollectiveOp, OpKind, P2pOp, Plan, Stream, Unit};
+use strata_models::plan::{
+    CollKind, CollPurpose, CollectiveOp, OpKind, P2pOp, Phase, Piece, Plan, Stream, TpSite, Unit,
+};
 
 use super::device::{Arg, Device, Ptr, blocks};
+use super::pieces::W;
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
 use super::shared::{Ev, Member, Step, plan_segments};
 use super::step::StepRun;
@@ -324,6 +330,19 @@ impl<D: Device> MultiGpu<D> {
                     .collect::<Res<Vec<_>>>()?;
                 self.all_reduce_grads(&members, &streams, &ranges)?;
             }
+            CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. } if c.kind == CollKind::AllReduce => {
+                // The partial sums of a row-parallel GEMM (or of the vocabulary shards'
+                // embeddings; backward: a column-parallel piece's input gradient), in place.
+                let w = match phase {
+                    Phase::BackwardInput => W::DPart,
+                    _ if piece == Piece::Embed => W::R,
+                    _ => W::Out,
+                };
+                self.tp_all_reduce(&members, &streams, chunk, mb, w)?;
+            }
+            CollPurpose::Tp { site: TpSite::LossStats, mb, chunk, .. } if c.kind == CollKind::AllGather => {
+                self.tp_gather_stats(&members, &streams, chunk, mb)?;
+            }
             other => {
                 return Err(GpuExecError::Unsupported(format!(
                     "the shared-GPU communicator does not run {:?} ({}) under ZeRO-{zero} yet",
@@ -379,6 +398,63 @@ impl<D: Device> MultiGpu<D> {
         self.run_steps(members, streams, &steps, "add_f32", 4)?;
         for (&a, t) in members.iter().zip(scratch) {
             self.ranks[a].give(t);
+        }
+        Ok(())
+    }
+
+    /// The members' tensor `w` of (chunk, mb), a (T, h) partial sum, summed in place: the
+    /// embeddings in bf16 (exact: one shard's row and the positions, zeros elsewhere), the
+    /// GEMMs' fp32 partial sums (`partial_dt`) in fp32, then rounded once into a bf16 tensor.
+    fn tp_all_reduce(&mut self, members: &[usize], streams: &[Stream], chunk: u32, mb: u32, w: W) -> Res<()> {
+        let elems = self.ranks[members[0]].dims.t * self.ranks[members[0]].dims.h;
+        let eb = if w == W::R { 2 } else { self.ranks[members[0]].partial_dt().1 as u64 };
+        let mut seg = Vec::with_capacity(members.len());
+        let mut scratch = Vec::with_capacity(members.len());
+        for &a in members {
+            let p = self.ranks[a].flight.get(&(chunk, mb, w)).map(Tensor::ptr).ok_or_else(|| {
+                internal(format!("rank {a}: {w:?} of chunk {chunk} mb {mb} is reduced before a piece produced it"))
+            })?;
+            let t = self.ranks[a].take("the shared-GPU communicator's scratch", eb * elems as u64)?;
+            seg.push(Member { input: p, output: p, scratch: t.ptr() });
+            scratch.push(t);
+        }
+        let steps = plan_segments(CollKind::AllReduce, &[seg], &[elems], eb).map_err(internal)?;
+        self.run_steps(members, streams, &steps, if eb == 4 { "add_f32" } else { "add_bf16" }, eb)?;
+        for (&a, t) in members.iter().zip(scratch) {
+            self.ranks[a].give(t);
+        }
+        if eb == 4 {
+            for (&a, &s) in members.iter().zip(streams) {
+                let sum = self.ranks[a].got_here(chunk, mb, w)?;
+                let out = self.ranks[a].take("a reduced partial sum in bf16", 2 * elems as u64)?;
+                let args = [Arg::P(sum.ptr()), Arg::P(out.ptr()), Arg::L(elems as i64)];
+                self.ranks[a].gpu.launch(s, "cast_f32_bf16", blocks(elems), &args)?;
+                self.ranks[a].give(sum);
+                self.ranks[a].put(chunk, mb, w, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The loss statistics (T, 3) of every vocabulary shard, gathered in tp order into
+    /// (tp, T, 3) on each member: its `Stats` tensor from then on.
+    fn tp_gather_stats(&mut self, members: &[usize], streams: &[Stream], chunk: u32, mb: u32) -> Res<()> {
+        let (n, elems) = (members.len(), 3 * self.ranks[members[0]].dims.t);
+        let mut ms = Vec::with_capacity(n);
+        let mut held = Vec::with_capacity(n);
+        for &a in members {
+            let stats = self.ranks[a].got_here(chunk, mb, W::Stats)?;
+            let all = self.ranks[a].take("the gathered loss statistics", 4 * (n * elems) as u64)?;
+            let scratch = self.ranks[a].take("the shared-GPU communicator's scratch", 4 * (n * elems) as u64)?;
+            ms.push(Member { input: stats.ptr(), output: all.ptr(), scratch: scratch.ptr() });
+            held.push((stats, all, scratch));
+        }
+        let steps = super::shared::plan(CollKind::AllGather, &ms, elems, 4).map_err(internal)?;
+        self.run_steps(members, streams, &steps, "add_f32", 4)?;
+        for (&a, (stats, all, scratch)) in members.iter().zip(held) {
+            self.ranks[a].give(stats);
+            self.ranks[a].give(scratch);
+            self.ranks[a].put(chunk, mb, W::Stats, all)?;
         }
         Ok(())
     }

@@ -246,6 +246,18 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
+    /// How a partial sum the tensor-parallel group reduces is stored (element type, bytes):
+    /// fp32 under tp > 1, rounded to bf16 once after the sum (`multi`) as the single rank's
+    /// GEMM rounds its full sum once; bf16 on one rank (nothing to reduce).
+    pub(super) fn partial_dt(&self) -> (Dt, usize) {
+        if self.plan.grid.tp > 1 { (Dt::F32, 4) } else { (Dt::Bf16, 2) }
+    }
+
+    /// dx (T×k) = dy (T×n)·Wᵀ into a partial sum (`partial_dt`).
+    pub(super) fn dinput_partial(&self, dy: Ptr, w: Ptr, dx: Ptr, k: usize, nn: usize) -> Res<()> {
+        Ok(self.gpu.gemm(self.dims.t, k, nn, n(dy), t(w), dx, self.partial_dt().0, 0.0)?)
+    }
+
     /// dx (T×k) = dy (T×n)·Wᵀ.
     pub(super) fn dinput(&self, dy: Ptr, w: Ptr, dx: Ptr, k: usize, nn: usize) -> Res<()> {
         Ok(self.gpu.gemm(self.dims.t, k, nn, n(dy), t(w), dx, Dt::Bf16, 0.0)?)
@@ -278,7 +290,9 @@ impl<D: Device> GpuRank<D> {
         let args = [
             Arg::P(inputs),
             Arg::P(wte),
-            Arg::P(wpe),
+            // wte[x] + wpe[i] counted once over the tensor-parallel sum: the position table
+            // on tp rank 0 only (the CPU executor's rule); the kernel skips a null one.
+            Arg::P(if self.plan.grid.coord(self.rank).tp == 0 { wpe } else { 0 }),
             Arg::P(out.ptr()),
             Arg::I(d.t as i32),
             Arg::I(d.s as i32),
@@ -335,8 +349,9 @@ impl<D: Device> GpuRank<D> {
             }
             Piece::Attn => {
                 let (wq, bq, wp) = (p(ParamKind::QkvW)?, p(ParamKind::QkvB)?, p(ParamKind::ProjW)?);
-                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * d.h)?;
+                // This rank's heads: q, k, v of dc = heads · head_dim columns each.
                 let dc = d.heads * d.hd;
+                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * dc)?;
                 let (qs, os) = ((3 * dc) as i64, dc as i64);
                 let args = [
                     Arg::P(ac.qkv),
@@ -355,8 +370,9 @@ impl<D: Device> GpuRank<D> {
                     Arg::F(1.0 / (d.hd as f32).sqrt()),
                 ];
                 self.k("attn_fwd_bf16", attn_grid(&d), &args)?;
-                let out = self.ws("the attention's output", 2 * th)?;
-                self.linear(ac.ctx, wp, None, out.ptr(), dc, d.h)?;
+                let (dt, eb) = self.partial_dt();
+                let out = self.ws("the attention's output", eb * th)?;
+                self.gpu.gemm(d.t, d.h, dc, n(ac.ctx), n(wp), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::MlpIn => {
@@ -375,8 +391,9 @@ impl<D: Device> GpuRank<D> {
                 self.linear(ac.m, w1, Some(b1), ac.fc1_pre, d.h, d.f)?;
                 let tf = d.t * d.f;
                 self.k("gelu_fwd_bf16", blocks(tf), &[Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(tf as i64)])?;
-                let out = self.ws("the MLP's output", 2 * th)?;
-                self.linear(ac.fc1_act, w2, None, out.ptr(), d.f, d.h)?;
+                let (dt, eb) = self.partial_dt();
+                let out = self.ws("the MLP's output", eb * th)?;
+                self.gpu.gemm(d.t, d.h, d.f, n(ac.fc1_act), n(w2), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::LayerOut => {

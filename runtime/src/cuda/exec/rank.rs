@@ -4,8 +4,9 @@
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
 //! Scope so far: GPT blocks, bf16 storage, flash attention, no recomputation; one rank, or
-//! several of one plan under pipeline and data parallelism (tp = cp = 1, no interleaving,
-//! ZeRO ≤ 1) through the multi-rank driver (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
+//! several of one plan under tensor, pipeline and data parallelism (no sequence
+//! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
+//! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced
@@ -150,10 +151,10 @@ fn unsupported(why: impl Into<String>) -> GpuExecError {
 pub fn check_plan(plan: &Plan) -> Res<()> {
     let s = &plan.scenario;
     let (p, t) = (&s.parallel, &s.training);
-    if p.tp > 1 {
+    if p.tp > 1 && p.sequence_parallel {
         return Err(unsupported(format!(
-            "parallel.tp = {}: the executor's pieces are not tensor-parallel yet (column- and row-parallel GEMMs, \
-             the vocabulary-parallel loss); use --backend cpu, or tp = 1 (pp and dp run on one GPU)",
+            "parallel.tp = {} with sequence_parallel = true: the sequence-parallel gathers and reduce-scatters are \
+             not built on the GPU yet; use sequence_parallel = false",
             p.tp
         )));
     }

@@ -61,7 +61,7 @@ pub fn train_on<D: Device>(
 }
 
 /// Trains every rank of `plan` on one device: the step's loss is the mean over the m · dp
-/// microbatches of the last stage's ranks, the trace every rank's spans, the memory every
+/// microbatches of the last stage's ranks (tp rank 0's), the trace every rank's spans, the memory every
 /// rank's peaks.
 pub fn train_multi<D: Device>(
     plan: Arc<Plan>,
@@ -77,7 +77,14 @@ pub fn train_multi<D: Device>(
         let t0 = Instant::now();
         let reports = multi.step(step).map_err(|e| failed(&plan, e))?;
         let secs = t0.elapsed().as_secs_f64();
-        let loss = reports.iter().map(|r| r.loss_sum.unwrap_or(f64::NAN)).sum::<f64>() / denom;
+        // Every tensor-parallel rank holds the whole loss: count tp rank 0's.
+        let loss = reports
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| plan.grid.coord(*r as u32).tp == 0)
+            .map(|(_, rep)| rep.loss_sum.unwrap_or(f64::NAN))
+            .sum::<f64>()
+            / denom;
         let bad = reports
             .iter()
             .enumerate()

@@ -1,6 +1,6 @@
-//! The multi-rank driver on the computing host stand-in: pipeline- and data-parallel
-//! splits of the tiny GPT (ZeRO-0 and ZeRO-1) train as the single rank does, and a
-//! communicator that forgets to add does not.
+//! The multi-rank driver on the computing host stand-in: tensor-, pipeline- and
+//! data-parallel splits of the tiny GPT (ZeRO-0 and ZeRO-1) train as the single rank does,
+//! and a communicator that forgets to add does not.
 
 use std::sync::Arc;
 
@@ -14,8 +14,19 @@ use crate::cuda::exec::train::train_multi;
 use crate::exec::ExecConfig;
 
 /// Largest |loss_split − loss_single| allowed at any step, in nats: the CPU equivalence
-/// suite's (`runtime/tests/equivalence.rs`).
+/// suite's (`runtime/tests/equivalence.rs`). Pipeline and data parallelism meet it with
+/// room to spare (measured: 0, the same bf16 values throughout).
 const LOSS_TOL_NATS: f64 = 2e-6;
+
+/// The same under tensor parallelism, where it cannot hold in bf16 past the first step: the
+/// row-parallel partial sums are added in fp32 in another order than the single rank's
+/// GEMM (sum of halves), which flips a few bf16 roundings of the activations, and AdamW's
+/// first steps (update ≈ lr · sign g) turn the resulting changes of near-zero gradients
+/// into lr-sized steps. Measured on tp = 2: 7.5e-9 nats at step 0 (forward only), 2.3e-5
+/// at step 1, 5.4e-5 at step 2. The bound is this executor's own bf16-vs-fp32 gap (the
+/// single rank against the CPU executor: 1.9e-4 at step 2, `host.rs`); dropping the
+/// tensor-parallel sums lands far outside it (the mutation test below).
+const TP_LOSS_TOL_NATS: f64 = 2e-4;
 const STEPS: u32 = 3;
 
 fn plan(sets: &[&str]) -> Plan {
@@ -76,23 +87,27 @@ fn pipeline_and_data_parallel_splits_match_the_single_rank_losses() {
         &["parallel.pp=2", "parallel.dp=2", "parallel.schedule=\"gpipe\"", "training.framework=\"strata\""],
         &["parallel.dp=2", "parallel.zero=1"],
         &["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
+        &["parallel.tp=2"],
+        &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
     ] {
         let split = losses(sets, false);
         let d = worst(&split, &single);
         eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats");
-        assert!(d <= LOSS_TOL_NATS, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
+        let tol = if sets.iter().any(|s| s.starts_with("parallel.tp=")) { TP_LOSS_TOL_NATS } else { LOSS_TOL_NATS };
+        assert!(d <= tol, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
     }
 }
 
 #[test]
 fn a_communicator_that_copies_without_adding_is_caught() {
     let single = losses(&[], false);
-    // ZeRO-0's all-reduces, the tied word table's, and ZeRO-1's reduce-scatters.
-    for sets in [&["parallel.pp=2", "parallel.dp=2"][..], &["parallel.dp=2", "parallel.zero=1"]] {
+    // ZeRO-0's all-reduces, the tied word table's, ZeRO-1's reduce-scatters, and the
+    // tensor-parallel partial sums.
+    for sets in [&["parallel.pp=2", "parallel.dp=2"][..], &["parallel.dp=2", "parallel.zero=1"], &["parallel.tp=2"]] {
         let broken = losses(sets, true);
         let d = worst(&broken, &single);
         eprintln!("{sets:?} without the sums: {broken:?}, worst {d:.3e} nats");
-        assert!(d > 100.0 * LOSS_TOL_NATS, "{sets:?}: dropping the sums went unnoticed: {d:.3e} nats");
+        assert!(d > 10.0 * TP_LOSS_TOL_NATS, "{sets:?}: dropping the sums went unnoticed: {d:.3e} nats");
     }
 }
 
@@ -102,7 +117,7 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
         Err(GpuExecError::Unsupported(w)) => w,
         other => panic!("{sets:?}: {other:?}"),
     };
-    assert!(why(&["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]).contains("parallel.tp = 2"));
+    assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
     assert!(why(&["parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""]).contains("ZeRO-2/3"));
     assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
