@@ -47,13 +47,15 @@ pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
     /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
-    /// build with `--features cuda`: a one-rank GPT plan of a GPU cluster scenario, bf16,
-    /// e.g. scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
+    /// build with `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, every rank
+    /// on that GPU — any tp · pp · dp without sequence parallelism, ZeRO ≤ 1 — e.g.
+    /// scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
     /// cluster to N ranks and derives dp = N / (tp · pp); when tp · pp does not divide N and
     /// neither was set with --set, the split becomes tp = pp = 1, dp = N (a note says so).
+    /// With --backend cuda the cluster is sized the same way and all N ranks share one GPU.
     #[arg(long, value_name = "N")]
     pub ranks: Option<u32>,
     /// Steps to train [default: training.steps of the scenario].
@@ -354,7 +356,7 @@ pub(super) fn summary(r: &TrainResult, out: Option<&Path>) {
 /// The `--set` overrides that size a CPU cluster to `n` ranks: one node of `n`, dp derived
 /// as n / (tp · cp · pp). When tp · cp · pp does not divide `n`, tp, cp and pp fall back to
 /// 1 (with a note), unless the user set them, which is an error naming the split.
-fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String]) -> anyhow::Result<Vec<String>> {
+pub(super) fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String]) -> anyhow::Result<Vec<String>> {
     if n == 0 {
         bail!("--ranks 0: a job needs at least one rank");
     }

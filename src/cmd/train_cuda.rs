@@ -1,8 +1,10 @@
 //! `strata train --backend cuda`: the plan on one GPU through the CUDA executor
-//! (`strata_runtime::cuda::exec`), with the CPU path's outputs — the loss curve, the
-//! measured trace of the last step from CUDA events, memory.json (measured: the device
-//! pool's high-water mark plus the CUDA context; predicted: the plan's live buffers).
-//! Checkpoints, restarts and injected faults are the CPU executor's: refused here, exit 2.
+//! (`strata_runtime::cuda::exec`) — every rank of it on that GPU, each on its own streams,
+//! through the shared-GPU communicator (`--ranks N` sizes the cluster to N ranks as on
+//! the CPU path) — with the CPU path's outputs: the loss curve, the measured trace of the
+//! last step from CUDA events, memory.json (measured per rank: its device pool's high-water
+//! mark plus the CUDA context; predicted: the plan's live buffers). Checkpoints, restarts
+//! and injected faults are the CPU executor's: refused here, exit 2.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,15 +24,19 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
         (args.checkpoint_dir.is_some(), "--checkpoint-dir"),
         (args.restarts > 0, "--restarts"),
         (!args.inject.is_empty(), "--inject"),
-        (args.ranks.is_some(), "--ranks"),
     ] {
         if set {
             bail!(
-                "{what} is not available with --backend cuda yet (the CUDA executor trains one GPU, without checkpoints); use --backend cpu"
+                "{what} is not available with --backend cuda yet (the CUDA executor trains without checkpoints); use --backend cpu"
             );
         }
     }
-    let s = args.scenario.load()?;
+    let mut s = args.scenario.load()?;
+    if let Some(n) = args.ranks.filter(|n| u64::from(*n) != s.parallel.ranks()) {
+        let mut sized = args.scenario.clone();
+        sized.overrides.extend(super::train::size_cluster(&s, n, &args.scenario.overrides)?);
+        s = sized.load()?;
+    }
     if s.cluster.gpu == GpuKind::Cpu {
         bail!(
             "--backend cuda trains a GPU cluster's plan, but the scenario's cluster is cpu-local; use a GPU scenario, e.g. scenarios/gpt2-124m-1xh200.toml"
@@ -43,8 +49,13 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     let (corpus, data_name, entropy) = super::train::load_corpus(args.data.as_deref(), &s)?;
     if !args.json {
         println!(
-            "Training {} on GPU {ordinal}, {steps} steps of {} tokens; data {data_name}{}",
+            "Training {} on GPU {ordinal} ({} rank{}: tp {} · pp {} · dp {}), {steps} steps of {} tokens; data {data_name}{}",
             s.name,
+            plan.grid.ranks(),
+            if plan.grid.ranks() == 1 { "" } else { "s on one GPU" },
+            s.parallel.tp,
+            s.parallel.pp,
+            s.parallel.dp,
             s.tokens_per_step(),
             entropy.map_or(String::new(), |h| format!(", entropy rate {h:.4} nats/token (the best loss possible)"))
         );

@@ -4,8 +4,8 @@
 //! sources; `check`: each against the CPU reference in `reference`, on a GPU; `measure`:
 //! HBM and the attention kernels timed for a GPU profile; `nccl_bench`: NCCL all-reduce
 //! bus bandwidth over the node's GPUs; `peers`: which GPUs reach each other, for
-//! `strata probe`), and the CUDA executor (`exec`: one-GPU plans; the multi-rank
-//! communicators are not built yet).
+//! `strata probe`), and the CUDA executor (`exec`: plans on one GPU, every rank of a
+//! tp · pp · dp plan on it through the shared-GPU communicator; NCCL is not built yet).
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
@@ -16,6 +16,7 @@ pub mod exec;
 pub mod kernels;
 pub mod measure;
 pub mod nccl_bench;
+pub mod nccl_comm;
 pub mod peers;
 pub mod reference;
 

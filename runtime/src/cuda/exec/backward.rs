@@ -5,8 +5,6 @@
 
 use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
-use cudarc::driver::LaunchConfig;
-
 use super::device::{Arg, Device, blocks, per_row};
 use super::pieces::{C, W, attn_grid};
 use super::rank::{GpuExecError, GpuRank, Res};
@@ -49,8 +47,8 @@ impl<D: Device> GpuRank<D> {
                 let args = [Arg::P(ac.fc1_pre), Arg::P(dact.ptr()), Arg::P(dpre.ptr()), Arg::L(tf as i64)];
                 self.k("gelu_bwd_bf16", blocks(tf), &args)?;
                 self.give(dact);
-                let part = self.ws("the MLP input's gradient", 2 * th)?;
-                self.dinput(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
+                let part = self.ws("the MLP input's gradient", self.partial_dt().1 * th)?;
+                self.dinput_partial(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
                 self.keep(layer, mb, W::DFc2Out, keep_out);
                 self.keep(layer, mb, W::DFc1Pre, dpre);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -103,8 +101,8 @@ impl<D: Device> GpuRank<D> {
                 self.k("attn_bwd_dkdv_bf16", attn_grid(&d), &dkv_args)?;
                 self.give(delta);
                 self.give(dctx);
-                let part = self.ws("the attention input's gradient", 2 * th)?;
-                self.dinput(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
+                let part = self.ws("the attention input's gradient", self.partial_dt().1 * th)?;
+                self.dinput_partial(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
                 self.keep(layer, mb, W::DProjOut, keep_out);
                 self.keep(layer, mb, W::DQkv, dqkv);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -179,7 +177,9 @@ impl<D: Device> GpuRank<D> {
             }
             (Piece::Loss, Phase::Forward) => {
                 let stats = self.got(chunk, mb, W::Stats)?;
-                let args = [Arg::P(stats.ptr()), Arg::P(hd.lse), Arg::P(hd.loss), Arg::I(t_in), Arg::I(1)];
+                // The statistics of every vocabulary shard (gathered over tp; one rank: its own).
+                let tp = self.plan.grid.tp as i32;
+                let args = [Arg::P(stats.ptr()), Arg::P(hd.lse), Arg::P(hd.loss), Arg::I(t_in), Arg::I(tp)];
                 self.k("xent_combine", blocks(d.t), &args)?;
                 self.give(stats);
                 let losses = self.losses.as_ref().map(|t| t.ptr()).expect("the step's losses");
@@ -198,8 +198,9 @@ impl<D: Device> GpuRank<D> {
                     Arg::F(self.grad_scale),
                 ];
                 self.k("xent_grad_bf16", blocks(n), &args)?;
-                let part = self.ws("the final norm output's gradient", 2 * th)?;
-                // dhn (T, h) = dlogits (T, V) · wte (V, h)
+                let (dt, eb) = self.partial_dt();
+                let part = self.ws("the final norm output's gradient", eb * th)?;
+                // dhn (T, h) = dlogits (T, V) · wte (V, h), a partial sum over vocabulary shards
                 self.gpu.gemm(
                     d.t,
                     d.h,
@@ -207,7 +208,7 @@ impl<D: Device> GpuRank<D> {
                     super::device::n(hd.logits),
                     super::device::n(wte),
                     part.ptr(),
-                    super::device::Dt::Bf16,
+                    dt,
                     0.0,
                 )?;
                 self.put(chunk, mb, W::DPart, part)
@@ -240,43 +241,17 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
-    /// The gradient norm of this rank's gradients (one rank: the global one), on stream `s`;
-    /// read back, since the optimizer's launch takes the clip scale as an argument.
+    /// The gradient norm of this rank's gradients (one rank: the global one), on stream `s`.
     pub(super) fn grad_norm_local(&mut self, s: Stream) -> Res<()> {
-        const PARTS: usize = 120;
-        let partial = self.take("the gradient norm's partial sums", 8 * PARTS as u64)?;
-        let total = self.take("the gradient norm", 8)?;
-        let mut sum = 0.0f64;
-        for c in 0..self.bufs.len() {
-            let Some(g) = self.bufs[c].grads.as_ref() else { continue };
-            let n = self.chunks[c].len;
-            let cfg = LaunchConfig { grid_dim: (PARTS as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.gpu.launch(
-                s,
-                "sum_squares_partial",
-                cfg,
-                &[Arg::P(g.ptr()), Arg::L(n as i64), Arg::P(partial.ptr())],
-            )?;
-            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.gpu.launch(
-                s,
-                "sum_partials",
-                one,
-                &[Arg::P(partial.ptr()), Arg::I(PARTS as i32), Arg::P(total.ptr())],
-            )?;
-            let mut host = [0f64];
-            self.gpu.download(s, &mut host, total.ptr())?;
-            sum += host[0];
-        }
-        self.give(partial);
-        self.give(total);
-        self.grad_norm = Some(sum.sqrt());
-        self.clip_scale = crate::optim::clip_scale(sum, self.clip);
+        let sum = self.grad_sq_local(s)?;
+        self.set_grad_norm(sum);
         Ok(())
     }
 
-    /// AdamW on the fp32 masters, tensor by tensor (weight decay on the tensors the CPU
-    /// executor decays), writing the bf16 copy; then the gradients start again from zero.
+    /// AdamW on the fp32 masters of the owned runs, tensor by tensor (weight decay on the
+    /// tensors the CPU executor decays), writing the bf16 copy (ZeRO-1: the parameter
+    /// all-gather then brings the other replicas' parts); then the gradients start again
+    /// from zero.
     /// A non-finite gradient norm leaves every parameter as it was.
     pub(super) fn optimizer_step(&mut self) -> Res<()> {
         if let Some(g) = self.grad_norm.filter(|g| !g.is_finite()) {
@@ -291,16 +266,19 @@ impl<D: Device> GpuRank<D> {
                 let (Some(p), Some(g), Some(o)) = (b.params.as_ref(), b.grads.as_ref(), b.opt.as_ref()) else {
                     continue;
                 };
-                let len = self.chunks[c].len as u64;
-                let (master, m, v) = (o.ptr(), o.ptr() + 4 * len, o.ptr() + 8 * len);
-                for e in self.chunks[c].layout.entries().iter().filter(|e| !e.tied_copy) {
-                    let (off, n) = (e.offset as u64, e.len());
-                    let wd = if e.kind.decays() { cfg.weight_decay } else { 0.0 };
+                let owned = self.chunks[c].owned as u64;
+                let (master, m, v) = (o.ptr(), o.ptr() + 4 * owned, o.ptr() + 8 * owned);
+                // The owned runs only (all of the chunk under ZeRO-0); the head's tied copy
+                // of the word table steps too: after the tied-gradient all-reduce its
+                // gradient is the table's, so both copies stay equal.
+                for run in self.chunks[c].owned_runs() {
+                    let (off, mo, n) = (run.flat as u64, run.master as u64, run.len);
+                    let wd = if run.decays { cfg.weight_decay } else { 0.0 };
                     let args = [
-                        Arg::P(master + 4 * off),
+                        Arg::P(master + 4 * mo),
                         Arg::P(g.ptr() + 4 * off),
-                        Arg::P(m + 4 * off),
-                        Arg::P(v + 4 * off),
+                        Arg::P(m + 4 * mo),
+                        Arg::P(v + 4 * mo),
                         Arg::P(p.ptr() + 2 * off),
                         Arg::L(n as i64),
                         Arg::F(cfg.lr),

@@ -115,6 +115,24 @@ impl Gpu {
         Ok(Gpu { ctx, streams, blas, funcs, sigs, name, memory_bytes })
     }
 
+    /// Another rank's view of this GPU (the multi-rank driver's): the same context, memory
+    /// and loaded kernels, its own four streams and cuBLAS handle.
+    pub fn sibling(&self) -> Res<Gpu> {
+        let mk = || self.ctx.new_stream().map_err(|e| fail(format!("creating a stream on {}", self.name))(&e));
+        let streams = [mk()?, mk()?, mk()?, mk()?];
+        let blas = CudaBlas::new(streams[Stream::Compute.index()].clone())
+            .map_err(|e| fail("starting cuBLAS for another rank")(&e))?;
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            streams,
+            blas,
+            funcs: self.funcs.clone(),
+            sigs: self.sigs.clone(),
+            name: self.name.clone(),
+            memory_bytes: self.memory_bytes,
+        })
+    }
+
     pub fn stream(&self, s: Stream) -> &Arc<CudaStream> {
         &self.streams[s.index()]
     }

@@ -75,10 +75,57 @@ impl ChunkState {
         if self.states.grads.sharded > 0 { self.owned } else { self.len }
     }
 
+    /// The parts of the flat buffers this rank steps, in the optimizer state's order: every
+    /// bucket's owned part (the whole bucket under ZeRO-0), cut into its units and at
+    /// tensor boundaries, each with its offset in the fp32 master / moment buffers.
+    pub fn owned_runs(&self) -> Vec<OwnedRun> {
+        let mut entries: Vec<_> = self.layout.entries().iter().collect();
+        entries.sort_by_key(|e| e.offset);
+        let mut out = Vec::new();
+        let mut master = 0;
+        for b in &self.buckets {
+            for (u, r) in b.pieces(b.owned.clone()) {
+                let Some(start) = self.unit_range(u).map(|x| x.start) else { continue };
+                let (lo, hi) = (start + r.start, start + r.end);
+                for e in &entries {
+                    let (a, z) = (lo.max(e.offset), hi.min(e.offset + e.len()));
+                    if a < z {
+                        out.push(OwnedRun {
+                            flat: a,
+                            len: z - a,
+                            master: master + (a - lo),
+                            decays: e.kind.decays(),
+                            tied_copy: e.tied_copy,
+                            replicated: e.kind.split() == crate::params::TpSplit::Replicated,
+                        });
+                    }
+                }
+                master += hi - lo;
+            }
+        }
+        out
+    }
+
     /// The flat range of `unit` in the chunk's full buffers.
     pub fn unit_range(&self, unit: Unit) -> Option<std::ops::Range<usize>> {
         self.buckets.iter().flat_map(|b| b.units.iter()).find(|(u, _)| *u == unit).map(|(_, r)| r.clone())
     }
+}
+
+/// A run of elements this rank steps (`ChunkState::owned_runs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnedRun {
+    /// First element in the chunk's flat parameter and gradient buffers.
+    pub flat: usize,
+    pub len: usize,
+    /// First element in the owned fp32 master (and each moment) buffer.
+    pub master: usize,
+    /// Weight decay applies (the CPU executor's rule).
+    pub decays: bool,
+    /// Inside the head's tied copy of the word table (not counted in the gradient norm).
+    pub tied_copy: bool,
+    /// A tensor every tensor-parallel rank holds whole (counted on tp rank 0 only).
+    pub replicated: bool,
 }
 
 /// Every chunk of rank `rank`.
@@ -183,6 +230,28 @@ mod tests {
             for (u, r) in buckets.iter().flat_map(|b| b.units.iter()) {
                 assert_eq!(c.unit_range(*u), Some(r.clone()));
             }
+        }
+    }
+
+    #[test]
+    fn owned_runs_cover_each_ranks_part_once_and_the_replicas_cover_the_chunk() {
+        for zero in 0..=1 {
+            let z = format!("parallel.zero={zero}");
+            let p = plan(&[&z, "parallel.tp=1", "parallel.pp=1", "parallel.dp=2", "cluster.gpus_per_node=2"]);
+            let mut seen = vec![0u8; rank_state(&p, 0).unwrap()[0].len];
+            for rank in 0..2 {
+                let c = &rank_state(&p, rank).unwrap()[0];
+                let runs = c.owned_runs();
+                assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), c.owned, "zero {zero} rank {rank}");
+                let mut m: Vec<(usize, usize)> = runs.iter().map(|r| (r.master, r.len)).collect();
+                m.sort_unstable();
+                assert!(m.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0), "masters are contiguous");
+                for r in &runs {
+                    seen[r.flat..r.flat + r.len].iter_mut().for_each(|x| *x += 1);
+                }
+            }
+            let want = if zero == 0 { 2 } else { 1 };
+            assert!(seen.iter().all(|&x| x == want), "zero {zero}: every element stepped {want}×");
         }
     }
 }

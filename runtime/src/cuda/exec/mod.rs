@@ -8,25 +8,38 @@
 //! - [`layout`]: a rank's model states on the device (bf16 parameters, fp32 gradients,
 //!   fp32 masters and Adam moments), from the CPU executor's chunk layouts and buckets;
 //! - [`device`]: what the executor asks of a GPU (the `Device` trait) and the GPU behind
-//!   it; `host` (tests): a stand-in that checks every launch and address without a GPU;
-//! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, a step enqueued, the
-//!   CUDA-event trace, measured peak = pool high-water + context; `pieces` and `backward`:
-//!   the GPT pieces, head, loss, AdamW and clipping;
-//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`);
+//!   it; `host` (tests): a stand-in that checks every launch and address without a GPU,
+//!   and with `host_kernels` / `host_attn` computes every kernel and GEMM on the host, so
+//!   a run yields real losses;
+//! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
+//!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
+//!   and `backward`: the GPT pieces, head, loss, AdamW and clipping; `comm`: a rank's side
+//!   of the gradient norm and of pipeline messages;
 //! - [`shared`]: the shared-GPU communicator's plan of device copies and additions
-//!   (deterministic, two-phase), tested on host memory — not wired into `rank` yet.
+//!   (deterministic, two-phase), tested on host memory;
+//! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
+//!   `shared` at the plan's rendezvous, pipeline messages as device copies;
+//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
 //!
-//! Runs one rank (tp = pp = dp = 1), GPT, bf16, flash attention, no recompute, ZeRO ≤ 1;
-//! other plans are refused naming why. Not built: the multi-rank driver, NCCL.
+//! Runs GPT, bf16, flash attention, no recompute; one rank, or tp · pp · dp ranks on one
+//! GPU (no sequence parallelism, ZeRO ≤ 1); other plans are refused naming why. Not
+//! built: sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
 
 mod backward;
+mod comm;
 pub mod device;
 #[cfg(test)]
 mod host;
+#[cfg(test)]
+mod host_attn;
+#[cfg(test)]
+mod host_kernels;
 pub mod layout;
+pub mod multi;
 mod pieces;
 pub mod pool;
 pub mod rank;
 pub mod schedule;
 pub mod shared;
+pub mod step;
 pub mod train;

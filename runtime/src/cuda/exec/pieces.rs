@@ -9,7 +9,7 @@
 //! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
 //! pool blocks of their own (the workspace), given back when their consumer is enqueued.
 
-use strata_models::plan::{ComputeOp, P2pKind, Phase, Piece, Stream};
+use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
@@ -159,7 +159,7 @@ impl<D: Device> GpuRank<D> {
         Ok(out)
     }
 
-    fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
+    pub(super) fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
         self.live
             .values()
             .find(|l| l.key == key)
@@ -183,10 +183,14 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
+    /// Tensor `w` of (chunk, mb): from an earlier piece, or from a received pipeline message.
     pub(super) fn got(&mut self, chunk: u32, mb: u32, w: W) -> Res<Tensor> {
-        self.flight.remove(&(chunk, mb, w)).ok_or_else(|| {
-            GpuExecError::Unsupported(format!("{w:?} of chunk {chunk} mb {mb} is needed but no earlier op produced it"))
-        })
+        if !self.flight.contains_key(&(chunk, mb, w))
+            && let Some(t) = self.incoming(chunk, mb, w)?
+        {
+            return Ok(t);
+        }
+        self.got_here(chunk, mb, w)
     }
 
     pub(super) fn ws(&mut self, what: &str, bytes: usize) -> Res<Tensor> {
@@ -242,6 +246,18 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
+    /// How a partial sum the tensor-parallel group reduces is stored (element type, bytes):
+    /// fp32 under tp > 1, rounded to bf16 once after the sum (`multi`) as the single rank's
+    /// GEMM rounds its full sum once; bf16 on one rank (nothing to reduce).
+    pub(super) fn partial_dt(&self) -> (Dt, usize) {
+        if self.plan.grid.tp > 1 { (Dt::F32, 4) } else { (Dt::Bf16, 2) }
+    }
+
+    /// dx (T×k) = dy (T×n)·Wᵀ into a partial sum (`partial_dt`).
+    pub(super) fn dinput_partial(&self, dy: Ptr, w: Ptr, dx: Ptr, k: usize, nn: usize) -> Res<()> {
+        Ok(self.gpu.gemm(self.dims.t, k, nn, n(dy), t(w), dx, self.partial_dt().0, 0.0)?)
+    }
+
     /// dx (T×k) = dy (T×n)·Wᵀ.
     pub(super) fn dinput(&self, dy: Ptr, w: Ptr, dx: Ptr, k: usize, nn: usize) -> Res<()> {
         Ok(self.gpu.gemm(self.dims.t, k, nn, n(dy), t(w), dx, Dt::Bf16, 0.0)?)
@@ -274,7 +290,9 @@ impl<D: Device> GpuRank<D> {
         let args = [
             Arg::P(inputs),
             Arg::P(wte),
-            Arg::P(wpe),
+            // wte[x] + wpe[i] counted once over the tensor-parallel sum: the position table
+            // on tp rank 0 only (the CPU executor's rule); the kernel skips a null one.
+            Arg::P(if self.plan.grid.coord(self.rank).tp == 0 { wpe } else { 0 }),
             Arg::P(out.ptr()),
             Arg::I(d.t as i32),
             Arg::I(d.s as i32),
@@ -308,15 +326,10 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
-    /// The residual entering a chunk's first layer (one stage: the embedding's output).
+    /// The residual entering a layer: the previous piece's, the embedding's, or the one
+    /// received from the previous stage.
     fn residual_in(&mut self, chunk: u32, mb: u32) -> Res<Tensor> {
-        if self.flight.contains_key(&(chunk, mb, W::R)) {
-            return self.got(chunk, mb, W::R);
-        }
-        Err(GpuExecError::Unsupported(format!(
-            "a {:?} message from another stage: no communicator yet",
-            P2pKind::Activation
-        )))
+        self.got(chunk, mb, W::R)
     }
 
     fn layer_fwd(&mut self, c: &ComputeOp) -> Res<()> {
@@ -336,8 +349,9 @@ impl<D: Device> GpuRank<D> {
             }
             Piece::Attn => {
                 let (wq, bq, wp) = (p(ParamKind::QkvW)?, p(ParamKind::QkvB)?, p(ParamKind::ProjW)?);
-                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * d.h)?;
+                // This rank's heads: q, k, v of dc = heads · head_dim columns each.
                 let dc = d.heads * d.hd;
+                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * dc)?;
                 let (qs, os) = ((3 * dc) as i64, dc as i64);
                 let args = [
                     Arg::P(ac.qkv),
@@ -356,8 +370,9 @@ impl<D: Device> GpuRank<D> {
                     Arg::F(1.0 / (d.hd as f32).sqrt()),
                 ];
                 self.k("attn_fwd_bf16", attn_grid(&d), &args)?;
-                let out = self.ws("the attention's output", 2 * th)?;
-                self.linear(ac.ctx, wp, None, out.ptr(), dc, d.h)?;
+                let (dt, eb) = self.partial_dt();
+                let out = self.ws("the attention's output", eb * th)?;
+                self.gpu.gemm(d.t, d.h, dc, n(ac.ctx), n(wp), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::MlpIn => {
@@ -376,8 +391,9 @@ impl<D: Device> GpuRank<D> {
                 self.linear(ac.m, w1, Some(b1), ac.fc1_pre, d.h, d.f)?;
                 let tf = d.t * d.f;
                 self.k("gelu_fwd_bf16", blocks(tf), &[Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(tf as i64)])?;
-                let out = self.ws("the MLP's output", 2 * th)?;
-                self.linear(ac.fc1_act, w2, None, out.ptr(), d.f, d.h)?;
+                let (dt, eb) = self.partial_dt();
+                let out = self.ws("the MLP's output", eb * th)?;
+                self.gpu.gemm(d.t, d.h, d.f, n(ac.fc1_act), n(w2), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::LayerOut => {

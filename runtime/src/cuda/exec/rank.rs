@@ -3,9 +3,10 @@
 //! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
-//! Scope so far: one rank (tp = pp = dp = 1), GPT blocks, bf16 storage, flash attention,
-//! no recomputation, ZeRO ≤ 1 (which on one rank holds everything). Other plans are refused
-//! at construction with the reason; the communicators (shared-GPU, NCCL) are not built.
+//! Scope so far: GPT blocks, bf16 storage, flash attention, no recomputation; one rank, or
+//! several of one plan under tensor, pipeline and data parallelism (no sequence
+//! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
+//! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced
@@ -16,7 +17,6 @@ use std::sync::Arc;
 
 use strata_models::plan::exec::ProgramGraph;
 use strata_models::plan::{BufClass, BufId, OpId, OpKind, Plan, Stream};
-use strata_models::trace::{MemSample, Span};
 use strata_models::{Dtype, Family, Recompute};
 
 use super::device::{Block, Device, Gpu, Ptr};
@@ -27,7 +27,7 @@ use crate::cuda::CudaError;
 use crate::data::{Batch, Corpus};
 use crate::error::RuntimeError;
 use crate::exec::pool::BufKey;
-use crate::exec::{ExecConfig, MemoryPeaks, StepReport};
+use crate::exec::{ExecConfig, MemoryPeaks};
 use crate::micro::Micro;
 use crate::optim::AdamWConfig;
 
@@ -101,10 +101,10 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) plan: Arc<Plan>,
     pub(super) gpu: D,
     pub(super) pool: DevicePool<D::Mem, Fence>,
-    sched: Arc<Schedule>,
+    pub(super) sched: Arc<Schedule>,
     pub(super) chunks: Vec<ChunkState>,
     /// Per chunk: (layer, tensor) → its first element in the chunk's flat buffers (the
-    /// tensors this chunk owns; a tied copy is not one).
+    /// head's tied copy of the word table included).
     pub(super) offsets: Vec<BTreeMap<(Option<usize>, crate::params::ParamKind), usize>>,
     pub(super) bufs: Vec<ChunkBufs>,
     pub(super) live: BTreeMap<BufId, Live>,
@@ -116,8 +116,8 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) tokens: Option<Tensor>,
     pub(super) losses: Option<Tensor>,
     /// End event of every op (waits and the trace), start events for the traced step.
-    ends: Vec<D::Event>,
-    starts: Vec<D::Event>,
+    pub(super) ends: Vec<D::Event>,
+    pub(super) starts: Vec<D::Event>,
     pub(super) dims: Dims,
     pub(super) m: u32,
     pub(super) micro: Micro,
@@ -134,11 +134,13 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) batches: Vec<Batch>,
     /// The op being enqueued (the fence of the blocks it frees) and its stream.
     pub(super) cur: (OpId, Stream),
-    cfg: ExecConfig,
+    pub(super) cfg: ExecConfig,
     /// Device bytes in use before the executor allocated anything (the CUDA context).
     pub context_bytes: u64,
     peaks: MemoryPeaks,
-    rank: u32,
+    pub(super) rank: u32,
+    /// This rank's data-parallel index and the replicas (its batches, the loss scale).
+    pub(super) dp: (u32, u32),
 }
 
 fn unsupported(why: impl Into<String>) -> GpuExecError {
@@ -149,14 +151,20 @@ fn unsupported(why: impl Into<String>) -> GpuExecError {
 pub fn check_plan(plan: &Plan) -> Res<()> {
     let s = &plan.scenario;
     let (p, t) = (&s.parallel, &s.training);
-    if plan.grid.ranks() != 1 {
+    if p.tp > 1 && p.sequence_parallel {
         return Err(unsupported(format!(
-            "{} ranks (tp {} · pp {} · dp {}): the CUDA executor runs one rank so far (the shared-GPU and NCCL \
-             communicators are not built); use --backend cpu, or tp = pp = dp = 1",
-            plan.grid.ranks(),
-            p.tp,
-            p.pp,
-            p.dp
+            "parallel.tp = {} with sequence_parallel = true: the sequence-parallel gathers and reduce-scatters are \
+             not built on the GPU yet; use sequence_parallel = false",
+            p.tp
+        )));
+    }
+    if p.cp > 1 {
+        return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
+    }
+    if p.vpp > 1 {
+        return Err(unsupported(format!(
+            "parallel.vpp = {}: interleaved pipeline chunks are not built on the GPU yet",
+            p.vpp
         )));
     }
     if s.model.family != Family::Gpt {
@@ -185,7 +193,7 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     }
     if p.zero > 1 {
         return Err(unsupported(format!(
-            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet",
+            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet (ZeRO-0 and ZeRO-1 are)",
             p.zero
         )));
     }
@@ -205,6 +213,11 @@ impl GpuRank<Gpu> {
 impl<D: Device> GpuRank<D> {
     /// Rank 0 of `plan` on `gpu`.
     pub fn with_device(plan: Arc<Plan>, gpu: D, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank<D>> {
+        GpuRank::for_rank(plan, 0, gpu, corpus, cfg)
+    }
+
+    /// Rank `rank` of `plan` on `gpu` (the multi-rank driver builds one per rank).
+    pub fn for_rank(plan: Arc<Plan>, rank: u32, gpu: D, corpus: Arc<Corpus>, cfg: ExecConfig) -> Res<GpuRank<D>> {
         check_plan(&plan)?;
         let s = &plan.scenario;
         if corpus.vocab() > s.model.vocab as usize {
@@ -215,10 +228,10 @@ impl<D: Device> GpuRank<D> {
             ))
             .into());
         }
-        let chunks = rank_state(&plan, 0)?;
-        let graph = ProgramGraph::new(plan.program(0))
-            .map_err(|e| RuntimeError::BadSetting(format!("the plan's program for rank 0 cannot run: {e}")))?;
-        let sched = Arc::new(Schedule::new(plan.program(0), &graph));
+        let chunks = rank_state(&plan, rank)?;
+        let graph = ProgramGraph::new(plan.program(rank))
+            .map_err(|e| RuntimeError::BadSetting(format!("the plan's program for rank {rank} cannot run: {e}")))?;
+        let sched = Arc::new(Schedule::new(plan.program(rank), &graph));
         let context_bytes = gpu.memory_bytes().saturating_sub(gpu.free_bytes()?);
         let limit = gpu.memory_bytes().saturating_sub(context_bytes);
         let pool = DevicePool::new(gpu.memory(), limit);
@@ -241,12 +254,8 @@ impl<D: Device> GpuRank<D> {
         };
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
-        let offsets = chunks
-            .iter()
-            .map(|c| {
-                c.layout.entries().iter().filter(|e| !e.tied_copy).map(|e| ((e.layer, e.kind), e.offset)).collect()
-            })
-            .collect();
+        let offsets =
+            chunks.iter().map(|c| c.layout.entries().iter().map(|e| ((e.layer, e.kind), e.offset)).collect()).collect();
         Ok(GpuRank {
             offsets,
             bufs: chunks.iter().map(|_| ChunkBufs::default()).collect(),
@@ -264,7 +273,7 @@ impl<D: Device> GpuRank<D> {
             dims,
             m,
             micro,
-            grad_scale: 1.0 / (m as usize * micro.tokens()) as f32,
+            grad_scale: 1.0 / (m as usize * p.dp as usize * micro.tokens()) as f32,
             base_lr: adamw.lr,
             adamw,
             adam_steps: 0,
@@ -279,7 +288,8 @@ impl<D: Device> GpuRank<D> {
             cfg,
             context_bytes,
             peaks: MemoryPeaks::default(),
-            rank: 0,
+            rank,
+            dp: (plan.grid.coord(rank).dp, p.dp),
             plan,
         })
     }
@@ -301,7 +311,7 @@ impl<D: Device> GpuRank<D> {
         &self.peaks
     }
 
-    fn lr_at(&self, step: u32) -> f32 {
+    pub(super) fn lr_at(&self, step: u32) -> f32 {
         if self.warmup == 0 {
             self.base_lr
         } else {
@@ -315,7 +325,7 @@ impl<D: Device> GpuRank<D> {
         if let Some(fence) = &lease.fence {
             let (_, s) = self.cur;
             for &op in fence {
-                if self.plan.program(0).ops[op as usize].stream != s {
+                if self.plan.program(self.rank).ops[op as usize].stream != s {
                     self.gpu.wait(s, &self.ends[op as usize])?;
                 }
             }
@@ -328,85 +338,13 @@ impl<D: Device> GpuRank<D> {
         self.pool.free(t.lease, Some(vec![self.cur.0]));
     }
 
-    /// Runs one step: every op of the program enqueued in the schedule's order.
-    pub fn step(&mut self, step: u32) -> Res<StepReport> {
-        self.adamw.lr = self.lr_at(step);
-        self.grad_norm = None;
-        self.nonfinite = None;
-        self.clip_scale = 1.0;
-        self.load_batches(step)?;
-        let record = self.cfg.trace_step == Some(step);
-        let sched = self.sched.clone();
-        let plan = self.plan.clone();
-        let ops = &plan.program(0).ops;
-        let t0 = self.gpu.event(true)?;
-        if record {
-            self.gpu.sync_all()?;
-            self.gpu.record(&t0, Stream::Compute)?;
-        }
-        let mut samples: Vec<(OpId, u64)> = Vec::new();
-        for e in &sched.order {
-            let op = &ops[e.op as usize];
-            let Some(s) = e.stream else {
-                // A free: its block returns with the fence of its deps' end events.
-                let OpKind::Free { buf } = op.kind else { unreachable!("only frees run on no stream") };
-                self.measure();
-                self.free(buf, e.waits.clone())?;
-                continue;
-            };
-            self.cur = (e.op, s);
-            for &w in &e.waits {
-                self.gpu.wait(s, &self.ends[w as usize])?;
-            }
-            if record {
-                self.gpu.record(&self.starts[e.op as usize], s)?;
-            }
-            self.run(e.op, s)?;
-            self.gpu.record(&self.ends[e.op as usize], s)?;
-            if matches!(op.kind, OpKind::Alloc(_)) {
-                self.measure();
-            }
-            let in_use = self.pool.stats().in_use;
-            if samples.last().is_none_or(|l| l.1 != in_use) {
-                samples.push((e.op, in_use));
-            }
-        }
-        self.gpu.sync_all()?;
-        let loss_sum = self.step_losses()?;
-        self.end_of_step()?;
-        let (mut spans, mut memory) = (Vec::new(), Vec::new());
-        if record {
-            let ns = |e: &D::Event| -> Res<u64> {
-                let ms = self.gpu.elapsed_ms(&t0, e)?;
-                Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
-            };
-            for e in &sched.order {
-                if let Some(s) = e.stream {
-                    let (a, b) = (ns(&self.starts[e.op as usize])?, ns(&self.ends[e.op as usize])?);
-                    spans.push(Span { rank: self.rank, stream: s, op: e.op, start_ns: a, end_ns: b.max(a) });
-                }
-            }
-            for (op, bytes) in &samples {
-                let t_ns = ns(&self.ends[*op as usize])?;
-                memory.push(MemSample { rank: self.rank, t_ns, bytes: bytes + self.context_bytes });
-            }
-        }
-        self.measure();
-        Ok(StepReport {
-            step,
-            loss_sum: Some(loss_sum),
-            grad_norm: self.grad_norm,
-            nonfinite_grad: self.nonfinite.take(),
-            spans,
-            memory,
-            cpu: None,
-        })
-    }
-
-    fn load_batches(&mut self, step: u32) -> Res<()> {
+    /// Microbatch k of data-parallel replica d in step n reads batch (n·dp + d)·m + k, as
+    /// on the CPU executor, so the global batch is the single rank's.
+    pub(super) fn load_batches(&mut self, step: u32) -> Res<()> {
         let m = self.m as u64;
+        let (d, dp) = (self.dp.0 as u64, self.dp.1 as u64);
         self.batches = (0..m)
-            .map(|k| self.corpus.batch(step as u64 * m + k, self.micro))
+            .map(|k| self.corpus.batch((step as u64 * dp + d) * m + k, self.micro))
             .collect::<Result<_, _>>()
             .map_err(RuntimeError::from)?;
         let mut ids: Vec<u32> = Vec::with_capacity(2 * self.m as usize * self.dims.t);
@@ -428,7 +366,7 @@ impl<D: Device> GpuRank<D> {
     }
 
     /// Σ over microbatches of their mean loss, read back after the step.
-    fn step_losses(&mut self) -> Res<f64> {
+    pub(super) fn step_losses(&mut self) -> Res<f64> {
         let (m, t) = (self.m as usize, self.dims.t);
         let mut host = vec![0f32; m * t];
         let ptr = self.losses.as_ref().map(Tensor::ptr).expect("loaded with the batches");
@@ -437,7 +375,7 @@ impl<D: Device> GpuRank<D> {
     }
 
     /// Returns the step's own blocks and checks that every transient plan buffer was freed.
-    fn end_of_step(&mut self) -> Res<()> {
+    pub(super) fn end_of_step(&mut self) -> Res<()> {
         for t in [self.tokens.take(), self.losses.take()].into_iter().flatten() {
             self.give(t);
         }
@@ -456,7 +394,7 @@ impl<D: Device> GpuRank<D> {
     /// Peaks: the pool's high-water marks (with the context) and, per class, the plan
     /// buffers' bytes and predictions — sampled after every `Alloc` and before every `Free`,
     /// the only points where the live plan buffers change.
-    fn measure(&mut self) {
+    pub(super) fn measure(&mut self) {
         let st = self.pool.stats();
         let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
         for l in self.live.values() {
@@ -488,9 +426,9 @@ impl<D: Device> GpuRank<D> {
     }
 
     /// Runs (enqueues) one op on stream `s`.
-    fn run(&mut self, id: OpId, s: Stream) -> Res<()> {
+    pub(super) fn run(&mut self, id: OpId, s: Stream) -> Res<()> {
         let plan = self.plan.clone();
-        let op = &plan.program(0).ops[id as usize];
+        let op = &plan.program(self.rank).ops[id as usize];
         match &op.kind {
             OpKind::Compute(c) => self.compute(c),
             OpKind::Alloc(a) => {
@@ -526,7 +464,7 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
-    fn free(&mut self, buf: BufId, fence: Fence) -> Res<()> {
+    pub(super) fn free(&mut self, buf: BufId, fence: Fence) -> Res<()> {
         let live = self
             .live
             .remove(&buf)
@@ -563,11 +501,16 @@ impl<D: Device> GpuRank<D> {
                 None
             }
             BufKey::Optimizer { chunk } => {
+                // fp32 masters of the owned runs, in their order; then m and v, zeroed.
                 let c = &self.chunks[chunk as usize];
-                let (len, init, bytes) = (c.len, c.layout.init(seed), c.device_bytes(key).unwrap_or_default());
+                let (owned, init, bytes) = (c.owned, c.layout.init(seed), c.device_bytes(key).unwrap_or_default());
+                let mut master = vec![0f32; owned];
+                for r in c.owned_runs() {
+                    master[r.master..r.master + r.len].copy_from_slice(&init[r.flat..r.flat + r.len]);
+                }
                 let t = self.take(name, bytes)?;
-                self.gpu.upload(t.ptr(), &init)?;
-                self.gpu.zero(Stream::Compute, t.ptr() + 4 * len as u64, 8 * len)?;
+                self.gpu.upload(t.ptr(), &master)?;
+                self.gpu.zero(Stream::Compute, t.ptr() + 4 * owned as u64, 8 * owned)?;
                 self.bufs[chunk as usize].opt = Some(t);
                 None
             }
@@ -575,6 +518,8 @@ impl<D: Device> GpuRank<D> {
             BufKey::Head { .. } => Some(self.take(name, super::pieces::head_acts(&self.dims, 0).1)?),
             // The embedding saves nothing (no dropout).
             BufKey::Embed { .. } => None,
+            // A pipeline message: one (T, h) bf16 tensor (`multi` moves it).
+            BufKey::Msg { .. } => Some(self.take(name, 2 * (self.dims.t * self.dims.h) as u64)?),
             other => {
                 return Err(unsupported(format!("plan buffer {other:?} (\"{name}\") is not implemented on the GPU")));
             }

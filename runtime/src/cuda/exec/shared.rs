@@ -1,8 +1,8 @@
 //! The shared-GPU communicator's bookkeeping: several ranks of one plan on one GPU, each on
 //! its own streams, meet in a collective as device copies and additions between their
 //! buffers. Given every member's contribution (its input and output on the device), this
-//! plans each member's stream work; `GpuRank` is to enqueue it once every member has
-//! arrived (matching by the plan's `Rendezvous`, as the CPU communicator does).
+//! plans each member's stream work, which the multi-rank driver (`multi`) enqueues once
+//! every member has arrived (matched by the plan's `Rendezvous`, as the CPU communicator is).
 //!
 //! **Determinism.** Every member sums the contributions itself, in rank order (member 0's,
 //! then 1's, …), so all members hold bit-identical results, equal to one fixed order of
@@ -15,10 +15,9 @@
 //! output. Phase one waits for every member's *contribution ready* event (recorded by the
 //! member when its input was complete).
 //!
-//! Not wired yet: `GpuRank` runs one rank per process and GPU; the multi-rank driver
-//! (ranks of one plan interleaved on one host thread, their pieces under tensor and
-//! pipeline parallelism) is not built. The plan below is tested on host memory under
-//! adversarial interleavings of the members' streams.
+//! The multi-rank driver (`multi`) enqueues these steps once every member has arrived; the
+//! plan below is tested on host memory under adversarial interleavings of the members'
+//! streams.
 
 use strata_models::plan::CollKind;
 
@@ -103,6 +102,92 @@ pub fn plan(kind: CollKind, members: &[Member], elems: usize, elem_bytes: u64) -
         out.push(s);
     }
     Ok(out)
+}
+
+/// One collective over several segments (a bucket's units, each contiguous in the flat
+/// buffers): `segments[i]` are the members of segment i, `elems[i]` its size. Each member
+/// waits for the others' Ready once, does every segment's phase one, records ReadDone
+/// once, waits for the others' once, then does every segment's phase two — the same sums
+/// as one [`plan`] per segment, with one barrier.
+pub fn plan_segments(
+    kind: CollKind,
+    segments: &[Vec<Member>],
+    elems: &[usize],
+    elem_bytes: u64,
+) -> Result<Vec<Vec<Step>>, String> {
+    let n = segments.first().map_or(0, Vec::len);
+    let mut one: Vec<Vec<Step>> = vec![Vec::new(); n];
+    let mut two: Vec<Vec<Step>> = vec![Vec::new(); n];
+    for (seg, &e) in segments.iter().zip(elems) {
+        if seg.len() != n {
+            return Err(format!("a segment of {} members in a collective of {n}", seg.len()));
+        }
+        for (m, steps) in plan(kind, seg, e, elem_bytes)?.into_iter().enumerate() {
+            let cut = steps.iter().position(|s| *s == Step::Record(Ev::ReadDone(m))).expect("every member records");
+            one[m].extend(steps[..cut].iter().filter(|s| !matches!(s, Step::Wait(_))));
+            two[m].extend(steps[cut + 1..].iter().filter(|s| !matches!(s, Step::Wait(_))));
+        }
+    }
+    Ok((0..n)
+        .map(|m| {
+            let others = (0..n).filter(move |&r| r != m);
+            let mut s: Vec<Step> = others.clone().map(|r| Step::Wait(Ev::Ready(r))).collect();
+            s.append(&mut one[m]);
+            s.push(Step::Record(Ev::ReadDone(m)));
+            s.extend(others.map(|r| Step::Wait(Ev::ReadDone(r))));
+            s.append(&mut two[m]);
+            s
+        })
+        .collect())
+}
+
+/// A collective over parts of the members' buffers, for ZeRO's uneven shards: `parts[m]`
+/// are member m's (offset, elements) ranges, in elements of `elem_bytes` from each base.
+/// `sum` (a reduce-scatter): member m adds every member's input over its own parts, in rank
+/// order, into its output there. Otherwise (an all-gather): member m copies every other
+/// member r's input over r's parts into its output there. Each member's scratch holds what
+/// it gathers (`parts_scratch`); the two phases are [`plan`]'s.
+pub fn plan_parts(
+    sum: bool,
+    inputs: &[Ptr],
+    outputs: &[Ptr],
+    scratch: &[Ptr],
+    parts: &[Vec<(u64, usize)>],
+    elem_bytes: u64,
+) -> Vec<Vec<Step>> {
+    let n = inputs.len();
+    (0..n)
+        .map(|m| {
+            let others = (0..n).filter(move |&r| r != m);
+            let mut s: Vec<Step> = others.clone().map(|r| Step::Wait(Ev::Ready(r))).collect();
+            let mut out = Vec::new();
+            let mut at = scratch[m];
+            let from: Vec<usize> = if sum { vec![m] } else { others.clone().collect() };
+            for r in from {
+                for &(off, elems) in &parts[r] {
+                    let b = off * elem_bytes;
+                    if sum {
+                        s.push(Step::Copy { dst: at, src: inputs[0] + b, elems });
+                        s.extend(inputs[1..].iter().map(|x| Step::Add { dst: at, src: x + b, elems }));
+                    } else {
+                        s.push(Step::Copy { dst: at, src: inputs[r] + b, elems });
+                    }
+                    out.push(Step::Copy { dst: outputs[m] + b, src: at, elems });
+                    at += elems as u64 * elem_bytes;
+                }
+            }
+            s.push(Step::Record(Ev::ReadDone(m)));
+            s.extend(others.map(|r| Step::Wait(Ev::ReadDone(r))));
+            s.extend(out);
+            s
+        })
+        .collect()
+}
+
+/// Elements of member m's scratch under [`plan_parts`].
+pub fn parts_scratch(sum: bool, parts: &[Vec<(u64, usize)>], m: usize) -> usize {
+    let count = |r: usize| parts[r].iter().map(|p| p.1).sum::<usize>();
+    if sum { count(m) } else { (0..parts.len()).filter(|&r| r != m).map(count).sum() }
 }
 
 #[cfg(test)]
@@ -250,5 +335,85 @@ mod tests {
         assert!(plan(CollKind::AllToAll, &m, 4, 4).unwrap_err().contains("shared-GPU communicator is not built"));
         assert!(plan(CollKind::ReduceScatter, &m, 5, 4).unwrap_err().contains("5 elements over 2"));
         assert!(plan(CollKind::AllReduce, &[], 4, 4).is_err());
+    }
+
+    #[test]
+    fn segments_sum_as_one_collective_each_with_one_barrier() {
+        // Two segments (a bucket's two units) of 3 and 4 elements, over 3 members.
+        let (n, lens) = (3usize, [3usize, 4]);
+        let segs: Vec<Vec<Member>> = (0..2)
+            .map(|s| {
+                (0..n)
+                    .map(|m| {
+                        let at = (m * 10 + s * 5) as u64;
+                        Member { input: at, output: at, scratch: 100 + at }
+                    })
+                    .collect()
+            })
+            .collect();
+        let steps = plan_segments(CollKind::AllReduce, &segs, &lens, 1).unwrap();
+        for (m, s) in steps.iter().enumerate() {
+            assert_eq!(s.iter().filter(|x| matches!(x, Step::Record(_))).count(), 1, "member {m}");
+            assert_eq!(s.iter().filter(|x| matches!(x, Step::Wait(_))).count(), 2 * (n - 1), "member {m}");
+        }
+        let init = values(40, 11);
+        for seed in 0..30 {
+            let mut mem = vec![f32::NAN; 200];
+            mem[..40].copy_from_slice(&init);
+            run(&mut mem, &steps, seed);
+            for (s, &len) in lens.iter().enumerate() {
+                for i in 0..len {
+                    let want = (1..n).fold(init[s * 5 + i], |a, r| a + init[r * 10 + s * 5 + i]);
+                    for m in 0..n {
+                        assert_eq!(mem[m * 10 + s * 5 + i].to_bits(), want.to_bits(), "seed {seed} seg {s} member {m}");
+                    }
+                }
+            }
+        }
+        assert!(plan_segments(CollKind::AllReduce, &[segs[0].clone(), segs[1][..2].to_vec()], &lens, 1).is_err());
+    }
+
+    #[test]
+    fn uneven_shards_reduce_scatter_and_all_gather_in_place() {
+        // 3 members over a buffer of 10 elements each, shards of 4, 4 and 2 in two pieces
+        // each (the way a bucket's owned part crosses units).
+        let parts: Vec<Vec<(u64, usize)>> = vec![vec![(0, 3), (5, 1)], vec![(3, 2), (6, 2)], vec![(8, 2)]];
+        let bases: Vec<Ptr> = (0..3).map(|m| (m * 10) as u64).collect();
+        let scratch: Vec<Ptr> = (0..3).map(|m| (100 + m * 10) as u64).collect();
+        let init = values(30, 21);
+        let rs = plan_parts(true, &bases, &bases, &scratch, &parts, 1);
+        for seed in 0..30 {
+            let mut mem = vec![f32::NAN; 200];
+            mem[..30].copy_from_slice(&init);
+            run(&mut mem, &rs, seed);
+            for (m, ps) in parts.iter().enumerate() {
+                for &(off, e) in ps {
+                    for i in off as usize..off as usize + e {
+                        let want = init[i] + init[10 + i] + init[20 + i];
+                        assert_eq!(mem[m * 10 + i].to_bits(), want.to_bits(), "seed {seed} member {m} element {i}");
+                    }
+                }
+            }
+        }
+        // All-gather: member m's own parts hold its values; afterwards every member holds all.
+        let ag = plan_parts(false, &bases, &bases, &scratch, &parts, 1);
+        assert_eq!(parts_scratch(false, &parts, 2), 8);
+        for seed in 0..30 {
+            let mut mem = vec![f32::NAN; 200];
+            for (m, ps) in parts.iter().enumerate() {
+                for &(off, e) in ps {
+                    for i in off as usize..off as usize + e {
+                        for r in 0..3 {
+                            // Stale values elsewhere, the owner's value in its part.
+                            mem[r * 10 + i] = if r == m { init[i] } else { -1.0 };
+                        }
+                    }
+                }
+            }
+            run(&mut mem, &ag, seed);
+            for r in 0..3 {
+                assert_eq!(&mem[r * 10..r * 10 + 10], &init[..10], "seed {seed} member {r}");
+            }
+        }
     }
 }

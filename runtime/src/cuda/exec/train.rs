@@ -1,6 +1,7 @@
-//! A training run on one GPU: the plan's steps through [`GpuRank`], the loss curve, the
-//! measured trace of the traced step (CUDA events, the CPU executor's format) and the
-//! measured peak (the pool's high-water mark plus the CUDA context) — a [`TrainResult`]
+//! A training run on one GPU: the plan's steps through its ranks ([`MultiGpu`], one
+//! [`GpuRank`] or several), the loss curve, the measured trace of the traced step (CUDA
+//! events, the CPU executor's format) and the measured peak per rank (the pool's
+//! high-water mark plus the CUDA context) — a [`TrainResult`]
 //! like the CPU executor's, so `write_outputs`, `strata report` and the comparison read it
 //! unchanged.
 
@@ -10,7 +11,8 @@ use std::time::Instant;
 use strata_models::plan::Plan;
 use strata_models::trace::{Trace, TraceSource};
 
-use super::device::Device;
+use super::device::{Device, Gpu};
+use super::multi::MultiGpu;
 use super::rank::{GpuExecError, GpuRank};
 use crate::data::Corpus;
 use crate::error::RuntimeError;
@@ -26,8 +28,9 @@ fn failed(plan: &Plan, e: GpuExecError) -> TrainError {
     }
 }
 
-/// Trains `plan` on GPU `ordinal` for `opts.steps` steps (checkpoints and injected faults
-/// are the CPU executor's; refused here by the caller).
+/// Trains `plan` on GPU `ordinal` for `opts.steps` steps — every rank of the plan on that
+/// one GPU (checkpoints and injected faults are the CPU executor's; refused here by the
+/// caller).
 pub fn train_cuda(
     plan: Arc<Plan>,
     ordinal: usize,
@@ -35,48 +38,83 @@ pub fn train_cuda(
     opts: &TrainOptions,
     progress: Option<&mut dyn FnMut(&StepRecord)>,
 ) -> Result<(TrainResult, String), TrainError> {
-    let rank = GpuRank::new(plan.clone(), ordinal, corpus, opts.exec.clone()).map_err(|e| failed(&plan, e))?;
-    train_on(plan, rank, opts, progress)
+    super::rank::check_plan(&plan).map_err(|e| failed(&plan, e))?;
+    let first = Gpu::open(ordinal).map_err(|e| failed(&plan, e.into()))?;
+    let mut devices = Vec::with_capacity(plan.grid.ranks() as usize);
+    for _ in 1..plan.grid.ranks() {
+        devices.push(first.sibling().map_err(|e| failed(&plan, e.into()))?);
+    }
+    devices.insert(0, first);
+    let multi = MultiGpu::new(plan.clone(), devices, corpus, opts.exec.clone()).map_err(|e| failed(&plan, e))?;
+    train_multi(plan, multi, opts, progress)
 }
 
-/// Trains on a rank already built (on a GPU, or on the tests' host stand-in).
+/// Trains on one rank already built (on a GPU, or on the tests' host stand-in).
 pub fn train_on<D: Device>(
     plan: Arc<Plan>,
-    mut rank: GpuRank<D>,
+    rank: GpuRank<D>,
+    opts: &TrainOptions,
+    progress: Option<&mut dyn FnMut(&StepRecord)>,
+) -> Result<(TrainResult, String), TrainError> {
+    let multi = MultiGpu::from_ranks(plan.clone(), vec![rank]).map_err(|e| failed(&plan, e))?;
+    train_multi(plan, multi, opts, progress)
+}
+
+/// Trains every rank of `plan` on one device: the step's loss is the mean over the m · dp
+/// microbatches of the last stage's ranks (tp rank 0's), the trace every rank's spans, the memory every
+/// rank's peaks.
+pub fn train_multi<D: Device>(
+    plan: Arc<Plan>,
+    mut multi: MultiGpu<D>,
     opts: &TrainOptions,
     mut progress: Option<&mut dyn FnMut(&StepRecord)>,
 ) -> Result<(TrainResult, String), TrainError> {
     let s = &plan.scenario;
     let tokens = s.tokens_per_step() as f64;
-    let denom = s.parallel.microbatches() as f64;
+    let denom = (s.parallel.microbatches() * s.parallel.dp) as f64;
     let mut result = TrainResult { start_step: 0, steps: Vec::new(), trace: None, memory: Vec::new(), cpu: Vec::new() };
     for step in 0..opts.steps {
         let t0 = Instant::now();
-        let report = rank.step(step).map_err(|e| failed(&plan, e))?;
+        let reports = multi.step(step).map_err(|e| failed(&plan, e))?;
         let secs = t0.elapsed().as_secs_f64();
-        let loss = report.loss_sum.unwrap_or(f64::NAN) / denom;
-        let bad = report.nonfinite_grad.clone().or_else(|| (!loss.is_finite()).then(|| ("the loss".to_string(), loss)));
-        if let Some((tensor, value)) = bad {
-            return Err(TrainError::Diverged { step, rank: 0, label: plan.grid.label(0), tensor, value });
+        // Every tensor-parallel rank holds the whole loss: count tp rank 0's.
+        let loss = reports
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| plan.grid.coord(*r as u32).tp == 0)
+            .map(|(_, rep)| rep.loss_sum.unwrap_or(f64::NAN))
+            .sum::<f64>()
+            / denom;
+        let bad = reports
+            .iter()
+            .enumerate()
+            .find_map(|(r, rep)| rep.nonfinite_grad.clone().map(|b| (r as u32, b)))
+            .or_else(|| (!loss.is_finite()).then(|| (0, ("the loss".to_string(), loss))));
+        if let Some((rank, (tensor, value))) = bad {
+            return Err(TrainError::Diverged { step, rank, label: plan.grid.label(rank), tensor, value });
         }
-        let rec = StepRecord { step, loss, tokens_per_s: tokens / secs, grad_norm: report.grad_norm, seconds: secs };
+        let grad_norm = reports.first().and_then(|r| r.grad_norm);
+        let rec = StepRecord { step, loss, tokens_per_s: tokens / secs, grad_norm, seconds: secs };
         if let Some(p) = progress.as_mut() {
             p(&rec);
         }
         result.steps.push(rec);
-        if !report.spans.is_empty() {
+        if reports.iter().any(|r| !r.spans.is_empty()) {
             let mut t = Trace {
                 source: TraceSource::Measured,
                 step,
                 seed: s.training.seed,
-                ranks: vec![0],
-                spans: report.spans,
-                memory: report.memory,
+                ranks: (0..reports.len() as u32).collect(),
+                spans: reports.iter().flat_map(|r| r.spans.iter().cloned()).collect(),
+                memory: reports.iter().flat_map(|r| r.memory.iter().cloned()).collect(),
             };
             t.canonicalize();
             result.trace = Some(t);
         }
     }
-    result.memory.push(RankMemory { rank: 0, peaks: rank.peaks().clone() });
-    Ok((result, rank.gpu_name().to_string()))
+    for (r, rank) in multi.ranks.iter().enumerate() {
+        result.memory.push(RankMemory { rank: r as u32, peaks: rank.peaks().clone() });
+    }
+    let name = multi.ranks.first().map(|r| r.gpu_name().to_string()).unwrap_or_default();
+    Ok((result, name))
 }

@@ -53,7 +53,10 @@ fn plans_it_cannot_run_are_refused_naming_why() {
         Err(GpuExecError::Unsupported(w)) => w,
         other => panic!("{sets:?}: {other:?}"),
     };
-    assert!(why(&["parallel.tp=2", "cluster.gpus_per_node=2"]).contains("one rank so far"));
+    assert!(
+        why(&["parallel.tp=2", "cluster.gpus_per_node=2", "parallel.sequence_parallel=true"])
+            .contains("sequence_parallel")
+    );
     assert!(why(&["parallel.recompute=\"full\""]).contains("recompute"));
     assert!(why(&["training.flash_attention=false"]).contains("flash"));
     assert!(why(&["training.dtype=\"fp32\""]).contains("bf16"));
