@@ -208,3 +208,14 @@ fn every_schedule_with_a_steady_state_is_reordered() {
         }
     }
 }
+
+#[test]
+fn merged_pairs_keep_pace_only_with_two_warm_ups_more_per_stage() {
+    let pace = |s: Schedule, vpp| s.merge_keeps_pace(4, vpp, 16);
+    assert!(pace(Schedule::Interleaved, 2) && pace(Schedule::ZbH2, 1));
+    assert!(!pace(Schedule::OneFOneB, 1) && !pace(Schedule::ZbH1, 1) && !pace(Schedule::Gpipe, 1));
+    // One stage: nothing to wait for.
+    assert!(Schedule::OneFOneB.merge_keeps_pace(1, 1, 4));
+    // Interleaved with m = pp runs every forward first: no steady state to keep.
+    assert!(!Schedule::Interleaved.merge_keeps_pace(4, 2, 4));
+}

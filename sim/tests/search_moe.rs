@@ -162,6 +162,16 @@ fn the_all_to_all_overlap_is_searched_where_ep_is_and_the_framework_runs_it() {
         assert!(strata_sim::search::label(p).contains(" a2a-overlap"));
     }
     assert!(e.unrunnable.get("megatron-a2a-overlap").copied().unwrap_or(0) > 0, "{:?}", e.unrunnable);
+    // Strata's executor runs it on any schedule, but the search tries it only where the
+    // schedule keeps its pace with merged passes (not 1F1B or ZB-H1 with a pipeline).
+    let mut strata = base.clone();
+    strata.training.framework = strata_models::Framework::Strata;
+    let e = enumerate(&strata, &SearchSpace::splits(&strata));
+    let on: Vec<_> = e.valid.iter().map(|s| &s.parallel).filter(|p| p.moe_a2a_overlap).collect();
+    assert!(on.iter().any(|p| p.pp > 1 && p.schedule == strata_models::parallel::Schedule::ZbH2), "ZB-H2 keeps pace");
+    for p in on {
+        assert!(p.schedule.merge_keeps_pace(p.pp, p.vpp, p.microbatches()), "{p:?}");
+    }
     // The estimate hides the all-to-alls under the merged passes' compute.
     let mut s = mixtral(8, 4096, "skew = 0.0");
     s.parallel.tp = 1;

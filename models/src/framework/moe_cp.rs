@@ -51,7 +51,7 @@ impl Framework {
                         bad(
                             "megatron-a2a-overlap",
                             format!(
-                                "parallel.moe_a2a_overlap = true with training.framework = \"megatron\": megatron-core's --overlap-moe-expert-parallel-comm {}; or use framework = \"strata\"",
+                                "parallel.moe_a2a_overlap = true with training.framework = \"megatron\": megatron-core's --overlap-moe-expert-parallel-comm refuses this split: {}; or use framework = \"strata\"",
                                 why.join(", and ")
                             ),
                         );

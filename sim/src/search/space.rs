@@ -17,7 +17,8 @@
 //! scenario asks `training.dtype = "fp8"` on a GPU with fp8 tensor cores: precision changes
 //! the numerics, so the search never picks it unasked), and for a MoE model with ep > 1
 //! whether the expert all-to-alls overlap another microbatch's compute
-//! (`moe_a2a_overlap`, where the framework runs it). Everything else — the model, the
+//! (`moe_a2a_overlap`, where the framework runs it and the schedule keeps its pace with
+//! merged passes, `Schedule::merge_keeps_pace`: pp = 1, interleaved, ZB-H2). Everything else — the model, the
 //! cluster, the global batch, fused attention — comes from the base scenario.
 //!
 //! Enumeration is a plain nested loop in a fixed order, so the candidate list (and every
@@ -238,6 +239,13 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 };
                                                 if let Err(e) = parallel.validate(&base.model, &base.cluster) {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
+                                                    continue;
+                                                }
+                                                // The overlap only where the schedule leaves a merged
+                                                // pair its slack (else it slows the steady state).
+                                                if moe_a2a_overlap
+                                                    && !schedule.merge_keeps_pace(pp, vpp, parallel.microbatches())
+                                                {
                                                     continue;
                                                 }
                                                 // One candidate per framework that runs the split; a
