@@ -117,6 +117,10 @@ fn is_one(v: &u32) -> bool {
     *v == 1
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn is_default_cp_comm(c: &CpComm) -> bool {
     *c == CpComm::Ring
 }
@@ -157,6 +161,12 @@ pub struct ParallelConfig {
     pub overlap_grad_reduce: bool,
     /// Overlap ZeRO parameter all-gathers with compute (prefetch the next layer).
     pub overlap_param_gather: bool,
+    /// Run each steady-state backward with the next forward merged into one program
+    /// segment by segment, so that the expert-parallel all-to-alls of one microbatch run
+    /// under the other's compute (Megatron-core's `--overlap-moe-expert-parallel-comm`,
+    /// the "combined 1F1B" of DeepSeek's DualPipe). Needs a MoE model with ep > 1.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub moe_a2a_overlap: bool,
 }
 
 impl Default for ParallelConfig {
@@ -178,6 +188,7 @@ impl Default for ParallelConfig {
             grad_bucket_mb: 40.0,
             overlap_grad_reduce: true,
             overlap_param_gather: true,
+            moe_a2a_overlap: false,
         }
     }
 }

@@ -131,6 +131,7 @@ raw_table!(RawParallel {
     grad_bucket_mb: f64,
     overlap_grad_reduce: bool,
     overlap_param_gather: bool,
+    moe_a2a_overlap: bool,
 });
 raw_table!(RawTraining {
     dtype: Dtype,
@@ -249,6 +250,7 @@ impl Scenario {
                 grad_bucket_mb: Some(p.grad_bucket_mb),
                 overlap_grad_reduce: Some(p.overlap_grad_reduce),
                 overlap_param_gather: Some(p.overlap_param_gather),
+                moe_a2a_overlap: Some(p.moe_a2a_overlap).filter(|o| *o),
             },
             training: RawTraining {
                 dtype: Some(t.dtype),
@@ -400,6 +402,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
         grad_bucket_mb: rp.grad_bucket_mb.unwrap_or(d.grad_bucket_mb),
         overlap_grad_reduce: rp.overlap_grad_reduce.unwrap_or(d.overlap_grad_reduce),
         overlap_param_gather: rp.overlap_param_gather.unwrap_or(d.overlap_param_gather),
+        moe_a2a_overlap: rp.moe_a2a_overlap.unwrap_or(d.moe_a2a_overlap),
     };
 
     let rt = raw.training;

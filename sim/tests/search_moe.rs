@@ -142,3 +142,49 @@ fn the_estimate_costs_experts_imbalance_exchange_and_fp8() {
     };
     assert!(cp("ring", 2) <= cp("all-gather", 2), "{} {}", cp("ring", 2), cp("all-gather", 2));
 }
+
+#[test]
+fn the_all_to_all_overlap_is_searched_where_ep_is_and_the_framework_runs_it() {
+    let mut base = mixtral(8, 4096, "");
+    base.training.framework = strata_models::Framework::Megatron;
+    let space = SearchSpace::splits(&base);
+    assert_eq!(space.moe_a2a_overlap, vec![false, true]);
+    let e = enumerate(&base, &space);
+    let on: Vec<_> = e.valid.iter().filter(|s| s.parallel.moe_a2a_overlap).collect();
+    assert!(!on.is_empty());
+    for s in &on {
+        let p = &s.parallel;
+        // Only with expert parallelism; under Megatron-LM a pipeline only interleaved, and no
+        // full recomputation (megatron-core's asserts).
+        assert!(p.ep > 1, "{p:?}");
+        assert!(p.pp == 1 || p.schedule.chunked(), "{p:?}");
+        assert!(p.recompute != strata_models::parallel::Recompute::Full, "{p:?}");
+        assert!(strata_sim::search::label(p).contains(" a2a-overlap"));
+    }
+    assert!(e.unrunnable.get("megatron-a2a-overlap").copied().unwrap_or(0) > 0, "{:?}", e.unrunnable);
+    // Strata's executor runs it on any schedule, but the search tries it only where the
+    // schedule keeps its pace with merged passes (not 1F1B or ZB-H1 with a pipeline).
+    let mut strata = base.clone();
+    strata.training.framework = strata_models::Framework::Strata;
+    let e = enumerate(&strata, &SearchSpace::splits(&strata));
+    let on: Vec<_> = e.valid.iter().map(|s| &s.parallel).filter(|p| p.moe_a2a_overlap).collect();
+    assert!(on.iter().any(|p| p.pp > 1 && p.schedule == strata_models::parallel::Schedule::ZbH2), "ZB-H2 keeps pace");
+    for p in on {
+        assert!(p.schedule.merge_keeps_pace(p.pp, p.vpp, p.microbatches()), "{p:?}");
+    }
+    // The estimate hides the all-to-alls under the merged passes' compute.
+    let mut s = mixtral(8, 4096, "skew = 0.0");
+    s.parallel.tp = 1;
+    s.parallel.dp = 64;
+    s.parallel.ep = 8;
+    s.parallel.sequence_parallel = false;
+    let plain = estimate(&s);
+    s.parallel.moe_a2a_overlap = true;
+    let hidden = estimate(&s);
+    assert!(hidden < plain, "{hidden} vs {plain}");
+    // A dense model has nothing to overlap.
+    let dense = scenario(
+        "[model]\npreset = \"llama3-8b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 8\n[parallel]\ntp = 8\nglobal_batch = 256\n",
+    );
+    assert_eq!(SearchSpace::splits(&dense).moe_a2a_overlap, vec![false]);
+}

@@ -77,6 +77,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("parallel.grad_bucket_mb", Kind::Real),
     ("parallel.overlap_grad_reduce", Kind::Bool),
     ("parallel.overlap_param_gather", Kind::Bool),
+    ("parallel.moe_a2a_overlap", Kind::Bool),
     ("training.dtype", Kind::Name(&["bf16", "fp16", "fp32"])),
     ("training.steps", Kind::Int),
     ("training.seed", Kind::Int),

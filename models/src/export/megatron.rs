@@ -27,6 +27,8 @@
 //!   1` (Strata's experts are not tensor-parallel), `--moe-grouped-gemm` and the all-to-all
 //!   dispatcher; latent attention `--multi-latent-attention --q-lora-rank --kv-lora-rank
 //!   --qk-head-dim --qk-pos-emb-head-dim --v-head-dim`; `--mtp-num-layers`;
+//! - `parallel.moe_a2a_overlap`: `--overlap-moe-expert-parallel-comm` (megatron-core's
+//!   combined 1F1B; it refuses `--moe-shared-expert-overlap`, which is not exported);
 //! - context parallelism: `--context-parallel-size --cp-comm-type p2p|allgather|a2a`;
 //! - fp8: `--fp8-format hybrid --fp8-recipe delayed` (Transformer Engine's delayed scaling,
 //!   E4M3 forward and E5M2 backward) beside `--bf16`, without `--fp8-param-gather` (the bf16
@@ -210,6 +212,11 @@ fn arguments(s: &Scenario) -> (Vec<String>, Vec<Dropped>) {
     if m.moe.is_some() {
         a.push(format!("--expert-model-parallel-size {}", p.ep));
         a.push("--expert-tensor-parallel-size 1".into());
+    }
+    if p.moe_a2a_overlap {
+        // A forward and a backward of two microbatches merged, each one's all-to-alls under
+        // the other's compute (the framework rule `megatron-a2a-overlap` holds its needs).
+        a.push("--overlap-moe-expert-parallel-comm".into());
     }
     if p.pp > 1 && !even_split(s) {
         a.push(format!("--pipeline-model-parallel-layout {}", layout(s)));

@@ -125,3 +125,37 @@ fn torchtitan_writes_deepseek_v3_with_ep_cp_and_float8() {
     let e = export(&m, Framework::Torchtitan, true).unwrap();
     assert!(e.dropped.iter().any(|d| d.setting.contains("model.moe")), "{:?}", e.dropped);
 }
+
+#[test]
+fn megatron_names_the_expert_all_to_all_overlap_and_refuses_it_without_interleaving() {
+    // DeepSeek-V3's layout on the interleaved schedule (m = 16384 / 128 = 128, a multiple of pp).
+    let s = scenario(
+        "deepseek-v3",
+        256,
+        "tp = 1\npp = 16\nvpp = 2\nschedule = \"interleaved\"\nep = 64\nzero = 1\nglobal_batch = 16384\nmoe_a2a_overlap = true",
+        "framework = \"megatron\"",
+    );
+    let e = export(&s, Framework::Megatron, false).unwrap();
+    let args = file(&e, "megatron-args.txt");
+    assert!(args.lines().any(|l| l == "--overlap-moe-expert-parallel-comm"), "{args}");
+    assert!(!args.contains("--moe-shared-expert-overlap"), "megatron-core refuses both together");
+    let known: Vec<&str> = include_str!("../../../xtask/interop/megatron-flags.txt").lines().collect();
+    for flag in args.split_whitespace().filter(|w| w.starts_with("--")) {
+        assert!(known.contains(&flag), "{flag} is not a Megatron-LM flag");
+    }
+    // Without it, no flag.
+    let off = scenario(
+        "deepseek-v3",
+        256,
+        "tp = 1\npp = 16\nvpp = 2\nschedule = \"interleaved\"\nep = 64\nzero = 1\nglobal_batch = 16384",
+        "framework = \"megatron\"",
+    );
+    let e = export(&off, Framework::Megatron, false).unwrap();
+    assert!(!file(&e, "megatron-args.txt").contains("--overlap-moe-expert-parallel-comm"));
+    // 1F1B with a pipeline: megatron-core asserts a virtual pipeline.
+    let text = "name = \"t\"\n[model]\npreset = \"deepseek-v3\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 256\n\
+                [parallel]\ntp = 1\npp = 16\nep = 64\nzero = 1\nglobal_batch = 15360\nmoe_a2a_overlap = true\n\
+                [training]\nframework = \"megatron\"\n";
+    let err = Scenario::from_toml(text, "test", "t", &[]).unwrap_err().to_string();
+    assert!(err.contains("--overlap-moe-expert-parallel-comm") && err.contains("interleaved"), "{err}");
+}

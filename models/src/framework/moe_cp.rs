@@ -9,6 +9,9 @@
 //! | `deepspeed-mla` | DeepSpeed | Megatron-DeepSpeed's models (the DeepSpeed pipeline/MoE path) have no latent attention or multi-token prediction |
 //! | `torchtitan-cp-ulysses` | torchtitan | `context_parallel_rotate_method` is `allgather` or `alltoall`, both ring attention over K/V shards; no Ulysses head all-to-all |
 //! | `torchtitan-ep-shard` | torchtitan | EP is carved out of dp_shard · cp · tp (ETP = 1; `parallel_dims.py`): with DDP (zero = 0) only cp · tp are there to carve from |
+//! | `megatron-a2a-overlap` | Megatron-LM | `--overlap-moe-expert-parallel-comm` (megatron-core `TransformerConfig`): with pp > 1 it needs the interleaved schedule ("virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1"), no full recomputation, at most one MTP layer |
+//! | `deepspeed-a2a-overlap` | DeepSpeed | DeepSpeed-MoE issues each all-to-all inside its own layer's forward or backward; no schedule runs a forward and a backward together |
+//! | `torchtitan-a2a-overlap` | torchtitan | it overlaps a forward with a backward only inside its DualPipeV schedule (`pipeline_parallel_schedule = "DualPipeV"`), which Strata does not plan |
 //! | `strata-cpu-mla` | Strata on CPU | the CPU executor runs multi-head (GQA) attention and no MTP modules; latent attention and MTP are costed and simulated on GPU clusters only |
 //!
 //! Everything else runs where [`crate::parallel`]'s rules allow it: Megatron-LM all of MoE
@@ -29,6 +32,31 @@ impl Framework {
         let (p, m) = (&s.parallel, &s.model);
         match self {
             Framework::Megatron => {
+                if p.moe_a2a_overlap {
+                    let mut why = Vec::new();
+                    if p.pp > 1 && !p.schedule.chunked() {
+                        why.push(format!(
+                            "with pp = {} it needs schedule = \"interleaved\" (vpp ≥ 2), not \"{}\"",
+                            p.pp,
+                            p.schedule.key()
+                        ));
+                    }
+                    if p.recompute == crate::parallel::Recompute::Full {
+                        why.push("it refuses recompute = \"full\"".to_string());
+                    }
+                    if m.mtp_layers > 1 {
+                        why.push(format!("it takes at most one MTP layer, not model.mtp_layers = {}", m.mtp_layers));
+                    }
+                    if !why.is_empty() {
+                        bad(
+                            "megatron-a2a-overlap",
+                            format!(
+                                "parallel.moe_a2a_overlap = true with training.framework = \"megatron\": megatron-core's --overlap-moe-expert-parallel-comm refuses this split: {}; or use framework = \"strata\"",
+                                why.join(", and ")
+                            ),
+                        );
+                    }
+                }
                 if p.cp > 1 && !s.training.flash_attention {
                     bad(
                         "megatron-cp-unfused",
@@ -40,6 +68,12 @@ impl Framework {
                 }
             }
             Framework::DeepSpeed => {
+                if p.moe_a2a_overlap {
+                    bad(
+                        "deepspeed-a2a-overlap",
+                        "parallel.moe_a2a_overlap = true with training.framework = \"deepspeed\": DeepSpeed-MoE runs each all-to-all inside its own layer's pass, never a forward together with a backward; use framework = \"megatron\" (interleaved schedule) or \"strata\"".to_string(),
+                    );
+                }
                 if p.cp > 1 && p.cp_comm != CpComm::Ulysses {
                     bad(
                         "deepspeed-cp-ring",
@@ -67,6 +101,12 @@ impl Framework {
                 }
             }
             Framework::Torchtitan => {
+                if p.moe_a2a_overlap {
+                    bad(
+                        "torchtitan-a2a-overlap",
+                        "parallel.moe_a2a_overlap = true with training.framework = \"torchtitan\": torchtitan overlaps a forward with a backward only in its DualPipeV schedule, which Strata does not plan; use framework = \"megatron\" (interleaved schedule) or \"strata\"".to_string(),
+                    );
+                }
                 if p.cp > 1 && p.cp_comm == CpComm::Ulysses {
                     bad(
                         "torchtitan-cp-ulysses",

@@ -9,6 +9,7 @@
 //! | `cp-divides-seq` | seq_len % (2·cp) = 0 | Megatron-LM's `get_batch_on_this_cp_rank` cuts each sequence into 2·cp chunks (rank r holds r and 2cp−1−r) |
 //! | `tp-divides-shared-ffn` | tp divides shared_experts · shared_ffn_hidden | the shared experts' MLP is column-parallel, as a dense MLP |
 //! | `moe-zero3` | no ZeRO-3 with experts | Strata's plan gathers whole units over the data-parallel group, and experts shard over another (a limit of the plan, not of the frameworks) |
+//! | `a2a-overlap-needs-ep` | `moe_a2a_overlap` only with a MoE model and ep > 1 | Megatron-core `TransformerConfig`: "overlap_moe_expert_parallel_comm is only supported with expert model parallelism" |
 //! | `ulysses-divides-heads` | heads/tp and kv_heads/tp divisible by cp under `cp_comm = "ulysses"` | Transformer Engine `AttnFuncWithCPAndQKVOA2A` asserts heads % cp for Q, K and V; DeepSpeed-Ulysses `heads % sp_size` |
 
 use super::{CpComm, ParallelConfig};
@@ -79,6 +80,16 @@ impl ParallelConfig {
                     );
                 }
             }
+        }
+        if p.moe_a2a_overlap && (model.moe.is_none() || p.ep < 2) {
+            bad(
+                "a2a-overlap-needs-ep",
+                format!(
+                    "parallel.moe_a2a_overlap = true with parallel.ep = {}{}: the overlap hides expert-parallel all-to-alls, and there are none; set ep > 1 on a MoE model, or moe_a2a_overlap = false",
+                    p.ep,
+                    if model.moe.is_none() { " and no model.moe" } else { "" }
+                ),
+            );
         }
         if p.cp > 1 {
             if !model.seq_len.is_multiple_of(2 * p.cp) {

@@ -244,6 +244,18 @@ impl Schedule {
     /// The pipeline bubble of one step under a flush, in the unit of `stages` (one entry
     /// per stage, per microbatch): what the step takes beyond m · max_i (F_i + B_i + W_i)
     /// when every stage does the same work.
+    /// Whether merging each steady-state backward with the next forward
+    /// (`parallel.moe_a2a_overlap`) keeps the steady state's pace, read off the tables: a
+    /// merged pair's backward waits for the gradient of the next stage's pair of the same
+    /// index, so every stage must run at least two more warm-up forwards than the next
+    /// (interleaved, ZB-H2). With one more (1F1B, ZB-H1) the pairs chain stage to stage and
+    /// the steady state runs at up to half its pace — why megatron-core asks a virtual
+    /// pipeline of `--overlap-moe-expert-parallel-comm`.
+    pub fn merge_keeps_pace(self, pp: u32, vpp: u32, m: u32) -> bool {
+        let warm = |stage| table(self, pp, vpp, m, stage).iter().take_while(|s| s.pass == Pass::Forward).count();
+        (0..pp.saturating_sub(1)).all(|s| warm(s) >= warm(s + 1) + 2)
+    }
+
     pub fn bubble(self, pp: u32, vpp: u32, stages: &[PassTimes]) -> f64 {
         let mean = |x: &dyn Fn(&PassTimes) -> f64| stages.iter().map(x).sum::<f64>() / stages.len() as f64;
         match self.spec().bubble {

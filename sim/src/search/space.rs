@@ -15,7 +15,10 @@
 //! 2·cp — TE's load-balanced chunks — and Ulysses only where tp·cp divides the heads and
 //! kv heads; ring, all-gather, Ulysses), and fp8 (bf16 and fp8 linear layers, where the base
 //! scenario asks `training.dtype = "fp8"` on a GPU with fp8 tensor cores: precision changes
-//! the numerics, so the search never picks it unasked). Everything else — the model, the
+//! the numerics, so the search never picks it unasked), and for a MoE model with ep > 1
+//! whether the expert all-to-alls overlap another microbatch's compute
+//! (`moe_a2a_overlap`, where the framework runs it and the schedule keeps its pace with
+//! merged passes, `Schedule::merge_keeps_pace`: pp = 1, interleaved, ZB-H2). Everything else — the model, the
 //! cluster, the global batch, fused attention — comes from the base scenario.
 //!
 //! Enumeration is a plain nested loop in a fixed order, so the candidate list (and every
@@ -54,6 +57,9 @@ pub struct SearchSpace {
     /// Whether the linear layers run in fp8 (`[false]` unless the base asks fp8 on a GPU
     /// that has it).
     pub fp8: Vec<bool>,
+    /// Whether a steady-state backward is merged with the next forward to hide the expert
+    /// all-to-alls (`[false]` for a dense model; only varied where ep > 1).
+    pub moe_a2a_overlap: Vec<bool>,
 }
 
 /// Tokens of a sequence each context-parallel rank keeps at least, and the shortest
@@ -103,6 +109,7 @@ impl SearchSpace {
             } else {
                 vec![false]
             },
+            moe_a2a_overlap: if base.model.moe.is_some() { vec![false, true] } else { vec![false] },
         }
     }
 
@@ -148,14 +155,18 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
     let mut out = Enumeration::default();
     let gpus = base.cluster.gpus();
     let gb = base.parallel.global_batch;
-    // (ep, cp_comm, fp8) of one split; cp_comm only varies where cp > 1.
-    let extras = |cp: u32| -> Vec<(u32, CpComm, bool)> {
+    // (ep, cp_comm, fp8, moe_a2a_overlap) of one split; cp_comm only varies where cp > 1,
+    // the all-to-all overlap where ep > 1.
+    let extras = |cp: u32| -> Vec<(u32, CpComm, bool, bool)> {
         let comms: Vec<CpComm> = if cp > 1 { space.cp_comm.clone() } else { vec![CpComm::default()] };
         let mut v = Vec::new();
         for &ep in &space.ep {
+            let overlaps: &[bool] = if ep > 1 { &space.moe_a2a_overlap } else { &[false] };
             for &comm in &comms {
                 for &fp8 in &space.fp8 {
-                    v.push((ep, comm, fp8));
+                    for &overlap in overlaps {
+                        v.push((ep, comm, fp8, overlap));
+                    }
                 }
             }
         }
@@ -206,7 +217,7 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                 out.duplicates += 1;
                                                 continue;
                                             }
-                                            for &(ep, cp_comm, fp8) in &extras {
+                                            for &(ep, cp_comm, fp8, moe_a2a_overlap) in &extras {
                                                 let parallel = ParallelConfig {
                                                     tp,
                                                     pp,
@@ -224,9 +235,17 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                     grad_bucket_mb: bucket,
                                                     overlap_grad_reduce: ogr,
                                                     overlap_param_gather: opg,
+                                                    moe_a2a_overlap,
                                                 };
                                                 if let Err(e) = parallel.validate(&base.model, &base.cluster) {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
+                                                    continue;
+                                                }
+                                                // The overlap only where the schedule leaves a merged
+                                                // pair its slack (else it slows the steady state).
+                                                if moe_a2a_overlap
+                                                    && !schedule.merge_keeps_pace(pp, vpp, parallel.microbatches())
+                                                {
                                                     continue;
                                                 }
                                                 // One candidate per framework that runs the split; a
@@ -263,7 +282,7 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
 }
 
 /// A short label of a candidate's split: `tp8 pp8 dp16 1f1b mb1 z1 sel sp` (`cp4 ring`,
-/// `ep8` where they are not 1).
+/// `ep8` where they are not 1, `a2a-overlap` with `moe_a2a_overlap`).
 pub fn label(p: &ParallelConfig) -> String {
     let sched = p.schedule.label(p.vpp);
     let rc = match p.recompute {
@@ -285,6 +304,9 @@ pub fn label(p: &ParallelConfig) -> String {
     }
     if p.ep > 1 {
         l += &format!(" ep{}", p.ep);
+        if p.moe_a2a_overlap {
+            l += " a2a-overlap";
+        }
     }
     // The data-parallel knobs, where they matter.
     if p.dp > 1 {

@@ -34,7 +34,8 @@
 //!
 //! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
 //! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
-//! passes (`moe` a mixture-of-experts layer's MLP half, `mtp` multi-token prediction), `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! passes (`moe` a mixture-of-experts layer's MLP half, `mtp` multi-token prediction), `overlap` the merge of a steady-state backward with the next
+//! forward under `moe_a2a_overlap`, `zero` the data-parallel parameter and gradient traffic, `step` the end of the
 //! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
 
 mod backward;
@@ -45,6 +46,7 @@ mod forward;
 mod modules;
 mod moe;
 mod mtp;
+mod overlap;
 mod pipe;
 mod step;
 mod units;
@@ -354,7 +356,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let p = self.s().parallel.clone();
         self.persistent_state();
         let table = schedule::table(p.schedule, p.pp, p.vpp, p.microbatches(), self.stage);
-        for slot in table {
+        // `moe_a2a_overlap`: the steady-state (backward, forward) pairs to merge, and where
+        // their ops fall.
+        let merge = if p.moe_a2a_overlap { overlap::pairs(&table) } else { Vec::new() };
+        // Where each slot's ops begin, and where the last one's end.
+        let mut starts = Vec::with_capacity(table.len() + 1);
+        for slot in &table {
+            starts.push(self.e.ops.len());
             match slot.pass {
                 Pass::Forward => self.forward(slot.chunk, slot.mb),
                 Pass::Backward => self.backward(slot.chunk, slot.mb, false),
@@ -362,8 +370,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 Pass::BackwardWeight => self.backward_weight(slot.chunk, slot.mb),
             }
         }
+        // DeepSpeed's in-series pipeline: the last slot's deferred send ends that slot.
         self.flush_send();
+        starts.push(self.e.ops.len());
+        let merged: Vec<overlap::PairOps> =
+            merge.iter().map(|&(b, f)| overlap::PairOps { b0: starts[b], f0: starts[f], f1: starts[f + 1] }).collect();
         self.end_of_step();
+        self.e.ops = overlap::interleave(std::mem::take(&mut self.e.ops), &merged);
         debug_assert!(self.act.is_empty() && self.recompute.is_empty(), "activation buffers left alive");
     }
 

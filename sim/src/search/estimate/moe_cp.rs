@@ -9,7 +9,9 @@
 //! `ComputeModel::grouped_s`), the shared experts as a dense MLP over the rank's tokens. The
 //! experts' compute and the all-to-all bytes are scaled by the expected most loaded rank's
 //! load (the mean over 8 seeded draws of `crate::router` at the model's Gini): the group waits
-//! for it. Backward: dgrad and wgrad GEMMs, the two all-to-alls again.
+//! for it. Backward: dgrad and wgrad GEMMs, the two all-to-alls again. Under
+//! `moe_a2a_overlap` a forward and a backward run merged, so the pair's four all-to-alls
+//! are hidden under the MoE layer's compute of both passes, only the excess exposed.
 //!
 //! **Context parallelism** (cp > 1): every piece's cost is the full sequence's / cp (with
 //! TE's load-balanced chunks each rank holds 1/cp of the queries, whose causal attention
@@ -104,11 +106,14 @@ impl Estimator {
         } else {
             [0.0; 3]
         };
-        MoeLayer {
-            f: router + dispatch + experts_f + combine + shared[0],
-            b: 2.0 * router + combine + experts_b + dispatch + shared[1],
-            w: experts_w + shared[2],
+        let (f, b, w) = (router + experts_f + shared[0], 2.0 * router + experts_b + shared[1], experts_w + shared[2]);
+        if p.moe_a2a_overlap && p.ep > 1 {
+            // A backward merged with a forward: the four all-to-alls of the pair run under
+            // the two passes' compute, only the excess exposed.
+            let excess = (2.0 * (dispatch + combine) - (f + b + w)).max(0.0);
+            return MoeLayer { f: f + excess / 2.0, b: b + excess / 2.0, w };
         }
+        MoeLayer { f: f + dispatch + combine, b: b + combine + dispatch, w }
     }
 
     /// The context-parallel exchange one layer exposes, (forward, backward), given the
