@@ -13,6 +13,7 @@
 //! | `model.layers` | 1 | 4,096 | 30× Llama-3 405B's 126 |
 //! | `model.hidden` | 1 | 131,072 (2^17) | 5× GPT-1T's 25,600 |
 //! | `model.heads`, `model.kv_heads` | 1 | 4,096 | 25× GPT-1T's 160 |
+//! | `model.head_dim` (absent = hidden / heads) | 1 | 4,096 | 16× Qwen3's 128; heads · head_dim ≤ 2^17 as `model.hidden` |
 //! | `model.ffn_hidden` | 1 | 524,288 (2^19) | 5× GPT-1T's 102,400 |
 //! | `model.moe.experts` | 1 | 4,096 | 16× DeepSeek-V3's 256 |
 //! | `model.moe.experts · expert_ffn_hidden` | 1 | 8,388,608 (2^23) | 8× Llama 4 Maverick's 128 · 8192 |
@@ -79,6 +80,8 @@ use crate::scenario::{Scenario, TrainingConfig};
 pub const MAX_LAYERS: u64 = 4096;
 pub const MAX_HIDDEN: u64 = 1 << 17;
 pub const MAX_HEADS: u64 = 4096;
+/// The largest explicit `model.head_dim`.
+pub const MAX_HEAD_DIM: u64 = 4096;
 pub const MAX_FFN_HIDDEN: u64 = 1 << 19;
 /// experts · expert_ffn_hidden: all routed experts' width in one layer (8× Llama 4
 /// Maverick's 128 · 8192 = 2^20), so a MoE model's parameters stay within the dense bound.
@@ -168,6 +171,10 @@ pub fn check_model(m: &ModelSpec) -> Result<(), String> {
     r.int("model.hidden", m.hidden.into(), 1, MAX_HIDDEN);
     r.int("model.heads", m.heads.into(), 1, MAX_HEADS);
     r.int("model.kv_heads", m.kv_heads.into(), 1, MAX_HEADS);
+    if let Some(d) = m.head_dim {
+        r.int("model.head_dim", d.into(), 1, MAX_HEAD_DIM);
+        r.int("model.heads · head_dim", m.heads as u64 * d as u64, 1, MAX_HIDDEN);
+    }
     r.int("model.ffn_hidden", m.ffn_hidden.into(), 1, MAX_FFN_HIDDEN);
     r.int("model.vocab", m.vocab.into(), 1, MAX_VOCAB);
     r.int("model.seq_len", m.seq_len.into(), 1, MAX_SEQ_LEN);

@@ -42,6 +42,12 @@ pub struct ModelSpec {
     pub heads: u32,
     /// Key/value heads; grouped-query attention when smaller than `heads`.
     pub kv_heads: u32,
+    /// Channels of one attention head (Hugging Face's `head_dim`, Megatron-LM's
+    /// `--kv-channels`); absent = h / heads. Qwen3 sets it apart from h: 64 heads of 128
+    /// over h = 4,096, a query width heads · head_dim = 8,192. Read through
+    /// [`ModelSpec::head_dim`], never as h / heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u32>,
     pub ffn_hidden: u32,
     pub vocab: u32,
     pub seq_len: u32,
@@ -183,6 +189,7 @@ pub const MODEL_PRESETS: &[&str] = &[
     "mixtral-8x7b",
     "mixtral-8x22b",
     "deepseek-v3",
+    "qwen3-235b-a22b",
     "tiny-moe",
     "tiny-moe-gpt",
 ];
@@ -205,10 +212,17 @@ impl ModelSpec {
     ///   the other 58 with 256 routed experts of 2,048, top-8 sigmoid routing, 1 shared expert
     ///   of 2,048, one multi-token-prediction module, vocabulary 129,280, sequence 4,096, rope θ
     ///   10^4 (DeepSeek-V3 `inference/configs/config_671B.json`, arXiv 2412.19437);
+    /// - `qwen3-235b-a22b`: 94 layers of h 4,096, grouped-query attention of 64 query and 4
+    ///   key/value heads of `head_dim` 128 (a query width of 8,192 ≠ h), every layer a MoE of
+    ///   128 SwiGLU experts of 1,536, top-8 softmax routing, no shared expert, untied
+    ///   embeddings over a vocabulary of 151,936, RMSNorm, RoPE θ 10^6, router aux-loss 10^-3
+    ///   (Hugging Face `Qwen/Qwen3-235B-A22B` `config.json`; Megatron-LM
+    ///   `examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh`); `ffn_hidden` is the
+    ///   config's `intermediate_size` 12,288 (Megatron-LM's `--ffn-hidden-size`), unused with
+    ///   no dense layer; sequence 4,096, the Qwen3 report's first pre-training stages (arXiv
+    ///   2505.09388). Its per-head q/k RMSNorm (`--qk-layernorm`, 2 · 128 weights a layer) is
+    ///   not modelled;
     /// - `tiny-moe` (Llama family) and `tiny-moe-gpt` (GPT, with a shared expert): CPU-sized.
-    ///
-    /// Qwen3-235B-A22B is not a preset: its attention is 64 heads of 128 channels over
-    /// h = 4,096 (q width 8,192 ≠ h), which `ModelSpec` (head width h / heads) cannot express.
     pub fn preset(name: &str) -> Option<ModelSpec> {
         use Activation::*;
         use Family::*;
@@ -221,6 +235,7 @@ impl ModelSpec {
             hidden,
             heads,
             kv_heads,
+            head_dim: None,
             ffn_hidden,
             vocab,
             seq_len,
@@ -272,6 +287,12 @@ impl ModelSpec {
                 mtp_layers: 1,
                 ..m(Llama, 61, 7168, 128, 128, 18432, 129280, 4096, Swiglu)
             },
+            "qwen3-235b-a22b" => ModelSpec {
+                rope_base: 1e6,
+                head_dim: Some(128),
+                moe: Some(MoeSpec::routed(128, 8, 1536, 1e-3)),
+                ..m(Llama, 94, 4096, 64, 4, 12288, 151936, 4096, Swiglu)
+            },
             "tiny-moe" => ModelSpec {
                 moe: Some(MoeSpec { dense_layers: 1, ..MoeSpec::routed(8, 2, 64, 0.01) }),
                 ..m(Llama, 4, 64, 4, 2, 176, 256, 64, Swiglu)
@@ -294,20 +315,26 @@ impl ModelSpec {
         self.layers - self.moe_layers()
     }
 
-    /// Width of one query (and key) head in the attention core: h/a, or MLA's
+    /// Width of one query (and key) head in the attention core: [`Self::head_dim`], or MLA's
     /// nope + rope channels.
     pub fn qk_head_dim(&self) -> u64 {
         self.mla.as_ref().map_or(self.head_dim(), |a| (a.qk_nope_head_dim + a.qk_rope_head_dim) as u64)
     }
 
-    /// Width of one value head: h/a, or MLA's `v_head_dim`.
+    /// Width of one value head: [`Self::head_dim`], or MLA's `v_head_dim`.
     pub fn v_head_dim(&self) -> u64 {
         self.mla.as_ref().map_or(self.head_dim(), |a| a.v_head_dim as u64)
     }
 
-    /// h / a: the width of one attention head.
+    /// The width of one attention head: `head_dim` where the model sets it, else h / a.
     pub fn head_dim(&self) -> u64 {
-        (self.hidden / self.heads) as u64
+        self.head_dim.map_or((self.hidden / self.heads.max(1)) as u64, u64::from)
+    }
+
+    /// Width of the query projection and of the attention output the projection reads:
+    /// heads · head_dim (h unless `head_dim` sets the head apart from h / heads).
+    pub fn q_dim(&self) -> u64 {
+        self.heads as u64 * self.head_dim()
     }
 
     /// Width of the key (or value) projection: kv_heads · head_dim.
@@ -381,9 +408,9 @@ impl ModelSpec {
             self.check_moe_mla(&mut bad);
         }
         if bad.is_empty() {
-            if !self.hidden.is_multiple_of(self.heads) {
+            if self.head_dim.is_none() && !self.hidden.is_multiple_of(self.heads) {
                 bad.push(format!(
-                    "model.hidden = {} is not divisible by model.heads = {}: every head needs hidden/heads channels",
+                    "model.hidden = {} is not divisible by model.heads = {}: every head needs hidden/heads channels (or set model.head_dim)",
                     self.hidden, self.heads
                 ));
             }

@@ -89,6 +89,7 @@ raw_table!(RawModel {
     hidden: u32,
     heads: u32,
     kv_heads: u32,
+    head_dim: u32,
     ffn_hidden: u32,
     vocab: u32,
     seq_len: u32,
@@ -208,6 +209,7 @@ impl Scenario {
                 hidden: Some(m.hidden),
                 heads: Some(m.heads),
                 kv_heads: Some(m.kv_heads),
+                head_dim: m.head_dim,
                 ffn_hidden: Some(m.ffn_hidden),
                 vocab: Some(m.vocab),
                 seq_len: Some(m.seq_len),
@@ -322,6 +324,8 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
             .or(base.as_ref().map(|b| b.kv_heads))
             .or(rm.heads)
             .ok_or_else(|| missing("model", "kv_heads"))?,
+        // Absent = h / heads; a preset's own (Qwen3's 128) stays when h or heads change.
+        head_dim: rm.head_dim.or(base.as_ref().and_then(|b| b.head_dim)),
         ffn_hidden: rm
             .ffn_hidden
             .or(base.as_ref().map(|b| b.ffn_hidden))

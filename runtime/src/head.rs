@@ -182,6 +182,7 @@ mod tests {
             hidden: 8,
             heads: 2,
             kv_heads: 2,
+            head_dim: None,
             ffn_hidden: 16,
             vocab: 12,
             seq_len: 4,

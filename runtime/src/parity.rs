@@ -39,6 +39,7 @@ fn spec() -> ModelSpec {
         hidden: H as u32,
         heads: 4,
         kv_heads: 4,
+        head_dim: None,
         ffn_hidden: 32,
         vocab: 32,
         seq_len: 6,

@@ -75,6 +75,14 @@ impl ShardDims {
                 model.kv_heads, model.heads
             ));
         }
+        if model.q_dim() != model.hidden as u64 {
+            bad.push(format!(
+                "model.head_dim = {} with model.heads = {}: the CPU executor's attention is hidden / heads = {} wide per head (heads · head_dim = hidden); a head width apart from it is not implemented",
+                model.head_dim(),
+                model.heads,
+                model.hidden / model.heads
+            ));
+        }
         if let Some(moe) = &model.moe {
             bad.push(format!(
                 "model.moe = {} experts top-{}; mixture-of-experts layers are not wired into the plan executor yet (runtime::moe has the layer itself)",

@@ -180,7 +180,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// model's head size.
 fn attention_shapes(s: &strata_models::Scenario, per_node: u32) -> Vec<(u64, u64, u64, u64)> {
     let m = &s.model;
-    let d = u64::from(m.hidden / m.heads.max(1)).clamp(1, 256);
+    let d = m.head_dim().clamp(1, 256);
     let mut out = std::collections::BTreeSet::new();
     let mbs: Vec<u32> = [1, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect();
     for tp in (1..=per_node.max(1)).filter(|t| per_node.is_multiple_of(*t) && m.heads.is_multiple_of(*t)) {

@@ -209,13 +209,15 @@ fn text(r: &Report) -> String {
     let _ = writeln!(o, "Scenario  {}", s.name);
     let _ = writeln!(
         o,
-        "Model     {}: {:?}, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}, {:?} — {} parameters",
+        "Model     {}: {:?}, {} layers, hidden {}, {} heads ({} kv){}, ffn {}, vocab {}, seq {}, {:?} — {} parameters",
         m.name,
         m.family,
         m.layers,
         m.hidden,
         m.heads,
         m.kv_heads,
+        // Said only where the model sets it apart from hidden / heads (Qwen3: 64 × 128 over 4,096).
+        m.head_dim.map(|d| format!(" of {d} channels (q width {})", m.q_dim())).unwrap_or_default(),
         m.ffn_hidden,
         m.vocab,
         m.seq_len,

@@ -34,13 +34,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("Models ([model] preset = \"…\"):");
     for m in &catalog.models {
         println!(
-            "  {:<14} {:?}, {:>3} layers, hidden {:>5}, {:>3} heads ({:>3} kv), ffn {:>6}, vocab {:>6}, seq {:>5} — {} parameters",
+            "  {:<14} {:?}, {:>3} layers, hidden {:>5}, {:>3} heads ({:>3} kv){}, ffn {:>6}, vocab {:>6}, seq {:>5} — {} parameters",
             m.name,
             m.family,
             m.layers,
             m.hidden,
             m.heads,
             m.kv_heads,
+            m.head_dim.map(|d| format!(" of {d}")).unwrap_or_default(),
             m.ffn_hidden,
             m.vocab,
             m.seq_len,

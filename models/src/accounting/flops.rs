@@ -64,7 +64,7 @@ pub fn attention_linear_forward_flops_per_token(m: &ModelSpec) -> u64 {
             let q = if r_q > 0 { h * r_q + r_q * n * (nope + rope) } else { h * n * (nope + rope) };
             2 * (q + h * (r_kv + rope) + r_kv * n * (nope + v) + n * v * h)
         }
-        None => 2 * h * (h + 2 * m.kv_dim()) + 2 * h * h,
+        None => 2 * h * (m.q_dim() + 2 * m.kv_dim()) + 2 * m.q_dim() * h,
     }
 }
 

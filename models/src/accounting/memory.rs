@@ -91,19 +91,20 @@ pub fn layer_activation_parts(m: &ModelSpec, micro_batch: u32, dtype: Dtype, fla
     let e = dtype.bytes() as f64;
     let sb = m.seq_len as f64 * micro_batch as f64;
     let h = m.hidden as f64;
-    let kv = m.kv_dim() as f64;
+    let (q, kv) = (m.q_dim() as f64, m.kv_dim() as f64);
     let f = m.ffn_hidden as f64;
     let a = m.heads as f64;
     let s = m.seq_len as f64;
     let mask = if has_dropout(m) { 1.0 } else { 0.0 };
     // LN1 input, QKV input, LN2 input, FC1 input; dropout masks after attention and MLP.
     let replicated = sb * h * (4.0 * e + 2.0 * mask);
-    // Q, K, V; attention context (projection input); MLP internals (2 or 3 tensors of f).
+    // Q, K, V; attention context (projection input, heads · head_dim wide like Q); MLP
+    // internals (2 or 3 tensors of f).
     let mlp_tensors = match m.activation {
         crate::model::Activation::Gelu => 2.0,
         crate::model::Activation::Swiglu => 3.0,
     };
-    let sharded = sb * e * (h + 2.0 * kv + h + mlp_tensors * f);
+    let sharded = sb * e * (q + 2.0 * kv + q + mlp_tensors * f);
     // Softmax output, and with dropout its mask and output.
     let scores = if flash { a * sb * 4.0 } else { a * s * sb * (e + mask * (1.0 + e)) };
     LayerActivations { replicated, sharded, scores }
@@ -130,7 +131,7 @@ pub fn layer_activation_bytes(
 }
 
 /// The output gradients one layer's weight passes read, per microbatch and tp rank, bytes:
-/// those of QKV ((h + 2·kv)/t), the attention projection (h), FC1 (f/t, twice for SwiGLU)
+/// those of QKV ((q + 2·kv)/t, q = heads · head_dim), the attention projection (h), FC1 (f/t, twice for SwiGLU)
 /// and FC2 (h) for every token — the projection's and FC2's whole rows even under sequence
 /// parallelism (their inputs are gathered). ZB-H1 keeps them from a layer's input-gradient
 /// pass to its deferred weight pass (Qi et al. 2023).
@@ -138,7 +139,7 @@ pub fn weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32)
     let t = tp.max(1) as f64;
     let tokens = m.seq_len as f64 * micro_batch as f64;
     let fc1 = m.ffn_hidden as f64 / t * if m.activation == crate::model::Activation::Swiglu { 2.0 } else { 1.0 };
-    let qkv = (m.hidden as f64 + 2.0 * m.kv_dim() as f64) / t;
+    let qkv = (m.q_dim() as f64 + 2.0 * m.kv_dim() as f64) / t;
     tokens * (qkv + 2.0 * m.hidden as f64 + fc1) * dtype.bytes() as f64
 }
 
@@ -190,7 +191,7 @@ pub fn layer_input_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32,
 /// (cp > 1; 0 otherwise), bytes, with kv = b·(s/cp)·2·(kv/t)·e the rank's keys and values:
 /// ring attention's two K/V receive buffers and, in backward, two dK/dV buffers (4·kv);
 /// all-gather's gathered K/V and, in backward, the full dK/dV (2·cp·kv); Ulysses' Q/K/V and
-/// output in head layout (b·(s/cp)·(2·h + 2·kv)/t·e). The lowering allocates exactly these.
+/// output in head layout (b·(s/cp)·(2·q + 2·kv)/t·e, q = heads · head_dim). The lowering allocates exactly these.
 pub fn cp_exchange_bytes(s: &Scenario) -> u64 {
     let (m, p) = (&s.model, &s.parallel);
     if p.cp <= 1 {
@@ -202,7 +203,7 @@ pub fn cp_exchange_bytes(s: &Scenario) -> u64 {
     match p.cp_comm {
         crate::parallel::CpComm::Ring => (2.min(p.cp as u64 - 1) + 2) * kv,
         crate::parallel::CpComm::AllGather => 2 * p.cp as u64 * kv,
-        crate::parallel::CpComm::Ulysses => tokens * (2 * m.hidden as u64 / t) * e + kv,
+        crate::parallel::CpComm::Ulysses => tokens * (2 * m.q_dim() / t) * e + kv,
     }
 }
 
@@ -216,7 +217,7 @@ pub fn saves_lse_only(s: &Scenario) -> bool {
 }
 
 /// What a context-parallel layer saves beyond its s/cp share of the activations, bytes per
-/// microbatch: under Ulysses the attention output in head layout (b·(s/cp)·h/t·e) that the
+/// microbatch: under Ulysses the attention output in head layout (b·(s/cp)·q/t·e) that the
 /// core's backward reads beside the projection's sequence-layout input (TE's
 /// `AttnFuncWithCPAndQKVOA2A` saves both; its Q/K/V in head layout replace those in sequence
 /// layout). Nothing under full recomputation, which keeps the layer input only.
@@ -226,7 +227,7 @@ pub fn cp_saved_extra_bytes(s: &Scenario) -> u64 {
         return 0;
     }
     let tokens = p.micro_batch as u64 * m.seq_len as u64 / p.cp as u64;
-    tokens * (m.hidden as u64 / p.tp.max(1) as u64) * s.training.storage_dtype().bytes()
+    tokens * (m.q_dim() / p.tp.max(1) as u64) * s.training.storage_dtype().bytes()
 }
 
 /// Microbatch-chunks whose activations a stage holds at its peak.

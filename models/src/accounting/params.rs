@@ -81,8 +81,10 @@ pub fn attention_params(m: &ModelSpec) -> (u64, u64) {
         let sharded = q_sharded + r_kv * n * (nope + v) + n * v * h;
         return (sharded, q_replicated + kv_replicated);
     }
-    let qkv = h + 2 * m.kv_dim();
-    let weights = h * qkv + h * h;
+    // Q (heads · head_dim), K and V (kv_heads · head_dim each), and the projection back to h.
+    let q = m.q_dim();
+    let qkv = q + 2 * m.kv_dim();
+    let weights = h * qkv + q * h;
     if m.has_bias() { (weights + qkv, h) } else { (weights, 0) }
 }
 
@@ -288,7 +290,7 @@ pub fn stage_linear_params(m: &ModelSpec, p: &ParallelConfig, stage: u32) -> u64
             let a = m.mla.as_ref().map_or(0, |a| a.q_lora_rank as u64 + a.kv_lora_rank as u64);
             sharded / t + replicated - a
         }
-        None => (h * (h + 2 * m.kv_dim()) + h * h) / t,
+        None => (h * (m.q_dim() + 2 * m.kv_dim()) + m.q_dim() * h) / t,
     };
     let mats = m.mlp_matrices() * h;
     let layer = |l: u32| -> u64 {
@@ -319,7 +321,7 @@ pub fn largest_module_params(m: &ModelSpec, tp: u32) -> u64 {
     let h = m.hidden as u64;
     let (word, pos) = embedding_params(m);
     let bias = |n: u64| if m.has_bias() { n } else { 0 };
-    let qkv = h + 2 * m.kv_dim();
+    let qkv = m.q_dim() + 2 * m.kv_dim();
     let f = m.ffn_hidden as u64;
     // A routed expert's matrix is held whole (experts are not tensor-parallel); latent
     // attention's largest projection is its output (a·d_v·h) or query up projection.

@@ -217,11 +217,14 @@ fn notes(s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "- Model: {} layers, hidden {}, {} heads ({} key/value), FFN {}, vocabulary {}, sequence {}{}.",
+        "- Model: {} layers, hidden {}, {} heads ({} key/value){}, FFN {}, vocabulary {}, sequence {}{}.",
         m.layers,
         m.hidden,
         m.heads,
         m.kv_heads,
+        // DeepSpeed takes the model from the training script: Hugging Face's `head_dim`
+        // (Megatron-DeepSpeed's `--kv-channels`) where the head is not hidden / heads wide.
+        m.head_dim.map(|d| format!(" of head_dim {d} (Hugging Face config `head_dim`)")).unwrap_or_default(),
         m.ffn_hidden,
         m.vocab,
         m.seq_len,

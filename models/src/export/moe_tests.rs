@@ -159,3 +159,48 @@ fn megatron_names_the_expert_all_to_all_overlap_and_refuses_it_without_interleav
     let err = Scenario::from_toml(text, "test", "t", &[]).unwrap_err().to_string();
     assert!(err.contains("--overlap-moe-expert-parallel-comm") && err.contains("interleaved"), "{err}");
 }
+
+#[test]
+fn qwen3_exports_its_head_width_as_each_framework_names_it() {
+    // Megatron-LM: --kv-channels (its kv_channels, default hidden / heads).
+    let s = scenario(
+        "qwen3-235b-a22b",
+        32,
+        "tp = 2\npp = 32\nep = 8\nzero = 1\nglobal_batch = 2048\nsequence_parallel = true",
+        "framework = \"megatron\"",
+    );
+    let e = export(&s, Framework::Megatron, false).unwrap();
+    let args = file(&e, "megatron-args.txt");
+    for flag in ["--num-attention-heads 64", "--kv-channels 128", "--group-query-attention --num-query-groups 4"] {
+        assert!(args.contains(flag), "{flag}:\n{args}");
+    }
+    // torchtitan v0.2.2: its qwen3 model, flavor 235B-A22B (head_dim 128 there); its flavor's
+    // rope θ and its missing pipeline are said, not written.
+    let t = scenario(
+        "qwen3-235b-a22b",
+        32,
+        "tp = 2\npp = 2\nep = 8\nzero = 2\nglobal_batch = 2048\nsequence_parallel = true",
+        "framework = \"torchtitan\"",
+    );
+    let e = export(&t, Framework::Torchtitan, true).unwrap();
+    let doc: toml::Table = toml::from_str(file(&e, "torchtitan.toml")).unwrap();
+    assert_eq!(doc["model"]["name"].as_str(), Some("qwen3"));
+    assert_eq!(doc["model"]["flavor"].as_str(), Some("235B-A22B"));
+    let dropped: Vec<&str> = e.dropped.iter().map(|d| d.setting.as_str()).collect();
+    assert_eq!(dropped, vec!["model.rope_base = 1000000", "parallel.pp = 2"]);
+    // A llama3 flavor's shape with a head width apart from dim / n_heads is not that flavor.
+    let mut l =
+        scenario("llama3-8b", 1, "tp = 8\nglobal_batch = 8\nsequence_parallel = true", "framework = \"torchtitan\"");
+    l.model.head_dim = Some(64);
+    let e = export(&l, Framework::Torchtitan, true).unwrap();
+    assert!(e.dropped.iter().any(|d| d.setting.starts_with("model.head_dim = 64")), "{:?}", e.dropped);
+    // DeepSpeed takes the model from the script: the notes give Hugging Face's head_dim.
+    let d = scenario(
+        "qwen3-235b-a22b",
+        32,
+        "tp = 1\npp = 1\ndp = 256\nep = 8\nzero = 1\nglobal_batch = 2048",
+        "framework = \"deepspeed\"",
+    );
+    let e = export(&d, Framework::DeepSpeed, false).unwrap();
+    assert!(file(&e, "deepspeed-notes.md").contains("head_dim 128"), "{}", file(&e, "deepspeed-notes.md"));
+}

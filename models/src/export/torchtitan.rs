@@ -22,8 +22,11 @@
 //!   file says in a comment; the GEMMs that run in fp8 are the same linear layers.
 //!
 //! DeepSeek-V3 is torchtitan's `deepseek_v3` model, flavor `671B` (without its
-//! multi-token-prediction module, which torchtitan does not build). Other mixtures of
-//! experts have no torchtitan model here.
+//! multi-token-prediction module, which torchtitan does not build); Qwen3-235B-A22B its
+//! `qwen3` model, flavor `235B-A22B` (`torchtitan/models/qwen3/__init__.py`: `head_dim`
+//! 128, `qk_norm`, rope θ 5·10^6 where Hugging Face's config says 10^6, and no
+//! `pipelining_fn`, so no pipeline). Other mixtures of experts have no torchtitan model
+//! here; a head width apart from h / heads neither (llama3 derives it as dim / n_heads).
 //!
 //! torchtitan builds its models by name and flavor, not by dimensions: a Llama shape that
 //! is not one of its llama3 flavors, a GPT model, or a tokenizer other than Llama 3's
@@ -69,12 +72,17 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
         .find(|f| (f.1, f.2, f.3, f.4, f.5) == (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden));
     let deepseek = ModelSpec::preset("deepseek-v3")
         .is_some_and(|d| (d.layers, d.hidden, &d.moe, &d.mla) == (m.layers, m.hidden, &m.moe, &m.mla));
+    let qwen3 = ModelSpec::preset("qwen3-235b-a22b").is_some_and(|q| {
+        (q.layers, q.hidden, q.heads, q.kv_heads, q.head_dim(), &q.moe)
+            == (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim(), &m.moe)
+    });
     let (model_name, flavor_name) = match (m.family, flavor) {
         _ if deepseek => ("deepseek_v3", "671B".to_string()),
+        _ if qwen3 => ("qwen3", "235B-A22B".to_string()),
         _ if m.moe.is_some() || m.mla.is_some() => {
             drop(
                 format!("model.moe / model.mla of {}", m.name),
-                "torchtitan v0.2.2 builds DeepSeek-V3 (deepseek_v3 671B) among mixtures of experts here, not this one; written as llama3 with the scenario's name as the flavor, which torchtitan must be taught",
+                "torchtitan v0.2.2 builds DeepSeek-V3 (deepseek_v3 671B) and Qwen3-235B-A22B (qwen3 235B-A22B) among mixtures of experts here, not this one; written as llama3 with the scenario's name as the flavor, which torchtitan must be taught",
             );
             ("llama3", m.name.clone())
         }
@@ -95,15 +103,36 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
             );
             ("llama3", m.name.clone())
         }
-        (Family::Llama, Some(f)) => ("llama3", f.0.to_string()),
+        (Family::Llama, Some(f)) if m.q_dim() == m.hidden as u64 => ("llama3", f.0.to_string()),
+        (Family::Llama, Some(_)) => {
+            drop(
+                format!("model.head_dim = {} (heads · head_dim = {} ≠ hidden {})", m.head_dim(), m.q_dim(), m.hidden),
+                "torchtitan's llama3 derives head_dim = dim / n_heads; written as flavor = the scenario's model name, to be registered in torchtitan/models/llama3/__init__.py",
+            );
+            ("llama3", m.name.clone())
+        }
     };
+    if qwen3 {
+        if m.rope_base != 5e6 {
+            drop(
+                format!("model.rope_base = {}", m.rope_base),
+                "torchtitan v0.2.2's qwen3 235B-A22B flavor fixes rope_theta = 5000000 (Hugging Face's config.json says 1000000)",
+            );
+        }
+        if p.pp > 1 {
+            drop(
+                format!("parallel.pp = {}", p.pp),
+                "torchtitan v0.2.2's qwen3 train spec has no pipelining_fn: it trains without a pipeline",
+            );
+        }
+    }
     if deepseek && m.mtp_layers > 0 {
         drop(
             format!("model.mtp_layers = {}", m.mtp_layers),
             "torchtitan's deepseek_v3 model has no multi-token-prediction module",
         );
     }
-    if m.family == Family::Llama && !deepseek {
+    if m.family == Family::Llama && !deepseek && !qwen3 {
         if m.vocab != LLAMA3_VOCAB {
             drop(
                 format!("model.vocab = {}", m.vocab),
@@ -201,6 +230,8 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
         quote(&flavor_name),
         quote(&if deepseek {
             "./assets/hf/DeepSeek-V3".to_string()
+        } else if qwen3 {
+            "./assets/hf/Qwen3-235B-A22B".to_string()
         } else {
             format!("./assets/hf/Llama-3.1-{}", flavor.map_or("8B", |f| f.0))
         })

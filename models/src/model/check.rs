@@ -1,4 +1,5 @@
-//! Structural checks of a mixture-of-experts MLP and of multi-head latent attention: the
+//! Structural checks of a mixture-of-experts MLP and of multi-head latent attention (which
+//! sets its own head widths, so not `model.head_dim`): the
 //! shapes that must hold whatever the parallel split (the split's own rules, such as
 //! experts divisible by ep, are in [`crate::parallel`]).
 
@@ -67,6 +68,11 @@ impl ModelSpec {
                 bad.push(format!(
                     "model.mla with model.family = \"{}\": latent attention carries positions in its decoupled rotary key, so it needs rotary positions (family = \"llama\")",
                     if self.family == Family::Gpt { "gpt" } else { "?" }
+                ));
+            }
+            if let Some(d) = self.head_dim {
+                bad.push(format!(
+                    "model.head_dim = {d} with model.mla: latent attention's head widths are model.mla.qk_nope_head_dim, qk_rope_head_dim and v_head_dim; leave model.head_dim out"
                 ));
             }
             if self.kv_heads != self.heads {

@@ -71,6 +71,9 @@ struct Dims {
     b: u64,
     s: u64,
     h: u64,
+    /// h/t: the MTP projection's output columns per rank.
+    h_t: u64,
+    /// Query (and attention output) width per rank: heads · head_dim / t.
     q_t: u64,
     kv_t: u64,
     f_t: u64,
@@ -79,7 +82,7 @@ struct Dims {
     e: u64,
     /// Linear-layer GEMMs run in fp8.
     fp8: bool,
-    /// Per-head query/key and value widths of the core (h/a each without MLA).
+    /// Per-head query/key and value widths of the core (`head_dim` each without MLA).
     qk_d: u64,
     v_d: u64,
     swiglu: bool,
@@ -103,7 +106,8 @@ fn dims(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> Dims {
         b,
         s,
         h: m.hidden as u64,
-        q_t: m.hidden as u64 / t,
+        h_t: m.hidden as u64 / t,
+        q_t: m.q_dim() / t,
         kv_t: m.kv_dim() / t,
         f_t: m.ffn_hidden as u64 / t,
         v_t: (m.vocab as u64).div_ceil(t),
@@ -163,7 +167,7 @@ pub fn piece_cost(
     let mask = u64::from(x.dropout);
     let rh = x.rows * x.h;
     let fc1_n = x.f_t * if x.swiglu { 2 } else { 1 };
-    // The core's head width: h/a, or under MLA the mean of the query/key and value widths,
+    // The core's head width: `head_dim`, or under MLA the mean of the query/key and value widths,
     // so that a kernel model's 4·s²·d per head is the core's FLOPs.
     let core_d = (x.qk_d + x.v_d) / 2;
     let core =
@@ -209,12 +213,12 @@ pub fn piece_cost(
         // Two norms (the hidden state's and the shifted embedding's), the concatenation and
         // the column-parallel 2h → h projection over all T tokens.
         (Piece::MtpProj, Phase::Forward) => {
-            cost(vec![gemm(x.tokens, x.q_t, 2 * x.h)], None, 2 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+            cost(vec![gemm(x.tokens, x.h_t, 2 * x.h)], None, 2 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
         }
         (Piece::MtpProj, Phase::BackwardInput) => {
-            cost(vec![gemm(x.tokens, 2 * x.h, x.q_t)], None, 4 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
+            cost(vec![gemm(x.tokens, 2 * x.h, x.h_t)], None, 4 * norm_bytes + 2 * x.tokens * x.h * x.e, 3)
         }
-        (Piece::MtpProj, _) => cost(vec![gemm(2 * x.h, x.q_t, x.tokens)], None, 2 * x.tokens * x.h * x.e, 1),
+        (Piece::MtpProj, _) => cost(vec![gemm(2 * x.h, x.h_t, x.tokens)], None, 2 * x.tokens * x.h * x.e, 1),
         (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => match MoeShape::new(m, p, dtype) {
             Some(moe) => moe::moe_piece_cost(&moe, piece, phase),
             None => cost(vec![], None, 0, 0),

@@ -19,6 +19,7 @@ fn spec() -> ModelSpec {
         hidden: 8,
         heads: 2,
         kv_heads: 2,
+        head_dim: None,
         ffn_hidden: 16,
         vocab: 16,
         seq_len: 4,

@@ -14,6 +14,7 @@ fn model(vocab: u32) -> ModelSpec {
         hidden: 32,
         heads: 2,
         kv_heads: 2,
+        head_dim: None,
         ffn_hidden: 128,
         vocab,
         seq_len: 16,

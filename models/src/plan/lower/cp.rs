@@ -122,7 +122,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     fn qkv_out_bytes(&self) -> (u64, u64) {
         let s = self.s();
         let (t, e) = (s.parallel.tp as u64, self.dtype().bytes());
-        let q = s.model.hidden as u64 / t;
+        let q = s.model.q_dim() / t;
         let qkv = q + 2 * s.model.kv_dim() / t;
         (self.rank_tokens() * qkv * e, self.rank_tokens() * q * e)
     }

@@ -30,14 +30,14 @@ use crate::plan::lower::StageLowering;
 pub fn piece_modules(m: &ModelSpec, tp: u32, piece: Piece, persist: u64) -> Vec<u64> {
     let h = m.hidden as u64;
     let t = tp as u64;
-    let kv = m.kv_dim();
+    let (q, kv) = (m.q_dim(), m.kv_dim());
     let f = m.ffn_hidden as u64;
     let bias = m.has_bias();
     // (weight elements, bias elements) per module, before tensor parallelism.
     let shapes: Vec<(u64, u64)> = match piece {
         // HF Llama: q, k, v and o projections; GPT (Megatron-DeepSpeed, HF GPT-2): fused QKV.
-        Piece::Attn if m.mlp_matrices() == 3 => vec![(h * h, 0), (h * kv, 0), (h * kv, 0), (h * h, 0)],
-        Piece::Attn => vec![(h * (h + 2 * kv), if bias { h + 2 * kv } else { 0 }), (h * h, if bias { h } else { 0 })],
+        Piece::Attn if m.mlp_matrices() == 3 => vec![(h * q, 0), (h * kv, 0), (h * kv, 0), (q * h, 0)],
+        Piece::Attn => vec![(h * (q + 2 * kv), if bias { q + 2 * kv } else { 0 }), (q * h, if bias { h } else { 0 })],
         Piece::Mlp if m.mlp_matrices() == 3 => vec![(h * f, 0), (h * f, 0), (f * h, 0)],
         Piece::Mlp => vec![(h * f, if bias { f } else { 0 }), (f * h, if bias { h } else { 0 })],
         _ => vec![],
