@@ -1,6 +1,7 @@
 //! Mixture-of-experts scenarios through the binary: a tiny MoE GPT on 8 CPU ranks plans,
 //! its plan verifies and simulates; impossible expert-parallel splits exit 2 naming the
-//! rule; training it is refused (exit 2) until the plan interpreter drives MoE layers.
+//! rule; the shipped tiny MoE scenario trains on CPU ranks, and a MoE split the executor
+//! does not run (tp > 1) exits 2 naming the rule.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -81,7 +82,15 @@ fn impossible_expert_parallel_splits_exit_2_naming_the_rule() {
 }
 
 #[test]
-fn training_a_moe_model_is_refused_with_exit_2() {
+fn a_tensor_parallel_moe_model_is_refused_by_the_executor_with_exit_2() {
     let scenario = tiny_moe();
-    rejects(&strata(&["train", scenario.to_str().unwrap(), "--steps", "1"]), &["mixture-of-experts"]);
+    rejects(&strata(&["train", scenario.to_str().unwrap(), "--steps", "1"]), &["model.moe with tp = 2", "tp = 1"]);
+}
+
+#[test]
+fn the_shipped_tiny_moe_scenario_trains() {
+    let out = strata(&["train", "scenarios/tiny-moe-cpu.toml", "--steps", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("step"), "{text}");
 }

@@ -16,6 +16,8 @@ impl RankExec {
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb, bufs),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),
+            (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => self.moe_compute(c, bufs),
+            (Piece::LayerOut, _) if self.plan.scenario.model.is_moe_layer(c.layer) => self.moe_compute(c, bufs),
             (p, _) if p.in_layer() => self.layer_piece(c, bufs),
             (Piece::FinalNorm | Piece::Logits | Piece::Loss, _) => self.head_piece(c.piece, c.phase, chunk, mb, bufs),
             (Piece::Optimizer, Phase::Step) => {
@@ -62,7 +64,7 @@ impl RankExec {
     }
 
     /// The residual entering the first layer of a chunk: from the previous stage's message.
-    fn residual_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
+    pub(super) fn residual_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
         if self.has(chunk, mb, T::R) {
             return self.take(chunk, mb, T::R);
         }
@@ -72,7 +74,7 @@ impl RankExec {
     }
 
     /// The residual gradient entering a chunk's backward: from the next stage's message.
-    fn grad_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
+    pub(super) fn grad_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
         if self.has(chunk, mb, T::Dr) {
             return self.take(chunk, mb, T::Dr);
         }
