@@ -64,7 +64,7 @@ impl RankExec {
     }
 
     /// The residual entering the first layer of a chunk: from the previous stage's message.
-    pub(super) fn residual_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
+    fn residual_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
         if self.has(chunk, mb, T::R) {
             return self.take(chunk, mb, T::R);
         }
