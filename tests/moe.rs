@@ -1,7 +1,8 @@
 //! Mixture-of-experts scenarios through the binary: a tiny MoE GPT on 8 CPU ranks plans,
 //! its plan verifies and simulates; impossible expert-parallel splits exit 2 naming the
-//! rule; the shipped tiny MoE scenario trains on CPU ranks, and a MoE split the executor
-//! does not run (tp > 1) exits 2 naming the rule.
+//! rule; the shipped tiny MoE scenario and a tensor-parallel MoE split train on CPU ranks,
+//! and a capacity factor, which the executor's dropless routing does not run, exits 2
+//! naming the key.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -82,9 +83,13 @@ fn impossible_expert_parallel_splits_exit_2_naming_the_rule() {
 }
 
 #[test]
-fn a_tensor_parallel_moe_model_is_refused_by_the_executor_with_exit_2() {
+fn a_tensor_parallel_moe_split_trains_and_a_capacity_factor_exits_2() {
     let scenario = tiny_moe();
-    rejects(&strata(&["train", scenario.to_str().unwrap(), "--steps", "1"]), &["model.moe with tp = 2", "tp = 1"]);
+    let s = scenario.to_str().unwrap();
+    let out = strata(&["train", s, "--steps", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let set = ["train", s, "--steps", "1", "--set", "model.moe.capacity_factor=1.25"];
+    rejects(&strata(&set), &["model.moe.capacity_factor = 1.25", "dropless"]);
 }
 
 #[test]

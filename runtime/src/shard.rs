@@ -59,7 +59,7 @@ pub struct ShardDims {
 impl ShardDims {
     /// Checks that the CPU executor implements `model` (GPT family: learned positions,
     /// LayerNorm, biases, GELU, tied embeddings, no grouped-query attention; MoE layers
-    /// dropless, without the auxiliary loss, at tp = 1) and that `tp`
+    /// dropless, without the auxiliary loss) and that `tp`
     /// splits heads, FFN and vocabulary evenly. Every problem is reported at once.
     pub fn new(model: &ModelSpec, tp: TpRank) -> Result<ShardDims, RuntimeError> {
         model.check().map_err(|reason| RuntimeError::UnsupportedModel { model: model.name.clone(), reason })?;
@@ -86,12 +86,6 @@ impl ShardDims {
                 bad.push(format!(
                     "model.moe.aux_loss_coeff = {}; the executor trains without the load-balancing loss (set it to 0)",
                     moe.aux_loss_coeff
-                ));
-            }
-            if tp.size > 1 {
-                bad.push(format!(
-                    "model.moe with tp = {}; the executor runs MoE layers at tp = 1 only (its expert-parallel tokens are not split over tensor-parallel ranks)",
-                    tp.size
                 ));
             }
         }

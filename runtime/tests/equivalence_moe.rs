@@ -1,24 +1,27 @@
 //! Mixture-of-experts layers train the tiny MoE GPT exactly as one rank does: every split
 //! with expert parallelism — ep 2, 4, 8; with expert-data-parallel replicas under ZeRO 0,
-//! 1, 2; with pipeline parallelism (1F1B, interleaved); with full recomputation; softmax
-//! and sigmoid routers — gives the single rank's loss curve over 20 steps within the
-//! tolerance of `equivalence.rs`, and the single rank's plan gives the reference trainer's
-//! losses bit for bit.
+//! 1, 2; with pipeline parallelism (1F1B, interleaved, ZB-H1); with tp 2 and sequence
+//! parallelism; with full and selective recomputation; softmax and sigmoid routers —
+//! gives the single rank's loss curve within the tolerance of `equivalence.rs` over the 15
+//! steps before a routing near-tie (below) and within 3e-4 nats over all 20; the single
+//! rank's plan gives the reference trainer's losses bit for bit; a resumed MoE run is the
+//! uninterrupted one bit for bit.
 //!
 //! Why the same tolerance holds: an ep split routes every token with the same gate (the
 //! router is replicated and its gradient reduced over the data-parallel group), runs each
 //! expert on the rows of the ep ranks' tokens it was sent, and sums each expert's weight
 //! gradient over the sources and the expert-data-parallel replicas — the same products
 //! summed in another order. The top-k selection is discrete, so a rounding difference
-//! can flip a near-tie and move a loss by far more than rounding. Measured (debug build,
-//! this machine): 14 of the 15 splits stay within 2.2e-8 nats over all 20 steps; ep8-dp8
-//! (one expert per rank) stays within 1.2e-8 for steps 0–14 and jumps to 4.6e-6 at step
-//! 15 and 8.0e-5 by step 19 — the signature of one flipped selection (step 0 is bit-equal,
-//! steps 1–14 differ at f32 rounding, then a sudden jump); ep1-dp8 and ep4-dp8 over the
-//! same replicas stay within 1.7e-8. So ep8-dp8 is held to the tolerance over its first
-//! `EP8_STEPS` steps. A real bug lands far outside from step 1: ep ranks holding the
-//! wrong experts (each rank's experts drawn from the next expert's stream) moves the
-//! ep2-dp2 curve by 5.3e-3 nats.
+//! can flip a near-tie and move a loss by far more than rounding. The single rank's curve
+//! has one such near-tie at step 15: measured (debug build, this machine), every split
+//! stays within 4.0e-8 nats of it over steps 0–14, and four splits then jump by the same
+//! 4.6e-6 at step 15 and 8.0e-5 by step 19 — ep8-dp8, ep2-tp2-sp, ep2-tp2-pp2-sp-full-
+//! recompute, and ep1-tp2-sp, which has no expert parallelism at all, so the jump is the
+//! one flipped selection, not an expert-parallel bug (which moves the loss from the start:
+//! ep ranks holding the wrong experts, each rank's experts drawn from the streams of
+//! experts [0, E/ep), moves the ep2-dp2 curve by 5.3e-3 nats). So every split is held to
+//! `LOSS_TOL_NATS` over the steps before the near-tie, and to `FLIP_TOL_NATS` — 16× below
+//! that bug — over all 20.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,9 +37,11 @@ const LOSS_TOL_NATS: f64 = 2e-6;
 
 const STEPS: u32 = 20;
 
-/// Steps of ep8-dp8 held to the tolerance (see the module comment: a routing near-tie flips
-/// at step 15 of that split).
-const EP8_STEPS: usize = 15;
+/// Steps before the single rank's routing near-tie (module comment), held to `LOSS_TOL_NATS`.
+const TIE_FREE_STEPS: usize = 15;
+
+/// The bound over all steps: a flipped near-tie moves the curve by 8e-5, a wrong expert by 5e-3.
+const FLIP_TOL_NATS: f64 = 3e-4;
 
 /// The tiny MoE GPT (4 MoE layers of 8 experts of width 64, top-2, one shared expert of
 /// width 64, hidden 64, seq 64) without the auxiliary loss, global batch 16 of 2.
@@ -107,6 +112,22 @@ const SPLITS: &[(&str, &[&str])] = &[
     ("ep2-dp2-full-recompute", &["parallel.ep=2", "parallel.dp=2", "parallel.recompute=full"]),
     ("ep2-dp2-selective-recompute", &["parallel.ep=2", "parallel.dp=2", "parallel.recompute=selective"]),
     ("ep4-dp4-sigmoid", &["parallel.ep=4", "parallel.dp=4", "model.moe.score=sigmoid"]),
+    ("ep2-tp2-sp", &["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
+    ("ep1-tp2-sp", &["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    (
+        "ep4-tp2-dp2-sp-zero1",
+        &["parallel.ep=4", "parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true", "parallel.zero=1"],
+    ),
+    (
+        "ep2-tp2-pp2-sp-full-recompute",
+        &[
+            "parallel.ep=2",
+            "parallel.tp=2",
+            "parallel.pp=2",
+            "parallel.sequence_parallel=true",
+            "parallel.recompute=full",
+        ],
+    ),
     ("ep2-dp4-zero1-clip", &["parallel.ep=2", "parallel.dp=4", "parallel.zero=1", "training.grad_clip=0.05"]),
 ];
 
@@ -130,18 +151,26 @@ fn every_ep_split_gives_the_single_rank_loss_curve() {
         let base: Vec<&str> = split.iter().copied().filter(|o| !o.starts_with("parallel.")).collect();
         let single = single_by_score.entry(base.clone()).or_insert_with(|| losses(&scenario(&base), STEPS)).clone();
         let got = losses(&s, STEPS);
-        let n = if *name == "ep8-dp8" { EP8_STEPS } else { STEPS as usize };
+        let n = TIE_FREE_STEPS;
         let whole = max_diff(&got, &single);
         let diff = max_diff(&got[..n.min(got.len())], &single[..n.min(single.len())]);
+        let first_over = got.iter().zip(&single).position(|(a, b)| (a - b).abs() > LOSS_TOL_NATS);
         println!(
-            "{name:<32} ranks {:>2}  max |Δloss| over {STEPS} steps = {whole:.3e} nats (checked over {n}: {diff:.3e})",
+            "{name:<32} ranks {:>2}  max |Δloss| over {STEPS} steps = {whole:.3e} nats (checked over {n}: {diff:.3e}; first step over the tolerance: {first_over:?})",
             s.parallel.ranks()
         );
         if diff > worst.0 {
             worst = (diff, name);
         }
-        if diff.is_nan() || diff > LOSS_TOL_NATS || got.len() != STEPS as usize {
-            failures.push(format!("{name}: max |Δloss| {diff:e} > {LOSS_TOL_NATS:e} ({got:?} vs {single:?})"));
+        if diff.is_nan()
+            || diff > LOSS_TOL_NATS
+            || whole.is_nan()
+            || whole > FLIP_TOL_NATS
+            || got.len() != STEPS as usize
+        {
+            failures.push(format!(
+                "{name}: max |Δloss| {diff:e} over {n} steps (≤ {LOSS_TOL_NATS:e}), {whole:e} over all (≤ {FLIP_TOL_NATS:e}): {got:?} vs {single:?}"
+            ));
         }
     }
     println!("worst split: {} at {:.3e} nats (tolerance {LOSS_TOL_NATS:e})", worst.1, worst.0);
@@ -179,7 +208,7 @@ fn one_rank_moe_plan_equals_the_reference_trainer() {
 
 /// A MoE model the executor does not run exits with a message naming the key.
 #[test]
-fn capacity_factor_aux_loss_and_tp_are_refused_by_name() {
+fn capacity_factor_and_aux_loss_are_refused_by_name() {
     for (set, want) in [
         ("model.moe.capacity_factor=1.25", "model.moe.capacity_factor = 1.25"),
         ("model.moe.aux_loss_coeff=0.01", "model.moe.aux_loss_coeff = 0.01"),

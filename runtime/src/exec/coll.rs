@@ -78,6 +78,9 @@ impl RankExec {
 
     fn saved_input(&self, piece: Piece, layer: u32, mb: u32) -> Vec<f32> {
         let key = (layer, mb);
+        if piece == Piece::SharedExperts {
+            return self.moe_saved_input(layer, mb);
+        }
         let acts = self.rc_acts.get(&key).or_else(|| self.acts.get(&key)).expect("saved activations");
         if piece == Piece::Mlp { acts.m.to_vec() } else { acts.a.to_vec() }
     }
@@ -90,6 +93,8 @@ impl RankExec {
                 (TpSite::Reduce, _) => self.take(chunk, mb, T::Out),
                 (TpSite::Gather, Phase::BackwardWeight) => self.take(chunk, mb, T::Dr),
                 (TpSite::Gather, Phase::BackwardInput) => self.flight[&(chunk, mb, T::Dr)].clone(),
+                // A MoE layer's router reads the same rows after the shared experts' gather.
+                (TpSite::Gather, _) if piece == Piece::SharedExperts => self.flight[&(chunk, mb, T::X)].clone(),
                 (TpSite::Gather, _) => self.take(chunk, mb, T::X),
                 (TpSite::GatherSaved, _) if piece == Piece::Logits => self.heads[&mb].hn.to_vec(),
                 (TpSite::GatherSaved, _) => self.saved_input(piece, layer, mb),

@@ -233,7 +233,7 @@ impl RankExec {
                 self.put(chunk, mb, T::DPart, part);
             }
             (Piece::MlpIn | Piece::AttnIn, Phase::BackwardInput) => {
-                let dx = self.take(chunk, mb, self.reduced(T::DPart));
+                let dx = self.mlp_input_grad(piece, chunk, mb);
                 let mut dr = self.take(chunk, mb, T::Dr);
                 let g = grad.expect("layer gradients");
                 let layout = &self.chunks[chunk as usize].layout;

@@ -142,6 +142,9 @@ enum T {
     /// Per-token loss statistics (T, 3), and gathered over tp (t, T, 3).
     Stats,
     StatsAll,
+    /// A MoE layer's routed input gradient under tensor parallelism (Tl, h), which
+    /// `MlpIn`'s backward adds to the shared experts' reduced one.
+    MoeDx,
 }
 
 /// One model chunk on this rank.

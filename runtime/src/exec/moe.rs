@@ -20,8 +20,15 @@
 //! ```
 //!
 //! Under full recomputation the forward drops the state after `LayerOut` and the
-//! recomputed forward (its all-to-alls included) builds it again. Runs at tp = 1
-//! (`ShardDims::new` refuses a MoE model at tp > 1).
+//! recomputed forward (its all-to-alls included) builds it again.
+//!
+//! Tensor parallelism (with sequence parallelism, which the plan's rules require): each tp
+//! rank routes its own Tl = T/tp rows (its expert-parallel group spans tp ranks, experts
+//! whole, expert-tp 1); the shared experts are a column-/row-parallel MLP over the gathered
+//! rows (the plan's gather before, reduce-scatter after), whose FC2 bias is added once
+//! after the reduction, in `LayerOut` (its gradient there, over the rank's rows, summed by
+//! the replicated tensors' tp all-reduce with the router's); the routed input gradient
+//! waits as `MoeDx` for `MlpIn`'s backward, which adds it to the shared experts' reduced one.
 
 use strata_models::Recompute;
 use strata_models::plan::{BufId, ComputeOp, GroupKind, Phase, Piece, Unit};
@@ -126,14 +133,22 @@ impl RankExec {
                 self.moe.insert((layer, mb), st);
             }
             (Piece::SharedExperts, true) => {
-                let x = self.moe_state(layer, mb).x.clone();
+                let x = if self.tp > 1 { self.take(chunk, mb, T::XFull) } else { self.moe_state(layer, mb).x.clone() };
                 let (y, a) = {
-                    let sp = self.shared_params(chunk, layer, bufs);
+                    let mut sp = self.shared_params(chunk, layer, bufs);
+                    // Row-parallel: the bias joins after the reduction (LayerOut).
+                    let zeros = vec![0.0f32; if self.tp > 1 { h } else { 0 }];
+                    if self.tp > 1 {
+                        sp.fc2_b = &zeros;
+                    }
                     crate::moe::expert_forward(&sp, h, d.shared_ffn, x)
                 };
-                let st = self.moe_state(layer, mb);
-                st.shared = Some(a);
-                st.shared_out = y;
+                self.moe_state(layer, mb).shared = Some(a);
+                if self.tp > 1 {
+                    self.put(chunk, mb, T::Out, y);
+                } else {
+                    self.moe_state(layer, mb).shared_out = y;
+                }
             }
             (Piece::Experts, true) => {
                 let recv = self.moe_state(layer, mb).recv.take().expect("the dispatch's blocks");
@@ -152,6 +167,11 @@ impl RankExec {
                 st.y = y;
                 if !st.shared_out.is_empty() {
                     crate::kernels::add_into(&mut out, &std::mem::take(&mut st.shared_out));
+                }
+                if self.tp > 1 && self.has(chunk, mb, T::Red) {
+                    let shared = self.take(chunk, mb, T::Red);
+                    crate::kernels::add_into(&mut out, &shared);
+                    crate::kernels::add_bias(&mut out, self.layer_params(chunk, layer, bufs).fc2_b);
                 }
                 let mut r = self.take(chunk, mb, T::R);
                 crate::kernels::add_into(&mut r, &out);
@@ -173,18 +193,28 @@ impl RankExec {
                 st.y = Vec::new();
                 st.dweight = dweight;
                 st.send = Some(send);
+                if self.tp > 1 && self.moe[&(layer, mb)].shared.is_some() {
+                    // The shared experts' row-parallel bias, over this rank's rows.
+                    let mut g = self.take_grad(chunk, Unit::Layer(layer), mb);
+                    crate::kernels::col_sum_into(self.chunks[chunk as usize].layout.layer_block_mut(&mut g).fc2_b, &dr);
+                    self.put_grad(chunk, Unit::Layer(layer), mb, g);
+                }
                 self.put(chunk, mb, T::Dr, dr);
             }
             (Piece::SharedExperts, false) if phase == Phase::BackwardInput => {
-                let dout = self.flight[&(chunk, mb, T::Dr)].clone();
+                let dout =
+                    if self.tp > 1 { self.take(chunk, mb, T::DFull) } else { self.flight[&(chunk, mb, T::Dr)].clone() };
                 let (dx, dh) = {
                     let sp = self.shared_params(chunk, layer, bufs);
                     let a = self.moe[&(layer, mb)].shared.as_ref().expect("the shared experts' forward");
                     crate::moe::expert_backward_input(&sp, h, d.shared_ffn, a, &dout)
                 };
-                let st = self.moe_state(layer, mb);
-                st.shared_dx = dx;
-                st.shared_g = (dout, dh);
+                if self.tp > 1 {
+                    self.put(chunk, mb, T::DPart, dx);
+                } else {
+                    self.moe_state(layer, mb).shared_dx = dx;
+                }
+                self.moe_state(layer, mb).shared_g = (dout, dh);
             }
             (Piece::SharedExperts, false) => {
                 let mut g = self.take_grad(chunk, Unit::Layer(layer), mb);
@@ -192,10 +222,15 @@ impl RankExec {
                     let st = &self.moe[&(layer, mb)];
                     let a = st.shared.as_ref().expect("the shared experts' forward");
                     let lv = self.chunks[chunk as usize].layout.layer_block_mut(&mut g);
-                    let mut sg = ExpertTensors { fc1_w: lv.fc1_w, fc1_b: lv.fc1_b, fc2_w: lv.fc2_w, fc2_b: lv.fc2_b };
+                    // Under tp the bias's gradient is LayerOut's.
+                    let mut scratch = vec![0.0f32; if self.tp > 1 { h } else { 0 }];
+                    let fc2_b = if self.tp > 1 { &mut scratch[..] } else { lv.fc2_b };
+                    let mut sg = ExpertTensors { fc1_w: lv.fc1_w, fc1_b: lv.fc1_b, fc2_w: lv.fc2_w, fc2_b };
                     crate::moe::expert_backward_weight(&mut sg, h, d.shared_ffn, a, &st.shared_g.0, &st.shared_g.1);
                 }
                 self.put_grad(chunk, Unit::Layer(layer), mb, g);
+                // The re-gathered input (sequence parallelism): the forward kept it whole.
+                self.flight.remove(&(chunk, mb, T::Saved));
                 let st = self.moe_state(layer, mb);
                 st.shared = None;
                 st.shared_g = Default::default();
@@ -232,7 +267,8 @@ impl RankExec {
                 if !st.shared_dx.is_empty() {
                     crate::kernels::add_into(&mut dx, &std::mem::take(&mut st.shared_dx));
                 }
-                self.put(chunk, mb, T::DPart, dx);
+                let dst = if self.tp > 1 { T::MoeDx } else { T::DPart };
+                self.put(chunk, mb, dst, dx);
             }
             (Piece::Router, false) => {
                 let st = self.moe.remove(&(layer, mb)).expect("the router's state");
@@ -246,6 +282,25 @@ impl RankExec {
             (p, _) => panic!("rank {}: {} {} is not a MoE op", self.rank, p.key(), phase.key()),
         }
         Ok(())
+    }
+
+    /// The shared experts' input rows of this rank (re-gathered for their weight pass).
+    pub(super) fn moe_saved_input(&self, layer: u32, mb: u32) -> Vec<f32> {
+        self.moe.get(&(layer, mb)).map_or_else(Vec::new, |st| st.x.clone())
+    }
+
+    /// `MlpIn`'s backward input: the reduced MLP input gradient, plus a MoE layer's routed
+    /// one under tensor parallelism.
+    pub(super) fn mlp_input_grad(&mut self, piece: Piece, chunk: u32, mb: u32) -> Vec<f32> {
+        if piece == Piece::MlpIn
+            && let Some(mut dx) = self.flight.remove(&(chunk, mb, T::MoeDx))
+        {
+            if let Some(shared) = self.flight.remove(&(chunk, mb, self.reduced(T::DPart))) {
+                crate::kernels::add_into(&mut dx, &shared);
+            }
+            return dx;
+        }
+        self.take(chunk, mb, self.reduced(T::DPart))
     }
 
     fn shared_params(&self, chunk: u32, layer: u32, bufs: &[BufId]) -> ExpertTensors<&[f32]> {
