@@ -20,7 +20,7 @@
 //! one flipped selection, not an expert-parallel bug (which moves the loss from the start:
 //! ep ranks holding the wrong experts, each rank's experts drawn from the streams of
 //! experts [0, E/ep), moves the ep2-dp2 curve by 5.3e-3 nats). So every split is held to
-//! `LOSS_TOL_NATS` over the steps before the near-tie, and to `FLIP_TOL_NATS` — 16× below
+//! `LOSS_TOL_NATS` over the steps before the near-tie, and to `FLIP_TOL_NATS` — 18× below
 //! that bug — over all 20.
 
 use std::sync::Arc;
