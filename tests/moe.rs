@@ -1,6 +1,8 @@
 //! Mixture-of-experts scenarios through the binary: a tiny MoE GPT on 8 CPU ranks plans,
 //! its plan verifies and simulates; impossible expert-parallel splits exit 2 naming the
-//! rule; training it is refused (exit 2) until the plan interpreter drives MoE layers.
+//! rule; the shipped tiny MoE scenario and a tensor-parallel MoE split train on CPU ranks,
+//! and a capacity factor, which the executor's dropless routing does not run, exits 2
+//! naming the key.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -81,7 +83,19 @@ fn impossible_expert_parallel_splits_exit_2_naming_the_rule() {
 }
 
 #[test]
-fn training_a_moe_model_is_refused_with_exit_2() {
+fn a_tensor_parallel_moe_split_trains_and_a_capacity_factor_exits_2() {
     let scenario = tiny_moe();
-    rejects(&strata(&["train", scenario.to_str().unwrap(), "--steps", "1"]), &["mixture-of-experts"]);
+    let s = scenario.to_str().unwrap();
+    let out = strata(&["train", s, "--steps", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let set = ["train", s, "--steps", "1", "--set", "model.moe.capacity_factor=1.25"];
+    rejects(&strata(&set), &["model.moe.capacity_factor = 1.25", "dropless"]);
+}
+
+#[test]
+fn the_shipped_tiny_moe_scenario_trains() {
+    let out = strata(&["train", "scenarios/tiny-moe-cpu.toml", "--steps", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("step"), "{text}");
 }

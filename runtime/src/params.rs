@@ -13,6 +13,15 @@
 //! head       lnf_w (h)  lnf_b (h)  [wte (V/t, h): only when the chunk has no embedding]
 //! ```
 //!
+//! A mixture-of-experts layer (`ModelSpec::is_moe_layer`) holds, in place of the dense
+//! MLP, its shared experts as `fc1_w (h, Fs)  fc1_b (Fs)  fc2_w (Fs, h)  fc2_b (h)` (Fs =
+//! shared_experts · shared_ffn_hidden / t; absent without shared experts), then the router
+//! gate `router_w (h, E)` (replicated) — together the plan's `Unit::Layer` — and after them
+//! this rank's routed experts (the plan's `Unit::Experts`): experts [r·E/ep, (r+1)·E/ep) on
+//! expert-parallel rank r, each `fc1_w (h, fe)  fc1_b (fe)  fc2_w (fe, h)  fc2_b (h)`
+//! whole (expert-tp 1). Each expert is drawn from a stream keyed by its global index, so
+//! every ep split holds the same experts.
+//!
 //! The output layer is tied to the word embedding. When one chunk holds both ends it uses
 //! the single `wte`; when they are in different chunks the head keeps its own copy
 //! (Megatron-LM's "embedding group"), initialised identically, and the caller all-reduces
@@ -33,9 +42,12 @@ use crate::error::RuntimeError;
 use crate::shard::{ShardDims, TpRank};
 
 mod kind;
+mod moe;
 
+pub use kind::EXPERT_KINDS;
 pub use kind::{INIT_STD, LAYER_KINDS, ParamKind, TpSplit};
-use kind::{Init, local_shape, normal_vec, stream_id};
+use kind::{Init, expert_stream_id, local_shape, normal_vec, stream_id};
+pub use moe::moe_tensors;
 
 /// Which part of the model a chunk holds. `layers` are global layer indices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +78,8 @@ pub struct ParamEntry {
     pub full_shape: Vec<usize>,
     /// The head's copy of a word embedding that lives in another chunk.
     pub tied_copy: bool,
+    /// A routed expert's tensor: the expert's global index.
+    pub expert: Option<usize>,
 }
 
 impl ParamEntry {
@@ -81,8 +95,11 @@ impl ParamEntry {
         self.offset..self.offset + self.len()
     }
 
-    /// "layers.3.qkv_w", "wte", "head.wte".
+    /// "layers.3.qkv_w", "layers.3.experts.5.fc1_w", "wte", "head.wte".
     pub fn name(&self) -> String {
+        if let (Some(l), Some(x)) = (self.layer, self.expert) {
+            return format!("layers.{l}.experts.{x}.{}", self.kind.name());
+        }
         match (self.layer, self.tied_copy) {
             (Some(l), _) => format!("layers.{l}.{}", self.kind.name()),
             (None, true) => format!("head.{}", self.kind.name()),
@@ -106,6 +123,9 @@ pub struct LayerTensors<S> {
     pub fc1_b: S,  // (F)
     pub fc2_w: S,  // (F, h)
     pub fc2_b: S,  // (h)
+    /// A MoE layer's router gate (h, E); empty in a dense layer. In a MoE layer fc1/fc2 are
+    /// its shared experts (all empty without them).
+    pub router_w: S,
 }
 
 /// Views of the embedding tensors.
@@ -148,9 +168,9 @@ fn split_mut<const N: usize>(mut buf: &mut [f32], sizes: [usize; N]) -> [&mut [f
 
 impl<S> LayerTensors<S> {
     fn from_array(
-        [ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b]: [S; 12],
+        [ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, router_w]: [S; 13],
     ) -> Self {
-        LayerTensors { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b }
+        LayerTensors { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, router_w }
     }
 }
 
@@ -161,17 +181,53 @@ pub struct ParamLayout {
     chunk: ChunkSpec,
     model_layers: usize,
     entries: Vec<ParamEntry>,
-    /// Elements of the embedding block (0 without one).
-    embed_len: usize,
-    /// Elements of one layer block.
-    layer_len: usize,
+    /// Per layer of the chunk: its block (`Unit::Layer`) and its routed experts'
+    /// (`Unit::Experts`, empty in a dense layer).
+    layer_ranges: Vec<Range<usize>>,
+    expert_ranges: Vec<Range<usize>>,
+    /// Per layer: the 13 tensor sizes of its block (`LayerTensors` order).
+    layer_sizes: Vec<[usize; 13]>,
+    /// The MoE layers' shapes on this expert-parallel rank (`None`: a dense model).
+    moe: Option<crate::moe::MoeDims>,
+    /// Start of the head block (the buffer's length without a head).
+    head_start: usize,
     len: usize,
 }
 
 impl ParamLayout {
-    /// The layout of `chunk` of `model` on tensor-parallel rank `tp`.
+    /// The layout of `chunk` of `model` on tensor-parallel rank `tp` (a MoE model's experts
+    /// all on this rank).
     pub fn new(model: &ModelSpec, tp: TpRank, chunk: ChunkSpec) -> Result<ParamLayout, RuntimeError> {
+        Self::with_ep(model, tp, (0, 1), chunk)
+    }
+
+    /// The layout of `chunk` on tensor-parallel rank `tp` and expert-parallel rank
+    /// `ep = (rank, size)` (size divides the experts; validation checked it).
+    pub fn with_ep(
+        model: &ModelSpec,
+        tp: TpRank,
+        ep: (usize, usize),
+        chunk: ChunkSpec,
+    ) -> Result<ParamLayout, RuntimeError> {
         let dims = ShardDims::new(model, tp)?;
+        let moe = model.moe.as_ref().map(|s| crate::moe::MoeDims {
+            hidden: model.hidden as usize,
+            experts: s.experts as usize,
+            top_k: s.top_k as usize,
+            ffn: s.expert_ffn_hidden as usize,
+            shared_ffn: (s.shared_experts * s.shared_ffn_hidden) as usize / tp.size,
+            score: s.score,
+            ep_rank: ep.0,
+            ep_size: ep.1,
+        });
+        if let Some(d) = &moe
+            && (ep.1 == 0 || !d.experts.is_multiple_of(ep.1) || ep.0 >= ep.1)
+        {
+            return Err(RuntimeError::BadSetting(format!(
+                "expert-parallel rank {} of {} for {} experts: ep must divide the experts",
+                ep.0, ep.1, d.experts
+            )));
+        }
         let model_layers = model.layers as usize;
         if chunk.layers.start > chunk.layers.end || chunk.layers.end > model_layers {
             return Err(RuntimeError::BadSetting(format!(
@@ -179,39 +235,101 @@ impl ParamLayout {
                 chunk.layers
             )));
         }
-        let mut entries = Vec::new();
-        let mut offset = 0;
-        let mut push = |kind: ParamKind, layer: Option<usize>, tied_copy: bool| {
-            let full_shape = kind.full_shape(&dims);
+        let mut entries: Vec<ParamEntry> = Vec::new();
+        let (e_all, fe) = moe.map_or((0, 0), |d| (d.experts, d.ffn));
+        let push = |entries: &mut Vec<ParamEntry>,
+                    kind: ParamKind,
+                    layer: Option<usize>,
+                    tied_copy: bool,
+                    f: usize,
+                    expert: Option<usize>| {
+            let full_shape = kind.full_shape(&dims, f, e_all, fe);
             let shape = local_shape(&full_shape, kind.split(), tp.size);
-            let entry = ParamEntry { kind, layer, offset, shape, full_shape, tied_copy };
-            offset += entry.len();
-            entries.push(entry);
+            let offset = entries.last().map_or(0, |e| e.offset + e.len());
+            entries.push(ParamEntry { kind, layer, offset, shape, full_shape, tied_copy, expert });
         };
         if chunk.embedding {
-            push(ParamKind::Wte, None, false);
-            push(ParamKind::Wpe, None, false);
+            push(&mut entries, ParamKind::Wte, None, false, 0, None);
+            push(&mut entries, ParamKind::Wpe, None, false, 0, None);
         }
+        let full_ffn = dims.ffn * tp.size;
         for l in chunk.layers.clone() {
+            let moe_layer = model.is_moe_layer(l as u32).then_some(moe).flatten();
+            let f = moe_layer.map_or(full_ffn, |d| d.shared_ffn * tp.size);
             for kind in LAYER_KINDS {
-                push(kind, Some(l), false);
+                let mlp = matches!(kind, ParamKind::Fc1W | ParamKind::Fc1B | ParamKind::Fc2W | ParamKind::Fc2B);
+                if !(mlp && f == 0) {
+                    push(&mut entries, kind, Some(l), false, f, None);
+                }
+            }
+            if let Some(d) = moe_layer {
+                push(&mut entries, ParamKind::RouterW, Some(l), false, 0, None);
+                for x in d.first_local()..d.first_local() + d.local() {
+                    for kind in EXPERT_KINDS {
+                        push(&mut entries, kind, Some(l), false, 0, Some(x));
+                    }
+                }
             }
         }
+        let head_start = entries.last().map_or(0, |e| e.offset + e.len());
         if chunk.head {
-            push(ParamKind::LnfW, None, false);
-            push(ParamKind::LnfB, None, false);
+            push(&mut entries, ParamKind::LnfW, None, false, 0, None);
+            push(&mut entries, ParamKind::LnfB, None, false, 0, None);
             if !chunk.embedding {
-                push(ParamKind::Wte, None, true);
+                push(&mut entries, ParamKind::Wte, None, true, 0, None);
             }
         }
-        let embed_len = if chunk.embedding { entries[0].len() + entries[1].len() } else { 0 };
-        let first_layer = if chunk.embedding { 2 } else { 0 };
-        let layer_len = if chunk.layers.is_empty() {
-            0
-        } else {
-            entries[first_layer..first_layer + 12].iter().map(ParamEntry::len).sum()
+        let len = entries.last().map_or(0, |e| e.offset + e.len());
+        let span = |pick: &dyn Fn(&ParamEntry) -> bool| {
+            let hits: Vec<&ParamEntry> = entries.iter().filter(|e| pick(e)).collect();
+            hits.first().map_or(0..0, |a| a.offset..hits.last().map_or(a.offset, |z| z.offset + z.len()))
         };
-        Ok(ParamLayout { dims, chunk, model_layers, entries, embed_len, layer_len, len: offset })
+        let mut layer_ranges = Vec::new();
+        let mut expert_ranges = Vec::new();
+        let mut layer_sizes = Vec::new();
+        for l in chunk.layers.clone() {
+            layer_ranges.push(span(&|e| e.layer == Some(l) && e.expert.is_none()));
+            expert_ranges.push(span(&|e| e.layer == Some(l) && e.expert.is_some()));
+            let mut sizes = [0usize; 13];
+            for e in entries.iter().filter(|e| e.layer == Some(l) && e.expert.is_none()) {
+                let i = LAYER_KINDS.iter().position(|k| *k == e.kind).unwrap_or(12);
+                sizes[i] = e.len();
+            }
+            layer_sizes.push(sizes);
+        }
+        // Blocks are told apart by their length (`layer_block`): a dense and a MoE layer of
+        // one chunk must differ in it.
+        if layer_sizes
+            .iter()
+            .any(|a| layer_sizes.iter().any(|b| a != b && a.iter().sum::<usize>() == b.iter().sum::<usize>()))
+        {
+            return Err(RuntimeError::UnsupportedModel {
+                model: model.name.clone(),
+                reason: "a dense layer and a MoE layer hold the same number of parameters; the executor tells their blocks apart by length".into(),
+            });
+        }
+        Ok(ParamLayout {
+            dims,
+            chunk,
+            model_layers,
+            entries,
+            layer_ranges,
+            expert_ranges,
+            layer_sizes,
+            moe,
+            head_start,
+            len,
+        })
+    }
+
+    /// The MoE layers' shapes on this rank (`None` for a dense model).
+    pub fn moe(&self) -> Option<&crate::moe::MoeDims> {
+        self.moe.as_ref()
+    }
+
+    /// The flat range of local layer `local`'s routed experts (empty for a dense layer).
+    pub fn experts_range(&self, local: usize) -> Range<usize> {
+        self.expert_ranges[local].clone()
     }
 
     /// Elements in the flat buffer.
@@ -241,47 +359,46 @@ impl ParamLayout {
         self.chunk.layers.len()
     }
 
-    fn layer_range(&self, local: usize) -> Range<usize> {
+    /// The flat range of local layer `local`'s block (without its routed experts).
+    pub fn layer_range(&self, local: usize) -> Range<usize> {
         assert!(local < self.num_layers(), "layer {local} of a chunk with {} layers", self.num_layers());
-        let start = self.embed_len + local * self.layer_len;
-        start..start + self.layer_len
+        self.layer_ranges[local].clone()
     }
 
-    fn layer_sizes(&self) -> [usize; 12] {
-        let d = &self.dims;
-        let (h, a3, f) = (d.hidden, 3 * d.attn_channels(), d.ffn);
-        [h, h, h * a3, a3, a3 / 3 * h, h, h, h, h * f, f, f * h, h]
+    /// The local layer of a block of `len` elements: blocks are told apart by the caller's
+    /// layer; this returns the sizes of the first local layer with that block length.
+    fn sizes_of_block(&self, len: usize) -> [usize; 13] {
+        *self
+            .layer_sizes
+            .iter()
+            .find(|s| s.iter().sum::<usize>() == len)
+            .unwrap_or_else(|| panic!("no layer of this chunk has a block of {len} elements"))
     }
 
     /// Views of layer `local` (0-based within the chunk) of a parameter buffer.
     pub fn layer<'a>(&self, buf: &'a [f32], local: usize) -> LayerParams<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
-        LayerTensors::from_array(split(&buf[self.layer_range(local)], self.layer_sizes()))
+        LayerTensors::from_array(split(&buf[self.layer_range(local)], self.layer_sizes[local]))
     }
 
     /// Mutable views of layer `local` of a gradient (or parameter) buffer.
     pub fn layer_mut<'a>(&self, buf: &'a mut [f32], local: usize) -> LayerGrads<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
         let range = self.layer_range(local);
-        LayerTensors::from_array(split_mut(&mut buf[range], self.layer_sizes()))
+        LayerTensors::from_array(split_mut(&mut buf[range], self.layer_sizes[local]))
     }
 
-    /// Elements of one layer's block.
-    pub fn layer_len(&self) -> usize {
-        self.layer_len
-    }
-
-    /// Views of a layer from its own block (`layer_len` elements, the layer's range of the
-    /// flat buffer held apart, as the plan interpreter keeps ZeRO units).
+    /// Views of a layer from its own block (the layer's range of the flat buffer held
+    /// apart, as the plan interpreter keeps ZeRO units). A dense and a MoE layer's blocks
+    /// differ in length, which picks the sizes.
     pub fn layer_block<'a>(&self, block: &'a [f32]) -> LayerParams<'a> {
-        assert_eq!(block.len(), self.layer_len, "a layer block has {} elements", self.layer_len);
-        LayerTensors::from_array(split(block, self.layer_sizes()))
+        LayerTensors::from_array(split(block, self.sizes_of_block(block.len())))
     }
 
     /// Mutable views of a layer block (see [`ParamLayout::layer_block`]).
     pub fn layer_block_mut<'a>(&self, block: &'a mut [f32]) -> LayerGrads<'a> {
-        assert_eq!(block.len(), self.layer_len, "a layer block has {} elements", self.layer_len);
-        LayerTensors::from_array(split_mut(block, self.layer_sizes()))
+        let sizes = self.sizes_of_block(block.len());
+        LayerTensors::from_array(split_mut(block, sizes))
     }
 
     fn embed_sizes(&self) -> [usize; 2] {
@@ -291,21 +408,22 @@ impl ParamLayout {
 
     pub fn embedding<'a>(&self, buf: &'a [f32]) -> EmbedParams<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
-        let [wte, wpe] = split(&buf[..self.embed_len], self.embed_sizes());
+        let embed_len = self.embed_sizes().iter().sum::<usize>();
+        let [wte, wpe] = split(&buf[..embed_len], self.embed_sizes());
         EmbedTensors { wte, wpe }
     }
 
     pub fn embedding_mut<'a>(&self, buf: &'a mut [f32]) -> EmbedGrads<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
         let sizes = self.embed_sizes();
-        let [wte, wpe] = split_mut(&mut buf[..self.embed_len], sizes);
+        let [wte, wpe] = split_mut(&mut buf[..sizes[0] + sizes[1]], sizes);
         EmbedTensors { wte, wpe }
     }
 
     /// Start of the head block, which ends the buffer.
     fn head_start(&self) -> usize {
         assert!(self.chunk.head, "this chunk holds no head");
-        self.embed_len + self.num_layers() * self.layer_len
+        self.head_start
     }
 
     pub fn head<'a>(&self, buf: &'a [f32]) -> HeadParams<'a> {
@@ -335,10 +453,14 @@ impl ParamLayout {
         let mut buf = vec![0.0f32; self.len];
         for e in &self.entries {
             let full_len: usize = e.full_shape.iter().product();
+            let stream = match (e.layer, e.expert) {
+                (Some(l), Some(x)) => expert_stream_id(e.kind, l, x),
+                _ => stream_id(e.kind, e.layer),
+            };
             let full: Vec<f32> = match e.kind.init(self.model_layers) {
                 Init::Zeros => vec![0.0; full_len],
                 Init::Ones => vec![1.0; full_len],
-                Init::Normal(std) => normal_vec(full_len, std, seed, stream_id(e.kind, e.layer)),
+                Init::Normal(std) => normal_vec(full_len, std, seed, stream),
             };
             self.scatter_local(e, &full, &mut buf[e.range()]);
         }

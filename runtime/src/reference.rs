@@ -14,6 +14,9 @@
 //! loss = (1/m) Σ_k loss_k                                          (nats per token)
 //! ```
 //!
+//! A mixture-of-experts layer runs `runtime::moe`'s MLP with every expert on this rank (an
+//! expert-parallel group of one) in place of the dense MLP.
+//!
 //! Deterministic: the same model, config and seed give bit-identical losses (single-threaded
 //! GEMMs, fixed loop orders, seeded initialisation).
 
@@ -64,6 +67,8 @@ pub struct ReferenceTrainer {
     grads: Vec<f32>,  // (layout.len())
     opt: AdamW,
     layers: Vec<LayerActs>,
+    /// A MoE layer's MLP activations (`None` in a dense layer).
+    moe: Vec<Option<crate::moe::MoeActs>>,
     head: HeadActs,
 }
 
@@ -93,6 +98,7 @@ impl ReferenceTrainer {
             grads: vec![0.0; n],
             opt: AdamW::new(ZeroShard::whole(n)),
             layout,
+            moe: vec![None; layers.len()],
             layers,
             head: HeadActs::default(),
         })
@@ -190,19 +196,36 @@ impl ReferenceTrainer {
         attn_in_forward(&p, r, &mut x, acts);
         attn_forward(d, &p, mb, &x, &mut out, acts, self.cfg.recompute);
         mlp_in_forward(&p, r, &out, &mut x, acts);
-        mlp_forward(d, &p, &x, &mut out, acts);
-        layer_out_forward(&p, r, &out);
+        if let Some(md) = self.layout.moe().filter(|_| !self.layout.experts_range(l).is_empty()) {
+            let mp = self.layout.moe_params(&self.params, l);
+            let (out, a) = crate::moe::moe_forward(md, &mp, &x, &mut crate::moe::Alone)
+                .unwrap_or_else(|e| unreachable!("a group of one does not fail: {e}"));
+            crate::kernels::add_into(r, &out);
+            self.moe[l] = Some(a);
+        } else {
+            mlp_forward(d, &p, &x, &mut out, acts);
+            layer_out_forward(&p, r, &out);
+        }
     }
 
     /// The backward pieces of layer `l`, in plan order; dr enters as the gradient of the
     /// layer's output and leaves as the gradient of its input.
     fn layer_backward(&mut self, l: usize, dr: &mut [f32], mb: Micro) {
         let (d, p, acts) = (self.layout.dims(), self.layout.layer(&self.params, l), &mut self.layers[l]);
-        let mut g = self.layout.layer_mut(&mut self.grads, l);
         let mut partial = vec![0.0; dr.len()];
-        layer_out_backward(&mut g, dr);
-        mlp_backward_input(d, &p, acts, dr, &mut partial);
-        mlp_backward_weight(d, acts, &acts.m, &mut g);
+        if let Some(ma) = self.moe[l].take() {
+            let md = self.layout.moe().expect("a MoE layer's shapes");
+            let mp = self.layout.moe_params(&self.params, l);
+            let mut mg = self.layout.moe_grads(&mut self.grads, l);
+            partial = crate::moe::moe_backward(md, &mp, &ma, dr, &mut mg, &mut crate::moe::Alone)
+                .unwrap_or_else(|e| unreachable!("a group of one does not fail: {e}"));
+        }
+        let mut g = self.layout.layer_mut(&mut self.grads, l);
+        if self.layout.experts_range(l).is_empty() {
+            layer_out_backward(&mut g, dr);
+            mlp_backward_input(d, &p, acts, dr, &mut partial);
+            mlp_backward_weight(d, acts, &acts.m, &mut g);
+        }
         mlp_in_backward(&p, &mut g, acts, &partial, dr);
         attn_backward_input(d, &p, mb, acts, dr, &mut partial);
         attn_backward_weight(d, acts, &acts.a, &mut g);

@@ -58,7 +58,8 @@ pub struct ShardDims {
 
 impl ShardDims {
     /// Checks that the CPU executor implements `model` (GPT family: learned positions,
-    /// LayerNorm, biases, GELU, tied embeddings, no grouped-query attention) and that `tp`
+    /// LayerNorm, biases, GELU, tied embeddings, no grouped-query attention; MoE layers
+    /// dropless, without the auxiliary loss) and that `tp`
     /// splits heads, FFN and vocabulary evenly. Every problem is reported at once.
     pub fn new(model: &ModelSpec, tp: TpRank) -> Result<ShardDims, RuntimeError> {
         model.check().map_err(|reason| RuntimeError::UnsupportedModel { model: model.name.clone(), reason })?;
@@ -84,10 +85,17 @@ impl ShardDims {
             ));
         }
         if let Some(moe) = &model.moe {
-            bad.push(format!(
-                "model.moe = {} experts top-{}; mixture-of-experts layers are not wired into the plan executor yet (runtime::moe has the layer itself)",
-                moe.experts, moe.top_k
-            ));
+            if let Some(cf) = moe.capacity_factor {
+                bad.push(format!(
+                    "model.moe.capacity_factor = {cf}; the executor's routing is dropless (remove the key)"
+                ));
+            }
+            if moe.aux_loss_coeff != 0.0 {
+                bad.push(format!(
+                    "model.moe.aux_loss_coeff = {}; the executor trains without the load-balancing loss (set it to 0)",
+                    moe.aux_loss_coeff
+                ));
+            }
         }
         if model.mtp_layers > 0 {
             bad.push(format!("model.mtp_layers = {}; multi-token prediction is not implemented", model.mtp_layers));

@@ -110,7 +110,18 @@ fn decode(from: u32, bytes: &[u8]) -> Option<Message> {
     let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
     let (v, a, b, c, d) = (u32_at(0), u32_at(4), u32_at(8), u32_at(12), u64_at(16));
-    let group = |x: u32| [GroupKind::Tp, GroupKind::Dp, GroupKind::Embedding, GroupKind::World][x as usize];
+    // The inverse of `group_code` (context- and expert-parallel groups included).
+    let group = |x: u32| {
+        [
+            GroupKind::Tp,
+            GroupKind::Dp,
+            GroupKind::Embedding,
+            GroupKind::World,
+            GroupKind::Cp,
+            GroupKind::Ep,
+            GroupKind::ExpertDp,
+        ][x as usize]
+    };
     let kind = |x: u32| if x == 0 { P2pKind::Activation } else { P2pKind::Gradient };
     let tag = match v {
         0 => Tag::Coll { group: group(a), implicit: b != 0, seq: d },

@@ -27,6 +27,7 @@ impl RankExec {
         match c.purpose {
             CollPurpose::GradNorm => return Ok(Flight::Coll { pending: self.post_grad_norm()? }),
             CollPurpose::SpReplicatedGrads => return Ok(Flight::Coll { pending: self.post_sp_reduce()? }),
+            CollPurpose::Moe { mb, layer, .. } => return Ok(Flight::Coll { pending: self.post_moe(layer, mb)? }),
             _ => {}
         }
         let data =
@@ -39,6 +40,11 @@ impl RankExec {
         let (Flight::Coll { pending }, OpKind::Collective(c)) = (f, &op.kind) else {
             unreachable!("a collective flight belongs to a collective op")
         };
+        if let CollPurpose::Moe { mb, layer, .. } = c.purpose {
+            let Some(blocks) = self.mailbox.try_finish_blocks(pending) else { return Ok(false) };
+            self.finish_moe(layer, mb, blocks);
+            return Ok(true);
+        }
         let Some(out) = self.mailbox.try_finish(pending) else { return Ok(false) };
         if c.purpose == CollPurpose::SpReplicatedGrads {
             self.apply_sp_reduce(out);
@@ -72,6 +78,9 @@ impl RankExec {
 
     fn saved_input(&self, piece: Piece, layer: u32, mb: u32) -> Vec<f32> {
         let key = (layer, mb);
+        if piece == Piece::SharedExperts {
+            return self.moe_saved_input(layer, mb);
+        }
         let acts = self.rc_acts.get(&key).or_else(|| self.acts.get(&key)).expect("saved activations");
         if piece == Piece::Mlp { acts.m.to_vec() } else { acts.a.to_vec() }
     }
@@ -84,12 +93,14 @@ impl RankExec {
                 (TpSite::Reduce, _) => self.take(chunk, mb, T::Out),
                 (TpSite::Gather, Phase::BackwardWeight) => self.take(chunk, mb, T::Dr),
                 (TpSite::Gather, Phase::BackwardInput) => self.flight[&(chunk, mb, T::Dr)].clone(),
+                // A MoE layer's router reads the same rows after the shared experts' gather.
+                (TpSite::Gather, _) if piece == Piece::SharedExperts => self.flight[&(chunk, mb, T::X)].clone(),
                 (TpSite::Gather, _) => self.take(chunk, mb, T::X),
                 (TpSite::GatherSaved, _) if piece == Piece::Logits => self.heads[&mb].hn.to_vec(),
                 (TpSite::GatherSaved, _) => self.saved_input(piece, layer, mb),
                 (TpSite::LossStats, _) => self.take(chunk, mb, T::Stats),
             },
-            CollPurpose::GradBucket { chunk, bucket, mb } => {
+            CollPurpose::GradBucket { chunk, bucket, mb } | CollPurpose::ExpertGradBucket { chunk, bucket, mb } => {
                 let ch = &self.chunks[chunk as usize];
                 let b = &ch.buckets[self.bucket_pos(chunk, bucket)];
                 let src = if self.zero < 2 { &ch.grads } else { &self.grad_buckets[&(chunk, bucket, mb)] };
@@ -114,9 +125,7 @@ impl RankExec {
                 unreachable!("posted by post_grad_norm / post_sp_reduce")
             }
             CollPurpose::Cp { .. } => unreachable!("posted by cp_coll_input"),
-            CollPurpose::Moe { .. } | CollPurpose::ExpertGradBucket { .. } => {
-                unreachable!("the planner emits no MoE op yet")
-            }
+            CollPurpose::Moe { .. } => unreachable!("posted by post_moe"),
         }
     }
 
@@ -135,7 +144,7 @@ impl RankExec {
                 };
                 self.put(chunk, mb, dst, out);
             }
-            CollPurpose::GradBucket { chunk, bucket, .. } => {
+            CollPurpose::GradBucket { chunk, bucket, .. } | CollPurpose::ExpertGradBucket { chunk, bucket, .. } => {
                 let bi = self.bucket_pos(chunk, bucket);
                 let zero = self.zero;
                 let ch = &mut self.chunks[chunk as usize];
@@ -183,9 +192,7 @@ impl RankExec {
             }
             CollPurpose::GradNorm | CollPurpose::SpReplicatedGrads => unreachable!("finished in finish_collective"),
             CollPurpose::Cp { .. } => unreachable!("finished by cp_coll_output"),
-            CollPurpose::Moe { .. } | CollPurpose::ExpertGradBucket { .. } => {
-                unreachable!("the planner emits no MoE op yet")
-            }
+            CollPurpose::Moe { .. } => unreachable!("finished by finish_moe"),
         }
     }
 
@@ -225,7 +232,9 @@ impl RankExec {
 
     /// Sequence parallelism: the replicated tensors' gradients, all-reduced over tp.
     fn sp_ranges(&self) -> Vec<(usize, usize, Range<usize>)> {
-        self.owned_entry_ranges(|e| e.kind.split() == TpSplit::Replicated && e.kind != ParamKind::Wpe)
+        self.owned_entry_ranges(|e| {
+            e.kind.split() == TpSplit::Replicated && e.kind != ParamKind::Wpe && !e.kind.is_expert()
+        })
     }
 
     pub(super) fn post_sp_reduce(&mut self) -> Result<Pending, ExecError> {
@@ -250,13 +259,19 @@ impl RankExec {
 
     /// Σ g² over this rank's owned gradients, every parameter of the model counted once
     /// over the whole job (replicated tensors on tp rank 0, the tied copy never, and under
-    /// ZeRO-0 only data-parallel rank 0, since every replica holds the same sums).
+    /// ZeRO-0 only data-parallel rank 0, since every replica holds the same sums). A routed
+    /// expert lives on one rank of each expert-parallel group and is replicated over the
+    /// expert-data-parallel group: under ZeRO-0 expert-dp rank 0 counts it, under ZeRO ≥ 1
+    /// its owner of each part.
     fn grad_sq_sum(&mut self) -> f64 {
-        if self.zero == 0 && self.groups[&GroupKind::Dp].position != 0 {
-            return 0.0;
-        }
+        let first = |k: GroupKind| self.groups.get(&k).is_none_or(|g| g.position == 0);
+        let dense = self.zero > 0 || first(GroupKind::Dp);
+        let experts = self.zero > 0 || first(GroupKind::ExpertDp);
         let tp0 = self.coord.tp == 0;
-        let ranges = self.owned_entry_ranges(|e| !e.tied_copy && (e.kind.split() != TpSplit::Replicated || tp0));
+        let ranges = self.owned_entry_ranges(|e| {
+            !e.tied_copy
+                && if e.kind.is_expert() { experts } else { dense && (e.kind.split() != TpSplit::Replicated || tp0) }
+        });
         ranges.into_iter().map(|(ci, pi, r)| sum_of_squares(&self.piece_grads(ci, pi)[r])).sum()
     }
 

@@ -16,6 +16,8 @@ impl RankExec {
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb, bufs),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),
+            (Piece::Router | Piece::Experts | Piece::SharedExperts, _) => self.moe_compute(c, bufs),
+            (Piece::LayerOut, _) if self.plan.scenario.model.is_moe_layer(c.layer) => self.moe_compute(c, bufs),
             (p, _) if p.in_layer() => self.layer_piece(c, bufs),
             (Piece::FinalNorm | Piece::Logits | Piece::Loss, _) => self.head_piece(c.piece, c.phase, chunk, mb, bufs),
             (Piece::Optimizer, Phase::Step) => {
@@ -72,7 +74,7 @@ impl RankExec {
     }
 
     /// The residual gradient entering a chunk's backward: from the next stage's message.
-    fn grad_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
+    pub(super) fn grad_in(&mut self, chunk: u32, mb: u32) -> Vec<f32> {
         if self.has(chunk, mb, T::Dr) {
             return self.take(chunk, mb, T::Dr);
         }
@@ -231,7 +233,7 @@ impl RankExec {
                 self.put(chunk, mb, T::DPart, part);
             }
             (Piece::MlpIn | Piece::AttnIn, Phase::BackwardInput) => {
-                let dx = self.take(chunk, mb, self.reduced(T::DPart));
+                let dx = self.mlp_input_grad(piece, chunk, mb);
                 let mut dr = self.take(chunk, mb, T::Dr);
                 let g = grad.expect("layer gradients");
                 let layout = &self.chunks[chunk as usize].layout;

@@ -47,7 +47,8 @@ impl RankExec {
                 } else {
                     0
                 };
-                acts_bytes(a) - probs - wgrad
+                let moe = self.moe.get(&(layer, mb)).filter(|m| !m.recomputed).map_or(0, |m| m.bytes());
+                acts_bytes(a) - probs - wgrad + moe
             }
             BufKey::WeightGrad { layer, mb } => {
                 let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));
@@ -60,7 +61,8 @@ impl RankExec {
                 } else {
                     0
                 };
-                acts_bytes(a) - probs
+                let moe = self.moe.get(&(layer, mb)).filter(|m| m.recomputed).map_or(0, |m| m.bytes());
+                acts_bytes(a) - probs + moe
             }
             BufKey::Scores { layer, mb } => {
                 let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));

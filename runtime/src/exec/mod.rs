@@ -25,6 +25,21 @@
 //! ZeRO-3 also only the owned part of the parameters, each unit all-gathered into a
 //! transient buffer before a piece uses it (`ParamGather`) and dropped after.
 //!
+//! **Mixture-of-experts layers** (`moe.rs`). A MoE layer's attention, norms, router gate
+//! and shared experts are its `Unit::Layer`, replicated over the data-parallel group like a
+//! dense layer; its E/ep routed experts are `Unit::Experts`, held whole by each rank of
+//! the expert-parallel group (`Ep`, ep consecutive ranks of a stage, carved from its
+//! data-parallel ranks) and replicated over the expert-data-parallel group (`ExpertDp`,
+//! the ranks holding the same experts). Expert buckets follow the same ZeRO stages over
+//! `ExpertDp` instead of `Dp`: ZeRO-0 all-reduces them, ZeRO-1 reduce-scatters into the
+//! owned part and all-gathers it after the step, ZeRO-2 keeps only the owned gradient
+//! (`ExpertGradBucket`, `ParamBucket` on `ExpertDp`); ZeRO-3 with experts is refused by
+//! the plan's rules. The gradient norm counts each expert once: under ZeRO-0 on
+//! expert-dp rank 0 only, under ZeRO ≥ 1 each owner its part. The dispatch and combine
+//! are all-to-all-v's on `Ep` whose counts the router decides (the plan's bytes are the
+//! balanced expectation); the tokens an ep rank routes come from its own data-parallel
+//! replica, so the loss and gradient scale below hold unchanged.
+//!
 //! **Sequence-parallel replicated gradients.** Under sequence parallelism each tp rank's
 //! gradients of replicated tensors (LayerNorms, the row-parallel biases, the final norm)
 //! are partial sums over its rows; the plan's `SpReplicatedGrads` all-reduce sums them over
@@ -48,6 +63,7 @@ pub mod cp;
 mod engine;
 mod finite;
 mod memory;
+mod moe;
 pub mod pool;
 pub mod units;
 
@@ -126,6 +142,9 @@ enum T {
     /// Per-token loss statistics (T, 3), and gathered over tp (t, T, 3).
     Stats,
     StatsAll,
+    /// A MoE layer's routed input gradient under tensor parallelism (Tl, h), which
+    /// `MlpIn`'s backward adds to the shared experts' reduced one.
+    MoeDx,
 }
 
 /// One model chunk on this rank.
@@ -245,6 +264,8 @@ pub struct RankExec {
     /// the tensors between the attention pieces.
     cp_store: BTreeMap<(u32, u32, cp::CpRole), Vec<f32>>,
     cp_work: BTreeMap<(u32, u32), cp::CpWork>,
+    /// A MoE layer's MLP state per (layer, mb), between its ops (`moe.rs`).
+    moe: BTreeMap<(u32, u32), moe::MoeState>,
     // Per step.
     step: u32,
     loss_sum: f64,
@@ -319,7 +340,8 @@ impl RankExec {
             .into_iter()
             .map(|(layout, buckets)| new_chunk(layout, buckets, seed, p.zero))
             .collect();
-        let groups = [GroupKind::Tp, GroupKind::Dp, GroupKind::Cp, GroupKind::Embedding, GroupKind::World]
+        use GroupKind::{Cp, Dp, Embedding, Ep, ExpertDp, Tp, World};
+        let groups = [Tp, Dp, Cp, Ep, ExpertDp, Embedding, World]
             .into_iter()
             .map(|k| {
                 let g = Group { kind: k, members: grid.group(rank, k), position: grid.position(rank, k) as usize };
@@ -370,6 +392,7 @@ impl RankExec {
             positions,
             cp_store: BTreeMap::new(),
             cp_work: BTreeMap::new(),
+            moe: BTreeMap::new(),
             step: 0,
             loss_sum: 0.0,
             grad_norm: None,

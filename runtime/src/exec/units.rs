@@ -6,7 +6,8 @@
 //! unit** (one `Vec` each), so that ZeRO-2/3 can hold a bucket's units without the rest of
 //! the chunk. A bucket is the concatenation of its units in the plan's order; with ZeRO ≥ 1
 //! data-parallel rank d owns part d of it ([`crate::optim::ZeroShard::split`]), which may
-//! cross unit boundaries: [`BucketInfo::pieces`] cuts an owned range back into
+//! cross unit boundaries (a MoE layer's routed experts, `Unit::Experts`, are buckets of
+//! their own, owned by expert-data-parallel rank d): [`BucketInfo::pieces`] cuts an owned range back into
 //! (unit, range inside the unit) pieces.
 
 use std::collections::BTreeMap;
@@ -63,23 +64,25 @@ pub fn unit_range(layout: &ParamLayout, unit: Unit) -> Result<Range<usize>, Runt
     let r = match unit {
         Unit::WordEmbedding => span(&|x| x.kind == ParamKind::Wte),
         Unit::PosEmbedding => span(&|x| x.kind == ParamKind::Wpe),
-        Unit::Layer(l) => span(&|x| x.layer == Some(l as usize)),
+        Unit::Layer(l) => span(&|x| x.layer == Some(l as usize) && x.expert.is_none()),
+        Unit::Experts(l) => span(&|x| x.layer == Some(l as usize) && x.expert.is_some()),
         Unit::FinalNorm => span(&|x| matches!(x.kind, ParamKind::LnfW | ParamKind::LnfB)),
-        Unit::OutputLayer | Unit::Experts(_) => None,
+        Unit::OutputLayer => None,
     };
     r.ok_or_else(|| {
         RuntimeError::BadSetting(format!(
-            "the plan names unit {unit:?}, which this chunk's parameters do not hold (untied output layers and mixture-of-experts layers are not implemented)"
+            "the plan names unit {unit:?}, which this chunk's parameters do not hold (untied output layers are not implemented)"
         ))
     })
 }
 
-/// Buckets of one chunk: the plan's, checked against the runtime's layout.
+/// Buckets of one chunk: the plan's, checked against the runtime's layout. ZeRO shards a
+/// dense bucket over `dp = (position, size)` and an expert bucket over `expert_dp`.
 pub fn chunk_buckets(
     layout: &ParamLayout,
     plan_buckets: &[&Bucket],
-    dp_rank: usize,
-    dp: usize,
+    dp: (usize, usize),
+    expert_dp: (usize, usize),
     zero: u8,
 ) -> Result<Vec<BucketInfo>, RuntimeError> {
     let mut out = Vec::new();
@@ -94,7 +97,8 @@ pub fn chunk_buckets(
             )));
         }
         covered += len;
-        let owned = if zero >= 1 { ZeroShard::split(len, dp_rank, dp)?.range() } else { 0..len };
+        let (pos, size) = if b.is_expert() { expert_dp } else { dp };
+        let owned = if zero >= 1 { ZeroShard::split(len, pos, size)?.range() } else { 0..len };
         out.push(BucketInfo { index: b.index, units, len, owned });
     }
     if covered != layout.len() {
@@ -122,11 +126,14 @@ pub fn chunk_layouts(plan: &Plan, rank: u32) -> Result<Vec<(ParamLayout, Vec<Buc
                 layers: layers.start as usize..layers.end as usize,
                 head: vs == pipe.last_vstage(),
             };
-            let layout = ParamLayout::new(&s.model, tp, spec)?;
+            let ep = (plan.grid.position(rank, GroupKind::Ep) as usize, plan.grid.group_size(GroupKind::Ep) as usize);
+            let layout = ParamLayout::with_ep(&s.model, tp, ep, spec)?;
             let plan_buckets: Vec<_> = plan.buckets[coord.pp as usize].iter().filter(|b| b.chunk == c).collect();
-            // ZeRO shards over the data-parallel group: its cp · dp ranks.
-            let (pos, size) = (plan.grid.position(rank, GroupKind::Dp), plan.grid.group_size(GroupKind::Dp));
-            let buckets = chunk_buckets(&layout, &plan_buckets, pos as usize, size as usize, p.zero)?;
+            // ZeRO shards over the data-parallel group (its cp · dp ranks), and a MoE layer's
+            // experts over the expert-data-parallel group (the ranks holding the same experts).
+            let group = |k| (plan.grid.position(rank, k) as usize, plan.grid.group_size(k) as usize);
+            let (dp, edp) = (group(GroupKind::Dp), group(GroupKind::ExpertDp));
+            let buckets = chunk_buckets(&layout, &plan_buckets, dp, edp, p.zero)?;
             Ok((layout, buckets))
         })
         .collect()

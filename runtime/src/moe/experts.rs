@@ -30,7 +30,7 @@ pub fn expert_forward(p: &ExpertTensors<&[f32]>, h: usize, f: usize, x: Vec<f32>
 }
 
 /// The expert's backward from dy (m, h): accumulates its weight gradients into `g` and
-/// returns dx (m, h).
+/// returns dx (m, h) ([`expert_backward_input`] then [`expert_backward_weight`]).
 pub fn expert_backward(
     p: &ExpertTensors<&[f32]>,
     g: &mut ExpertTensors<&mut [f32]>,
@@ -39,16 +39,41 @@ pub fn expert_backward(
     acts: &ExpertActs,
     dy: &[f32],
 ) -> Vec<f32> {
+    let (dx, dh) = expert_backward_input(p, h, f, acts, dy);
+    expert_backward_weight(g, h, f, acts, dy, &dh);
+    dx
+}
+
+/// The input half: da = dy·W2ᵀ, dh = GELU'(h)·da, dx = dh·W1ᵀ; returns (dx (m, h), dh (m, f)).
+pub fn expert_backward_input(
+    p: &ExpertTensors<&[f32]>,
+    h: usize,
+    f: usize,
+    acts: &ExpertActs,
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
     let m = dy.len() / h;
-    matmul(MatRef::new(&acts.a, m, f), MatRef::new(dy, m, h), MatMut::new(g.fc2_w, f, h), Transpose::Tn, 1.0, 1.0);
-    col_sum_into(g.fc2_b, dy);
     let mut da = vec![0.0f32; m * f];
     matmul(MatRef::new(dy, m, h), MatRef::new(p.fc2_w, f, h), MatMut::new(&mut da, m, f), Transpose::Nt, 1.0, 0.0);
     let mut dh = vec![0.0f32; m * f];
     gelu_backward(&acts.h1, &da, &mut dh);
-    matmul(MatRef::new(&acts.x, m, h), MatRef::new(&dh, m, f), MatMut::new(g.fc1_w, h, f), Transpose::Tn, 1.0, 1.0);
-    col_sum_into(g.fc1_b, &dh);
     let mut dx = vec![0.0f32; m * h];
     matmul(MatRef::new(&dh, m, f), MatRef::new(p.fc1_w, h, f), MatMut::new(&mut dx, m, h), Transpose::Nt, 1.0, 0.0);
-    dx
+    (dx, dh)
+}
+
+/// The weight half: dW2 += aᵀ·dy, db2 += Σ dy, dW1 += xᵀ·dh, db1 += Σ dh.
+pub fn expert_backward_weight(
+    g: &mut ExpertTensors<&mut [f32]>,
+    h: usize,
+    f: usize,
+    acts: &ExpertActs,
+    dy: &[f32],
+    dh: &[f32],
+) {
+    let m = dy.len() / h;
+    matmul(MatRef::new(&acts.a, m, f), MatRef::new(dy, m, h), MatMut::new(g.fc2_w, f, h), Transpose::Tn, 1.0, 1.0);
+    col_sum_into(g.fc2_b, dy);
+    matmul(MatRef::new(&acts.x, m, h), MatRef::new(dh, m, f), MatMut::new(g.fc1_w, h, f), Transpose::Tn, 1.0, 1.0);
+    col_sum_into(g.fc1_b, dh);
 }

@@ -11,7 +11,7 @@
 //!               top-k of s per token (ties: lower index); w = s_sel / Σ s_sel
 //!               (Mixtral's softmax over the selected logits; DeepSeek-V3's normalised
 //!               sigmoid); rows (token, slot) grouped by destination rank and local expert
-//! dispatch      all-to-all-v of the counts per local expert, then of the rows
+//! dispatch      all-to-all-v of the counts per local expert and the rows behind them
 //! Experts       per local expert: y = GELU(x_e·W1 + b1)·W2 + b2 over the rows it received
 //!               (every source's, in source order)
 //! combine       all-to-all-v of the outputs back, in the order they came
@@ -24,16 +24,20 @@
 //! weight gradients and dx rows, which come back (the dispatch's gradient all-to-all) and
 //! sum per token; the router's backward adds dl·Wrᵀ. Routing is dropless (no capacity
 //! factor) and carries no auxiliary load-balancing loss; both are left out of this executor.
-//! Weight gradients accumulate (`+=`), as the dense pieces' do.
+//! Weight gradients accumulate (`+=`), as the dense pieces' do. [`ops`] holds the layer
+//! cut at its all-to-alls, as the plan's ops call it; [`moe_forward`] and [`moe_backward`]
+//! chain those pieces through an [`Exchange`] (the reference trainer's and the tests' form).
 
 mod experts;
+pub mod ops;
 mod router;
 
 #[cfg(test)]
 mod tests;
 
-pub use experts::{ExpertActs, expert_backward, expert_forward};
-pub use router::{Routing, router_backward, router_forward};
+pub use experts::{ExpertActs, expert_backward, expert_backward_input, expert_backward_weight, expert_forward};
+pub use ops::{ExpertsActs, ExpertsGrads};
+pub use router::{Routing, router_backward, router_backward_input, router_backward_weight, router_forward};
 use strata_models::model::RouterScore;
 
 use crate::comm::CommError;
@@ -142,37 +146,6 @@ impl Dispatch {
         }
         Dispatch { rows }
     }
-
-    /// Per destination: the rows of `x` (one per (token, slot), `width` wide) in dispatch
-    /// order. `row(t, slot)` picks the source row.
-    fn blocks<'x>(&self, width: usize, row: impl Fn(u32, u32) -> &'x [f32]) -> Vec<Vec<f32>> {
-        self.rows
-            .iter()
-            .map(|per_expert| {
-                let mut b = Vec::with_capacity(per_expert.iter().map(Vec::len).sum::<usize>() * width);
-                for &(t, s) in per_expert.iter().flatten() {
-                    b.extend_from_slice(row(t, s));
-                }
-                b
-            })
-            .collect()
-    }
-
-    /// Counts per local expert for each destination, as f32 (exact below 2^24).
-    fn counts(&self) -> Vec<Vec<f32>> {
-        self.rows.iter().map(|pe| pe.iter().map(|r| r.len() as f32).collect()).collect()
-    }
-
-    /// Places rows returned in dispatch order (`blocks[dest]`, `width` wide) at their
-    /// (token, slot) in a (T·k, width) buffer.
-    fn scatter(&self, blocks: &[Vec<f32>], width: usize, top_k: usize, out: &mut [f32]) {
-        for (per_expert, block) in self.rows.iter().zip(blocks) {
-            for (i, &(t, s)) in per_expert.iter().flatten().enumerate() {
-                let at = (t as usize * top_k + s as usize) * width;
-                out[at..at + width].copy_from_slice(&block[i * width..(i + 1) * width]);
-            }
-        }
-    }
 }
 
 /// What a MoE MLP keeps from its forward for its backward on one rank.
@@ -181,43 +154,10 @@ pub struct MoeActs {
     pub x: Vec<f32>,
     pub routing: Routing,
     pub dispatch: Dispatch,
-    /// counts[src][e]: rows source `src` sent to local expert e.
-    pub counts: Vec<Vec<usize>>,
-    /// Per local expert: its input rows and internals.
-    pub experts: Vec<ExpertActs>,
+    pub experts: ExpertsActs,
     /// The combined expert outputs (T·k, h), by (token, slot): the weighting's backward reads them.
     pub y: Vec<f32>,
     pub shared: Option<ExpertActs>,
-}
-
-/// Rows each local expert received, concatenated over sources in source order.
-fn by_expert(d: &MoeDims, counts: &[Vec<usize>], blocks: &[Vec<f32>], width: usize) -> Vec<Vec<f32>> {
-    let mut out: Vec<Vec<f32>> = vec![Vec::new(); d.local()];
-    for (src, block) in blocks.iter().enumerate() {
-        let mut at = 0;
-        for (e, &n) in counts[src].iter().enumerate() {
-            out[e].extend_from_slice(&block[at..at + n * width]);
-            at += n * width;
-        }
-        assert_eq!(at, block.len(), "source {src} sent {} values for {:?} rows of {width}", block.len(), counts[src]);
-    }
-    out
-}
-
-/// The inverse of [`by_expert`]: each source's rows back, in the order it sent them.
-fn by_source(d: &MoeDims, counts: &[Vec<usize>], per_expert: &[Vec<f32>], width: usize) -> Vec<Vec<f32>> {
-    let mut at = vec![0usize; d.local()];
-    counts
-        .iter()
-        .map(|c| {
-            let mut b = Vec::new();
-            for (e, &n) in c.iter().enumerate() {
-                b.extend_from_slice(&per_expert[e][at[e]..at[e] + n * width]);
-                at[e] += n * width;
-            }
-            b
-        })
-        .collect()
 }
 
 /// The MoE MLP's forward on this rank's tokens `x` (T, h): routes, dispatches, runs the
@@ -229,40 +169,18 @@ pub fn moe_forward(
     ex: &mut dyn Exchange,
 ) -> Result<(Vec<f32>, MoeActs), CommError> {
     let h = d.hidden;
-    let t = x.len() / h;
     let routing = router_forward(d, p.router_w, x);
-    let dispatch = Dispatch::new(d, &routing);
-    // Counts first, then the rows.
-    let counts: Vec<Vec<usize>> =
-        ex.all_to_all_v(dispatch.counts())?.into_iter().map(|c| c.into_iter().map(|v| v as usize).collect()).collect();
-    let sent = dispatch.blocks(h, |tok, _| &x[tok as usize * h..(tok as usize + 1) * h]);
+    let (dispatch, sent) = ops::dispatch_send(d, &routing, x);
     let received = ex.all_to_all_v(sent)?;
-    let inputs = by_expert(d, &counts, &received, h);
-    let mut outs = Vec::with_capacity(d.local());
-    let mut acts = Vec::with_capacity(d.local());
-    for (e, xe) in inputs.into_iter().enumerate() {
-        let (y, a) = expert_forward(&p.experts[e], h, d.ffn, xe);
-        outs.push(y);
-        acts.push(a);
-    }
-    let back = ex.all_to_all_v(by_source(d, &counts, &outs, h))?;
-    let mut y = vec![0.0f32; t * d.top_k * h];
-    dispatch.scatter(&back, h, d.top_k, &mut y);
-    let mut out = vec![0.0f32; t * h];
-    for tok in 0..t {
-        let o = &mut out[tok * h..(tok + 1) * h];
-        for s in 0..d.top_k {
-            let w = routing.weight[tok * d.top_k + s];
-            let row = &y[(tok * d.top_k + s) * h..(tok * d.top_k + s + 1) * h];
-            o.iter_mut().zip(row).for_each(|(a, b)| *a += w * b);
-        }
-    }
+    let (experts, outs) = ops::experts_forward(d, &p.experts, &received);
+    let back = ex.all_to_all_v(outs)?;
+    let (y, mut out) = ops::combine(d, &routing, &dispatch, &back);
     let shared = p.shared.as_ref().map(|sp| {
         let (ys, a) = expert_forward(sp, h, d.shared_ffn, x.to_vec());
         crate::kernels::add_into(&mut out, &ys);
         a
     });
-    let acts = MoeActs { x: x.to_vec(), routing, dispatch, counts, experts: acts, y, shared };
+    let acts = MoeActs { x: x.to_vec(), routing, dispatch, experts, y, shared };
     Ok((out, acts))
 }
 
@@ -276,43 +194,14 @@ pub fn moe_backward(
     g: &mut MoeGrads<'_>,
     ex: &mut dyn Exchange,
 ) -> Result<Vec<f32>, CommError> {
-    let (h, k) = (d.hidden, d.top_k);
+    let h = d.hidden;
     let t = dout.len() / h;
-    let mut dweight = vec![0.0f32; t * k];
-    let mut dy = vec![0.0f32; t * k * h];
-    for tok in 0..t {
-        let go = &dout[tok * h..(tok + 1) * h];
-        for s in 0..k {
-            let i = tok * k + s;
-            let y = &acts.y[i * h..(i + 1) * h];
-            dweight[i] = go.iter().zip(y).map(|(a, b)| a * b).sum();
-            let w = acts.routing.weight[i];
-            dy[i * h..(i + 1) * h].iter_mut().zip(go).for_each(|(a, b)| *a = w * b);
-        }
-    }
-    // The combine's gradient: dy rows back to the experts, in dispatch order.
-    let sent = acts.dispatch.blocks(h, |tok, s| {
-        let i = tok as usize * k + s as usize;
-        &dy[i * h..(i + 1) * h]
-    });
+    let (dweight, sent) = ops::combine_backward(d, &acts.routing, &acts.dispatch, &acts.y, dout);
     let received = ex.all_to_all_v(sent)?;
-    let dys = by_expert(d, &acts.counts, &received, h);
-    let mut dxs = Vec::with_capacity(d.local());
-    for (e, dye) in dys.iter().enumerate() {
-        dxs.push(expert_backward(&p.experts[e], &mut g.experts[e], h, d.ffn, &acts.experts[e], dye));
-    }
-    // The dispatch's gradient: dx rows back to their tokens.
-    let back = ex.all_to_all_v(by_source(d, &acts.counts, &dxs, h))?;
-    let mut dxr = vec![0.0f32; t * k * h];
-    acts.dispatch.scatter(&back, h, k, &mut dxr);
-    let mut dx = vec![0.0f32; t * h];
-    for tok in 0..t {
-        let o = &mut dx[tok * h..(tok + 1) * h];
-        for s in 0..k {
-            let row = &dxr[(tok * k + s) * h..(tok * k + s + 1) * h];
-            o.iter_mut().zip(row).for_each(|(a, b)| *a += b);
-        }
-    }
+    let (eg, dxs) = ops::experts_backward_input(d, &p.experts, &acts.experts, &received);
+    let back = ex.all_to_all_v(dxs)?;
+    ops::experts_backward_weight(d, &mut g.experts, &acts.experts, &eg);
+    let mut dx = ops::uncombine_rows(d, &acts.dispatch, &back, t);
     router_backward(d, p.router_w, &acts.x, &acts.routing, &dweight, &mut dx, g.router_w);
     if let (Some(sp), Some(sg), Some(sa)) = (p.shared.as_ref(), g.shared.as_mut(), acts.shared.as_ref()) {
         let dxs = expert_backward(sp, sg, h, d.shared_ffn, sa, dout);

@@ -62,8 +62,14 @@ pub fn router_backward(
     dx: &mut [f32],
     dw: &mut [f32],
 ) {
+    let dl = router_backward_input(d, w, r, dweight, dx);
+    router_backward_weight(d, x, &dl, dw);
+}
+
+/// The input half: the logits' gradient dl (T, E), returned, and dx += dl·Wrᵀ.
+pub fn router_backward_input(d: &MoeDims, w: &[f32], r: &Routing, dweight: &[f32], dx: &mut [f32]) -> Vec<f32> {
     let (h, e, k) = (d.hidden, d.experts, d.top_k);
-    let t = x.len() / h;
+    let t = r.idx.len() / k;
     let mut dl = vec![0.0f32; t * e];
     for tok in 0..t {
         let sel = &r.idx[tok * k..(tok + 1) * k];
@@ -82,5 +88,12 @@ pub fn router_backward(
         }
     }
     matmul(MatRef::new(&dl, t, e), MatRef::new(w, h, e), MatMut::new(dx, t, h), Transpose::Nt, 1.0, 1.0);
-    matmul(MatRef::new(x, t, h), MatRef::new(&dl, t, e), MatMut::new(dw, h, e), Transpose::Tn, 1.0, 1.0);
+    dl
+}
+
+/// The weight half: dw += xᵀ·dl.
+pub fn router_backward_weight(d: &MoeDims, x: &[f32], dl: &[f32], dw: &mut [f32]) {
+    let (h, e) = (d.hidden, d.experts);
+    let t = x.len() / h;
+    matmul(MatRef::new(x, t, h), MatRef::new(dl, t, e), MatMut::new(dw, h, e), Transpose::Tn, 1.0, 1.0);
 }

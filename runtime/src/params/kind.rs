@@ -1,4 +1,5 @@
-//! The parameter tensors of the GPT family: names, unsharded shapes, how each is cut over
+//! The parameter tensors of the GPT family (and of its mixture-of-experts layers: the
+//! router gate and the routed experts): names, unsharded shapes, how each is cut over
 //! the tensor-parallel group, initialisation and weight decay.
 //!
 //! Linear weights are stored (in, out), so y = x·W. Column-parallel tensors (QKV, FC1 and
@@ -37,7 +38,19 @@ pub enum ParamKind {
     Fc2B,
     LnfW,
     LnfB,
+    /// A MoE layer's router gate (h, E), replicated.
+    RouterW,
+    /// One routed expert's FC1 (h, f), FC1 bias (f), FC2 (f, h), FC2 bias (h): whole on its
+    /// expert-parallel rank (expert-tp 1).
+    ExpFc1W,
+    ExpFc1B,
+    ExpFc2W,
+    ExpFc2B,
 }
+
+/// The tensors of one routed expert, in buffer order.
+pub const EXPERT_KINDS: [ParamKind; 4] =
+    [ParamKind::ExpFc1W, ParamKind::ExpFc1B, ParamKind::ExpFc2W, ParamKind::ExpFc2B];
 
 /// The tensors of one layer, in buffer order.
 pub const LAYER_KINDS: [ParamKind; 12] = [
@@ -93,14 +106,21 @@ impl ParamKind {
             Fc2B => "fc2_b",
             LnfW => "lnf_w",
             LnfB => "lnf_b",
+            RouterW => "router_w",
+            ExpFc1W => "fc1_w",
+            ExpFc1B => "fc1_b",
+            ExpFc2W => "fc2_w",
+            ExpFc2B => "fc2_b",
         }
     }
 
-    /// Unsharded shape for a model of hidden h, heads·d = h, FFN f, vocabulary V, s positions.
-    pub(crate) fn full_shape(self, d: &ShardDims) -> Vec<usize> {
+    /// Unsharded shape for a model of hidden h, heads·d = h, vocabulary V, s positions, with
+    /// `f` the MLP's width in this layer (FFN f, or a MoE layer's shared experts), `e` the
+    /// routed experts and `fe` one routed expert's width.
+    pub(crate) fn full_shape(self, d: &ShardDims, f: usize, e: usize, fe: usize) -> Vec<usize> {
         use ParamKind::*;
         let full = d.unsharded();
-        let (h, a, f, v) = (full.hidden, full.attn_channels(), full.ffn, full.vocab);
+        let (h, a, v) = (full.hidden, full.attn_channels(), full.vocab);
         match self {
             Wte => vec![v, h],
             Wpe => vec![full.max_seq, h],
@@ -111,6 +131,11 @@ impl ParamKind {
             Fc1W => vec![h, f],
             Fc1B => vec![f],
             Fc2W => vec![f, h],
+            RouterW => vec![h, e],
+            ExpFc1W => vec![h, fe],
+            ExpFc1B => vec![fe],
+            ExpFc2W => vec![fe, h],
+            ExpFc2B => vec![h],
         }
     }
 
@@ -127,8 +152,8 @@ impl ParamKind {
     pub(crate) fn init(self, layers: usize) -> Init {
         use ParamKind::*;
         match self {
-            Wte | Wpe | QkvW | Fc1W => Init::Normal(INIT_STD),
-            ProjW | Fc2W => Init::Normal(INIT_STD / (2.0 * layers as f32).sqrt()),
+            Wte | Wpe | QkvW | Fc1W | RouterW | ExpFc1W => Init::Normal(INIT_STD),
+            ProjW | Fc2W | ExpFc2W => Init::Normal(INIT_STD / (2.0 * layers as f32).sqrt()),
             Ln1W | Ln2W | LnfW => Init::Ones,
             _ => Init::Zeros,
         }
@@ -137,7 +162,12 @@ impl ParamKind {
     /// Matrices and tables get weight decay; biases and norm parameters do not (GPT-2).
     pub fn decays(self) -> bool {
         use ParamKind::*;
-        matches!(self, Wte | Wpe | QkvW | ProjW | Fc1W | Fc2W)
+        matches!(self, Wte | Wpe | QkvW | ProjW | Fc1W | Fc2W | RouterW | ExpFc1W | ExpFc2W)
+    }
+
+    /// A routed expert's tensor (unit `Experts`, reduced over the expert-data-parallel group).
+    pub fn is_expert(self) -> bool {
+        EXPERT_KINDS.contains(&self)
     }
 }
 
@@ -158,6 +188,12 @@ pub(crate) fn stream_id(kind: ParamKind, layer: Option<usize>) -> u64 {
         None => kind as u64,
         Some(l) => 64 + 64 * l as u64 + kind as u64,
     }
+}
+
+/// The ChaCha stream of routed expert `expert` (global index) of `layer`: a space of its
+/// own above every layer tensor's, so the expert's weights do not depend on the split.
+pub(crate) fn expert_stream_id(kind: ParamKind, layer: usize, expert: usize) -> u64 {
+    (1 << 40) + ((layer as u64) << 24) + 8 * expert as u64 + kind as u64 - ParamKind::ExpFc1W as u64
 }
 
 /// n draws of N(0, std²) by the Box–Muller transform (rand 0.10 ships no normal distribution).
