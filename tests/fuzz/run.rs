@@ -159,9 +159,20 @@ fn inspect(s: &Scenario) -> Result<(), String> {
     let total = params::total_params(m);
     let h = m.hidden as f64;
     let f = m.ffn_hidden as f64;
-    // A lower bound in f64: the MLP alone has 2·h·f parameters per layer.
-    if (total as f64) < m.layers as f64 * 2.0 * h * f * 0.999 || total == 0 {
-        return Err(format!("total parameters {total} below the MLP's {}", m.layers as f64 * 2.0 * h * f));
+    // A lower bound in f64: a dense MLP alone has 2·h·f parameters per layer. MoE layers
+    // have no dense MLP (`ffn_hidden` sizes only the `dense_layers`), and each routed
+    // expert's MLP has 2·h·expert_ffn_hidden.
+    let (dense, moe_mlp) = match &m.moe {
+        None => (m.layers as f64, 0.0),
+        Some(e) => {
+            let dense = e.dense_layers.min(m.layers) as f64;
+            let per_layer = e.experts as f64 * 2.0 * h * e.expert_ffn_hidden as f64;
+            (dense, (m.layers as f64 - dense) * per_layer)
+        }
+    };
+    let mlp = dense * 2.0 * h * f + moe_mlp;
+    if (total as f64) < mlp * 0.999 || total == 0 {
+        return Err(format!("total parameters {total} below the MLPs' {mlp}"));
     }
     let fl = flops::scenario_step_flops(s);
     if !(fl.model.is_finite() && fl.model > 0.0 && fl.hardware >= fl.model) {
