@@ -1,6 +1,7 @@
 //! Mixture-of-experts layers train the tiny MoE GPT exactly as one rank does: every split
 //! with expert parallelism — ep 2, 4, 8; with expert-data-parallel replicas under ZeRO 0,
-//! 1, 2; with pipeline parallelism (1F1B, interleaved, ZB-H1); with tp 2 and sequence
+//! 1, 2; with pipeline parallelism (1F1B, interleaved, ZB-H1), with the all-to-alls under another
+//! microbatch's compute (`moe_a2a_overlap`, merged pairs); with tp 2 and sequence
 //! parallelism; with full and selective recomputation; softmax and sigmoid routers —
 //! gives the single rank's loss curve within the tolerance of `equivalence.rs` over the 15
 //! steps before a routing near-tie (below) and within 3e-4 nats over all 20; the single
@@ -107,6 +108,32 @@ const SPLITS: &[(&str, &[&str])] = &[
     (
         "ep2-dp2-pp2-interleaved",
         &["parallel.ep=2", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved"],
+    ),
+    (
+        "ep2-dp2-pp2-interleaved-a2a-overlap",
+        &[
+            "parallel.ep=2",
+            "parallel.dp=2",
+            "parallel.pp=2",
+            "parallel.vpp=2",
+            "parallel.schedule=interleaved",
+            "parallel.moe_a2a_overlap=true",
+        ],
+    ),
+    (
+        "ep2-dp2-pp2-1f1b-a2a-overlap-strata",
+        &[
+            "parallel.ep=2",
+            "parallel.dp=2",
+            "parallel.pp=2",
+            "parallel.schedule=1f1b",
+            "parallel.moe_a2a_overlap=true",
+            "training.framework=strata",
+        ],
+    ),
+    (
+        "ep4-dp4-a2a-overlap",
+        &["parallel.ep=4", "parallel.dp=4", "parallel.moe_a2a_overlap=true", "training.framework=strata"],
     ),
     ("ep2-dp2-pp2-zb-h1", &["parallel.ep=2", "parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1"]),
     ("ep2-dp2-full-recompute", &["parallel.ep=2", "parallel.dp=2", "parallel.recompute=full"]),
