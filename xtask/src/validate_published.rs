@@ -155,16 +155,59 @@ fn check_mape(data: &Data, off: &[Mechanic], bar: &ProgressBar) -> anyhow::Resul
     Ok(mape(&r?))
 }
 
-pub fn validate_published(json: bool) -> anyhow::Result<()> {
-    let data = load()?;
-    if data.check.is_empty() {
-        bail!("xtask/data/published.toml has no check rows");
+/// The command line of `validate --published`.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// One JSON document instead of the tables.
+    pub json: bool,
+    /// Keep only the rows whose group or name contains this text (quicker runs while
+    /// working on one group).
+    pub rows: Option<String>,
+    /// Skip the check set's mechanic-off runs.
+    pub no_ablations: bool,
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--json" => o.json = true,
+                "--no-ablations" => o.no_ablations = true,
+                "--rows" => match it.next() {
+                    Some(t) => o.rows = Some(t.clone()),
+                    None => bail!("--rows needs the text a row's group or name must contain"),
+                },
+                other => bail!(
+                    "validate --published: unknown argument \"{other}\" (takes --json, --rows TEXT, --no-ablations)"
+                ),
+            }
+        }
+        Ok(o)
     }
-    let variants: Vec<(String, Vec<Mechanic>)> = Mechanic::ALL
-        .iter()
-        .map(|m| (format!("without {}", m.key()), vec![*m]))
-        .chain([("without any".to_string(), Mechanic::ALL.to_vec())])
-        .collect();
+}
+
+pub fn validate_published(opts: &Options) -> anyhow::Result<()> {
+    let json = opts.json;
+    let mut data = load()?;
+    if let Some(t) = &opts.rows {
+        let keep = |r: &Row| r.group.contains(t.as_str()) || r.name.contains(t.as_str());
+        data.fit.retain(keep);
+        data.check.retain(keep);
+    }
+    if data.check.is_empty() {
+        bail!("no check rows (xtask/data/published.toml, filtered by --rows)");
+    }
+    let variants: Vec<(String, Vec<Mechanic>)> = if opts.no_ablations {
+        Vec::new()
+    } else {
+        Mechanic::ALL
+            .iter()
+            .map(|m| (format!("without {}", m.key()), vec![*m]))
+            .chain([("without any".to_string(), Mechanic::ALL.to_vec())])
+            .collect()
+    };
     let total = data.fit.len() + data.check.len() * (1 + variants.len());
     let bar = ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
     bar.set_style(

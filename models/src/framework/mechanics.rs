@@ -28,6 +28,11 @@
 //!   and runs a blocking `dist.broadcast` on the two stages' group, whose `wait` makes the
 //!   compute stream wait for it): the stage's next pass starts only once the activation or
 //!   gradient it sent has been delivered, so no pipeline send overlaps compute.
+//! - **Megatron-LM's vocab-parallel cross entropy** (`tensor_parallel/cross_entropy.py`,
+//!   unfused unless `--cross-entropy-loss-fusion`): the logits are cast to fp32 and pass
+//!   through max, subtraction, `exp`, sum and division kernels, and the gradient through a
+//!   multiplication and a cast back ([`crate::plan::cost::vocab_parallel_cross_entropy`]):
+//!   a few dozen bytes per local logit, which a small model with a large vocabulary feels.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -51,10 +56,12 @@ pub enum Mechanic {
     Zero3Reuse,
     /// DeepSpeed ZeRO-3's prefetch queue counting the gathered modules it pops.
     Zero3Queue,
+    /// Megatron-LM's unfused vocab-parallel cross entropy: its fp32 passes over the logits.
+    VocabCrossEntropy,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 7] = [
+    pub const ALL: [Mechanic; 8] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -62,6 +69,7 @@ impl Mechanic {
         Mechanic::PipeSyncSend,
         Mechanic::Zero3Reuse,
         Mechanic::Zero3Queue,
+        Mechanic::VocabCrossEntropy,
     ];
 
     pub fn key(self) -> &'static str {
@@ -73,6 +81,7 @@ impl Mechanic {
             Mechanic::PipeSyncSend => "pipe-sync-send",
             Mechanic::Zero3Reuse => "zero3-reuse",
             Mechanic::Zero3Queue => "zero3-queue",
+            Mechanic::VocabCrossEntropy => "vocab-ce",
         }
     }
 
@@ -172,6 +181,15 @@ impl Framework {
     /// (DeepSpeed's PipelineEngine): no overlap with the backward.
     pub fn reduces_after_flush(self, s: &Scenario) -> bool {
         self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeFlushReduce.on()
+    }
+
+    /// Whether the loss runs Megatron-LM's unfused vocab-parallel cross entropy and its fp32
+    /// passes over the logits ([`crate::plan::cost::vocab_parallel_cross_entropy`]):
+    /// Megatron-LM, and DeepSpeed, whose GPT runs are Megatron-DeepSpeed's (the same
+    /// `vocab_parallel_cross_entropy`). Megatron-LM's `--cross-entropy-loss-fusion` (off by
+    /// default) would fuse them; torchtitan and Strata's executor keep the generic cost.
+    pub fn vocab_parallel_cross_entropy(self) -> bool {
+        matches!(self, Framework::Megatron | Framework::DeepSpeed) && Mechanic::VocabCrossEntropy.on()
     }
 
     /// Whether a pipeline send holds up the stage's compute until it is delivered

@@ -281,6 +281,48 @@ pub fn piece_cost(
     }
 }
 
+/// Bytes and kernels Megatron-LM's unfused vocab-parallel cross entropy
+/// (`megatron/core/tensor_parallel/cross_entropy.py`, `_VocabParallelCrossEntropy`; the same
+/// passes in Megatron-DeepSpeed's `mpu/cross_entropy.py`) moves over one rank's logits, in
+/// place of the generic head cost of [`piece_cost`]. Over the N = T · V/t local logits
+/// (e-byte activations, fp32 arithmetic):
+/// - before the loss statistics' all-reduces (charged to `Logits` forward): the cast to fp32
+///   (`.float()`: read e, write 4), the row max (read 4), the in-place subtraction of the
+///   max (read 4, write 4), the in-place `exp` (read 4, write 4) and the row sum (read 4):
+///   (e + 28)·N bytes, five kernels beside the GEMM;
+/// - after them (charged to `Loss` forward): the in-place division by the sum that leaves
+///   the softmax saved for backward (read 4, write 4): 8·N bytes, one kernel;
+/// - backward (charged to `Logits` backward-input): the in-place multiplication by the
+///   incoming loss gradient (read 4, write 4), then the fp32 gradient cast back to the
+///   e-byte activation dtype for the output layer's GEMMs (read 4, write e): (12 + e)·N
+///   bytes, two kernels (the target-logit update touches T elements only).
+///
+/// The generic cost charges 8·N (fp32 logits written and read) forward and (4 + e)·N
+/// backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossEntropyPasses {
+    pub logits_fwd_bytes: u64,
+    pub logits_fwd_kernels: u32,
+    pub loss_fwd_bytes: u64,
+    pub loss_fwd_kernels: u32,
+    pub logits_bwd_bytes: u64,
+    pub logits_bwd_kernels: u32,
+}
+
+/// [`CrossEntropyPasses`] for one microbatch on one tensor-parallel rank.
+pub fn vocab_parallel_cross_entropy(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype) -> CrossEntropyPasses {
+    let x = dims(m, p, dtype);
+    let n = x.tokens * x.v_t;
+    CrossEntropyPasses {
+        logits_fwd_bytes: (x.e + 28) * n,
+        logits_fwd_kernels: 6,
+        loss_fwd_bytes: 8 * n,
+        loss_fwd_kernels: 1,
+        logits_bwd_bytes: (12 + x.e) * n,
+        logits_bwd_kernels: 3,
+    }
+}
+
 /// `LayerOut` of a mixture-of-experts layer: the dense residual add plus the combine's
 /// un-permutation, probability weighting and shared add ([`moe`]'s `moe_layer_out`).
 pub fn moe_layer_out_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, phase: Phase) -> ComputeCost {

@@ -56,7 +56,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::accounting::memory::state_bytes_per_param;
 use crate::accounting::states::scenario_layout;
-use crate::plan::cost::{optimizer_cost, piece_cost};
+use crate::plan::cost::{optimizer_cost, piece_cost, vocab_parallel_cross_entropy};
 use crate::plan::grid::RankGrid;
 use crate::plan::ir::*;
 // The plan types lived here before the lowering was split; `plan::lower::Plan` still names them.
@@ -112,6 +112,17 @@ impl<'a> Planner<'a> {
                     phase,
                 ));
             }
+        }
+        if s.training.framework.vocab_parallel_cross_entropy() {
+            let ce = vocab_parallel_cross_entropy(&s.model, p, s.training.dtype);
+            let mut set = |piece, phase, bytes: u64, kernels: u32, add: bool| {
+                let c = &mut costs[cost_ids[&(piece, phase)] as usize];
+                c.mem_bytes = if add { c.mem_bytes + bytes } else { bytes };
+                c.kernels = if add { c.kernels + kernels } else { kernels };
+            };
+            set(Logits, Phase::Forward, ce.logits_fwd_bytes, ce.logits_fwd_kernels, false);
+            set(Loss, Phase::Forward, ce.loss_fwd_bytes, ce.loss_fwd_kernels, true);
+            set(Logits, Phase::BackwardInput, ce.logits_bwd_bytes, ce.logits_bwd_kernels, false);
         }
         let buckets = (0..p.pp).map(|stage| stage_buckets(s, stage)).collect::<Vec<_>>();
         for b in &buckets {
