@@ -2,7 +2,7 @@
 //! its plan verifies and simulates; impossible expert-parallel splits exit 2 naming the
 //! rule; the shipped tiny MoE scenario and a tensor-parallel MoE split train on CPU ranks,
 //! and a capacity factor, which the executor's dropless routing does not run, exits 2
-//! naming the key.
+//! naming the key; calibration runs a tensor-parallel MoE model's jobs (with SP).
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -98,4 +98,24 @@ fn the_shipped_tiny_moe_scenario_trains() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("step"), "{text}");
+}
+
+#[test]
+fn calibrating_a_moe_model_measures_its_tensor_parallel_pieces() {
+    // The calibration jobs with tp > 1 must use sequence parallelism for a MoE model, as
+    // every MoE plan with tp does (they were refused as impossible jobs before).
+    let scenario = tiny_moe();
+    let profile = tmp("moe-profile.toml");
+    let out = strata(&[
+        "calibrate",
+        scenario.to_str().unwrap(),
+        "--quick",
+        "--ranks",
+        "4",
+        "--out",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("[[compute.ops]]"), "the profile holds no measured ops:\n{text}");
 }

@@ -355,7 +355,10 @@ fn piece_jobs(s: &Scenario, ranks: u32, effort: Effort) -> anyhow::Result<Vec<Sc
     let m = &s.model;
     let mut jobs = Vec::new();
     for tp in tensor_parallel_sizes(s, ranks) {
-        let mut runs: Vec<(u32, Recompute, bool)> = mbs.iter().map(|&mb| (mb, Recompute::None, false)).collect();
+        // A tensor-parallel MoE layer runs only with sequence parallelism (the router takes
+        // the sequence-split tokens), so its jobs without recomputation use it too.
+        let moe_sp = m.moe.is_some() && tp > 1;
+        let mut runs: Vec<(u32, Recompute, bool)> = mbs.iter().map(|&mb| (mb, Recompute::None, moe_sp)).collect();
         for &mb in mbs.iter().filter(|mb| !quick || **mb == mid) {
             runs.push((mb, Recompute::Selective, tp > 1));
         }

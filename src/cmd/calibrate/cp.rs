@@ -45,7 +45,8 @@ fn cp_job(s: &Scenario, tp: u32, cp: u32, comm: CpComm, mb: u32, layers: u32) ->
         global_batch: 2 * mb,
         zero: 0,
         recompute: Recompute::None,
-        sequence_parallel: false,
+        // MoE with tp needs sequence parallelism (as in `piece_jobs`).
+        sequence_parallel: s.model.moe.is_some() && tp > 1,
         ep: 1,
         ..s.parallel.clone()
     };
