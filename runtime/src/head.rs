@@ -1,5 +1,6 @@
-//! The head on one tensor-parallel rank: final LayerNorm, the vocabulary-parallel output
-//! layer tied to the word embedding, and the cross-entropy loss (Megatron-LM's
+//! The head on one tensor-parallel rank: final LayerNorm (RMSNorm for Llama), the
+//! vocabulary-parallel output layer (tied to the word embedding for GPT, Llama's own
+//! `out_w`; `wte_r` below is whichever it is), and the cross-entropy loss (Megatron-LM's
 //! `vocab_parallel_cross_entropy`).
 //!
 //! Rank r holds logits for its vocabulary rows only, z_r = hn·wte_rᵀ (T, V/t). It reduces
@@ -17,7 +18,7 @@
 //! dz_r = (exp(z_r − lse) − onehot_r(target))·grad_scale, dhn_partial = dz_r·wte_r (the
 //! caller reduces), dwte_r += dz_rᵀ·hn.
 
-use crate::kernels::{layernorm_backward, layernorm_forward};
+use crate::llama::{norm_backward, norm_forward};
 use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 use crate::params::{HeadGrads, HeadParams};
 use crate::shard::ShardDims;
@@ -54,16 +55,14 @@ pub fn final_norm_forward(p: &HeadParams, r: &[f32], hn: &mut [f32], acts: &mut 
     let h = p.lnf_w.len();
     let n = r.len() / h;
     acts.r_in.assign(r, &[n, h]);
-    acts.lnf_mean.reset(&[n]);
-    acts.lnf_rstd.reset(&[n]);
-    layernorm_forward(r, p.lnf_w, p.lnf_b, hn, &mut acts.lnf_mean, &mut acts.lnf_rstd);
+    norm_forward(r, p.lnf_w, p.lnf_b, hn, &mut acts.lnf_mean, &mut acts.lnf_rstd);
 }
 
 /// `FinalNorm` backward: dr = LNfᵀ(dhn) (overwrites dr: it starts the backward pass),
 /// accumulating the LNf weight gradients.
 pub fn final_norm_backward(p: &HeadParams, g: &mut HeadGrads, acts: &HeadActs, dhn: &[f32], dr: &mut [f32]) {
     dr.fill(0.0);
-    layernorm_backward(dhn, &acts.r_in, p.lnf_w, &acts.lnf_mean, &acts.lnf_rstd, dr, g.lnf_w, g.lnf_b);
+    norm_backward(dhn, &acts.r_in, p.lnf_w, &acts.lnf_mean, &acts.lnf_rstd, dr, g.lnf_w, g.lnf_b);
 }
 
 /// `Logits` forward: local logits (T, V/t) = hn·wte_rᵀ, saved, and the per-token
