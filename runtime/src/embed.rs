@@ -10,10 +10,12 @@
 //! ```
 //!
 //! so Σ over ranks (the caller's all-reduce, or reduce-scatter with sequence parallelism)
-//! is wte[x] + wpe[i mod s], each counted once. A Llama model has no position table (its
-//! positions are rotary, in the attention): `wpe` is empty and only wte[x] is looked up. Backward, from the full gradient dR (T, h):
+//! is wte[x] + wpe[i mod s], each counted once. Backward, from the full gradient dR (T, h):
 //! dwte_r[x − r·V/t] += dR[i] for tokens in the shard, and dwpe[i mod s] += dR[i] on every
 //! rank, so the replicated position tables stay in sync without communication.
+//!
+//! A Llama model has no position table (its positions are rotary, applied in the
+//! attention): `wpe` is empty and the embedding is wte[x] alone.
 
 use crate::error::RuntimeError;
 use crate::micro::Micro;

@@ -1,4 +1,4 @@
-//! strata-runtime: a GPT trained for real under a plan.
+//! strata-runtime: a GPT or Llama model trained for real under a plan.
 //!
 //! This crate holds the CPU numerical core of the executor: f32 tensors, one GEMM wrapper,
 //! hand-written forward and backward passes of the GPT and Llama families cut into the pieces the plan
