@@ -174,9 +174,16 @@ mod tests {
     const MB: Micro = Micro { batch: 2, seq: 3 };
 
     fn layout() -> ParamLayout {
+        layout_of(Family::Gpt)
+    }
+
+    /// The head of a one-chunk model: GPT (LayerNorm, the tied table) or Llama (RMSNorm,
+    /// its own `out_w`).
+    fn layout_of(family: Family) -> ParamLayout {
+        let llama = family == Family::Llama;
         let spec = ModelSpec {
             name: "head".into(),
-            family: Family::Gpt,
+            family,
             layers: 1,
             hidden: 8,
             heads: 2,
@@ -185,7 +192,7 @@ mod tests {
             ffn_hidden: 16,
             vocab: 12,
             seq_len: 4,
-            activation: Activation::Gelu,
+            activation: if llama { Activation::Swiglu } else { Activation::Gelu },
             dropout: 0.0,
             rope_base: 500_000.0,
             moe: None,
@@ -220,7 +227,18 @@ mod tests {
 
     #[test]
     fn head_backward_matches_finite_differences() {
-        let layout = layout();
+        for family in [Family::Gpt, Family::Llama] {
+            head_backward_matches_finite_differences_for(family);
+        }
+    }
+
+    fn head_backward_matches_finite_differences_for(family: Family) {
+        let layout = layout_of(family);
+        let names: Vec<String> = layout.entries().iter().map(|e| e.name()).collect();
+        if family == Family::Llama {
+            // wte (embedding), lnf_w, out_w: no position table, no β, an untied output layer.
+            assert_eq!(names, ["wte", "lnf_w", "out_w"]);
+        }
         let params = seeded_vec(layout.len(), 2, 0.5);
         let r = seeded_vec(MB.tokens() * 8, 3, 1.0);
         let mut acts = HeadActs::default();
@@ -291,6 +309,45 @@ mod tests {
                 });
                 assert!(grads[wpe].iter().any(|&g| g != 0.0), "rank {rank} must compute dwpe too");
             }
+        }
+    }
+
+    #[test]
+    fn a_llama_embedding_is_the_word_rows_alone() {
+        // No position table: rank r's partial row is its wte row or zero, on every rank.
+        let tokens = [3, 0, 11, 7, 7, 2];
+        let m = ModelSpec { vocab: 12, ..ModelSpec::preset("tiny-llama").unwrap() };
+        for rank in 0..2 {
+            let layout = ParamLayout::new(
+                &m,
+                TpRank::new(rank, 2).unwrap(),
+                ChunkSpec { embedding: true, layers: 0..0, head: true },
+            )
+            .unwrap();
+            let d = layout.dims().clone();
+            let params = seeded_vec(layout.len(), 6, 1.0);
+            let p = layout.embedding(&params);
+            assert!(p.wpe.is_empty());
+            let mut out = vec![f32::NAN; MB.tokens() * d.hidden];
+            embed_forward(&d, &p, MB, &tokens, &mut out);
+            for (&x, row) in tokens.iter().zip(out.chunks(d.hidden)) {
+                let local = (x as usize).checked_sub(d.vocab_start).filter(|&v| v < d.vocab);
+                match local {
+                    Some(v) => assert_eq!(row, &p.wte[v * d.hidden..(v + 1) * d.hidden]),
+                    None => assert!(row.iter().all(|&v| v == 0.0)),
+                }
+            }
+            let probe = Probe::new(out.len(), 7);
+            let mut grads = vec![0.0; layout.len()];
+            embed_backward(&d, &mut layout.embedding_mut(&mut grads), MB, &tokens, &probe.weights);
+            let wte = layout.entries()[0].range();
+            check_directional("llama embed dwte", &params[wte.clone()], &grads[wte.clone()], 8, |x| {
+                let mut q = params.clone();
+                q[wte.clone()].copy_from_slice(x);
+                let mut out = vec![0.0; MB.tokens() * d.hidden];
+                embed_forward(&d, &layout.embedding(&q), MB, &tokens, &mut out);
+                probe.loss(&out)
+            });
         }
     }
 }
