@@ -106,7 +106,7 @@ impl ShardDims {
                 model.hidden / model.heads
             ));
         }
-        if llama && model.head_dim() % 2 != 0 {
+        if llama && !model.head_dim().is_multiple_of(2) {
             bad.push(format!(
                 "model.head_dim = {}: rotary positions rotate pairs of channels, so it must be even",
                 model.head_dim()

@@ -210,7 +210,7 @@ pub(crate) fn local_shape(full: &[usize], split: TpSplit, t: usize) -> Vec<usize
     match split {
         TpSplit::Replicated => {}
         TpSplit::Rows => shape[0] /= t,
-        TpSplit::Cols { .. } => *shape.last_mut().expect("tensors have at least one dimension") /= t,
+        TpSplit::Cols => *shape.last_mut().expect("tensors have at least one dimension") /= t,
     }
     shape
 }
