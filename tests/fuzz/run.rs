@@ -159,9 +159,11 @@ fn inspect(s: &Scenario) -> Result<(), String> {
     let total = params::total_params(m);
     let h = m.hidden as f64;
     let f = m.ffn_hidden as f64;
-    // A lower bound in f64: the MLP alone has 2·h·f parameters per layer.
-    if (total as f64) < m.layers as f64 * 2.0 * h * f * 0.999 || total == 0 {
-        return Err(format!("total parameters {total} below the MLP's {}", m.layers as f64 * 2.0 * h * f));
+    // A lower bound in f64: the dense MLP alone has 2·h·f parameters per dense layer (a MoE
+    // layer's MLP is its experts, of their own width; `ffn_hidden` does not size it).
+    let mlp = m.dense_layers() as f64 * 2.0 * h * f;
+    if (total as f64) < mlp * 0.999 || total == 0 {
+        return Err(format!("total parameters {total} below the dense MLP's {mlp}"));
     }
     let fl = flops::scenario_step_flops(s);
     if !(fl.model.is_finite() && fl.model > 0.0 && fl.hardware >= fl.model) {
