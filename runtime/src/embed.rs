@@ -13,6 +13,9 @@
 //! is wte[x] + wpe[i mod s], each counted once. Backward, from the full gradient dR (T, h):
 //! dwte_r[x − r·V/t] += dR[i] for tokens in the shard, and dwpe[i mod s] += dR[i] on every
 //! rank, so the replicated position tables stay in sync without communication.
+//!
+//! A Llama model has no position table (its positions are rotary, applied in the
+//! attention): `wpe` is empty and the embedding is wte[x] alone.
 
 use crate::error::RuntimeError;
 use crate::micro::Micro;
@@ -57,7 +60,7 @@ pub fn embed_forward_at(d: &ShardDims, p: &EmbedParams, mb: Micro, positions: &[
             Some(v) => row.copy_from_slice(&p.wte[v * h..(v + 1) * h]),
             None => row.fill(0.0),
         }
-        if d.tp.rank == 0 {
+        if d.tp.rank == 0 && !p.wpe.is_empty() {
             let pos = positions[i % mb.seq] as usize;
             for (o, w) in row.iter_mut().zip(&p.wpe[pos * h..(pos + 1) * h]) {
                 *o += w;
@@ -82,6 +85,9 @@ pub fn embed_backward_at(d: &ShardDims, g: &mut EmbedGrads, mb: Micro, positions
             for (gw, dv) in g.wte[v * h..(v + 1) * h].iter_mut().zip(row) {
                 *gw += dv;
             }
+        }
+        if g.wpe.is_empty() {
+            continue;
         }
         let pos = positions[i % mb.seq] as usize;
         for (gp, dv) in g.wpe[pos * h..(pos + 1) * h].iter_mut().zip(row) {

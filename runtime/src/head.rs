@@ -1,5 +1,6 @@
-//! The head on one tensor-parallel rank: final LayerNorm, the vocabulary-parallel output
-//! layer tied to the word embedding, and the cross-entropy loss (Megatron-LM's
+//! The head on one tensor-parallel rank: final LayerNorm (RMSNorm for Llama), the
+//! vocabulary-parallel output layer (tied to the word embedding for GPT, Llama's own
+//! `out_w`; `wte_r` below is whichever it is), and the cross-entropy loss (Megatron-LM's
 //! `vocab_parallel_cross_entropy`).
 //!
 //! Rank r holds logits for its vocabulary rows only, z_r = hn·wte_rᵀ (T, V/t). It reduces
@@ -17,7 +18,7 @@
 //! dz_r = (exp(z_r − lse) − onehot_r(target))·grad_scale, dhn_partial = dz_r·wte_r (the
 //! caller reduces), dwte_r += dz_rᵀ·hn.
 
-use crate::kernels::{layernorm_backward, layernorm_forward};
+use crate::llama::{norm_backward, norm_forward};
 use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 use crate::params::{HeadGrads, HeadParams};
 use crate::shard::ShardDims;
@@ -54,16 +55,14 @@ pub fn final_norm_forward(p: &HeadParams, r: &[f32], hn: &mut [f32], acts: &mut 
     let h = p.lnf_w.len();
     let n = r.len() / h;
     acts.r_in.assign(r, &[n, h]);
-    acts.lnf_mean.reset(&[n]);
-    acts.lnf_rstd.reset(&[n]);
-    layernorm_forward(r, p.lnf_w, p.lnf_b, hn, &mut acts.lnf_mean, &mut acts.lnf_rstd);
+    norm_forward(r, p.lnf_w, p.lnf_b, hn, &mut acts.lnf_mean, &mut acts.lnf_rstd);
 }
 
 /// `FinalNorm` backward: dr = LNfᵀ(dhn) (overwrites dr: it starts the backward pass),
 /// accumulating the LNf weight gradients.
 pub fn final_norm_backward(p: &HeadParams, g: &mut HeadGrads, acts: &HeadActs, dhn: &[f32], dr: &mut [f32]) {
     dr.fill(0.0);
-    layernorm_backward(dhn, &acts.r_in, p.lnf_w, &acts.lnf_mean, &acts.lnf_rstd, dr, g.lnf_w, g.lnf_b);
+    norm_backward(dhn, &acts.r_in, p.lnf_w, &acts.lnf_mean, &acts.lnf_rstd, dr, g.lnf_w, g.lnf_b);
 }
 
 /// `Logits` forward: local logits (T, V/t) = hn·wte_rᵀ, saved, and the per-token
@@ -175,9 +174,16 @@ mod tests {
     const MB: Micro = Micro { batch: 2, seq: 3 };
 
     fn layout() -> ParamLayout {
+        layout_of(Family::Gpt)
+    }
+
+    /// The head of a one-chunk model: GPT (LayerNorm, the tied table) or Llama (RMSNorm,
+    /// its own `out_w`).
+    fn layout_of(family: Family) -> ParamLayout {
+        let llama = family == Family::Llama;
         let spec = ModelSpec {
             name: "head".into(),
-            family: Family::Gpt,
+            family,
             layers: 1,
             hidden: 8,
             heads: 2,
@@ -186,7 +192,7 @@ mod tests {
             ffn_hidden: 16,
             vocab: 12,
             seq_len: 4,
-            activation: Activation::Gelu,
+            activation: if llama { Activation::Swiglu } else { Activation::Gelu },
             dropout: 0.0,
             rope_base: 500_000.0,
             moe: None,
@@ -221,7 +227,18 @@ mod tests {
 
     #[test]
     fn head_backward_matches_finite_differences() {
-        let layout = layout();
+        for family in [Family::Gpt, Family::Llama] {
+            head_backward_matches_finite_differences_for(family);
+        }
+    }
+
+    fn head_backward_matches_finite_differences_for(family: Family) {
+        let layout = layout_of(family);
+        let names: Vec<String> = layout.entries().iter().map(|e| e.name()).collect();
+        if family == Family::Llama {
+            // wte (embedding), lnf_w, out_w: no position table, no β, an untied output layer.
+            assert_eq!(names, ["wte", "lnf_w", "out_w"]);
+        }
         let params = seeded_vec(layout.len(), 2, 0.5);
         let r = seeded_vec(MB.tokens() * 8, 3, 1.0);
         let mut acts = HeadActs::default();
@@ -292,6 +309,45 @@ mod tests {
                 });
                 assert!(grads[wpe].iter().any(|&g| g != 0.0), "rank {rank} must compute dwpe too");
             }
+        }
+    }
+
+    #[test]
+    fn a_llama_embedding_is_the_word_rows_alone() {
+        // No position table: rank r's partial row is its wte row or zero, on every rank.
+        let tokens = [3, 0, 11, 7, 7, 2];
+        let m = ModelSpec { vocab: 12, ..ModelSpec::preset("tiny-llama").unwrap() };
+        for rank in 0..2 {
+            let layout = ParamLayout::new(
+                &m,
+                TpRank::new(rank, 2).unwrap(),
+                ChunkSpec { embedding: true, layers: 0..0, head: true },
+            )
+            .unwrap();
+            let d = layout.dims().clone();
+            let params = seeded_vec(layout.len(), 6, 1.0);
+            let p = layout.embedding(&params);
+            assert!(p.wpe.is_empty());
+            let mut out = vec![f32::NAN; MB.tokens() * d.hidden];
+            embed_forward(&d, &p, MB, &tokens, &mut out);
+            for (&x, row) in tokens.iter().zip(out.chunks(d.hidden)) {
+                let local = (x as usize).checked_sub(d.vocab_start).filter(|&v| v < d.vocab);
+                match local {
+                    Some(v) => assert_eq!(row, &p.wte[v * d.hidden..(v + 1) * d.hidden]),
+                    None => assert!(row.iter().all(|&v| v == 0.0)),
+                }
+            }
+            let probe = Probe::new(out.len(), 7);
+            let mut grads = vec![0.0; layout.len()];
+            embed_backward(&d, &mut layout.embedding_mut(&mut grads), MB, &tokens, &probe.weights);
+            let wte = layout.entries()[0].range();
+            check_directional("llama embed dwte", &params[wte.clone()], &grads[wte.clone()], 8, |x| {
+                let mut q = params.clone();
+                q[wte.clone()].copy_from_slice(x);
+                let mut out = vec![0.0; MB.tokens() * d.hidden];
+                embed_forward(&d, &layout.embedding(&q), MB, &tokens, &mut out);
+                probe.loss(&out)
+            });
         }
     }
 }

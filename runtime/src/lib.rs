@@ -1,12 +1,13 @@
-//! strata-runtime: a GPT trained for real under a plan.
+//! strata-runtime: a GPT or Llama model trained for real under a plan.
 //!
 //! This crate holds the CPU numerical core of the executor: f32 tensors, one GEMM wrapper,
-//! hand-written forward and backward passes of the GPT family cut into the pieces the plan
+//! hand-written forward and backward passes of the GPT and Llama families cut into the pieces the plan
 //! IR names, each working on a Megatron-LM tensor-parallel shard, AdamW on ZeRO shards, a
 //! single-rank reference trainer built from the same pieces, and training data.
 //!
 //! Module map:
 //! - [`tensor`], [`matmul`], [`kernels`], [`attention`]: buffers and numerical kernels;
+//!   [`llama`]: the Llama block's (RMSNorm, SwiGLU, RoPE, grouped-query key/value sharing);
 //! - [`shard`]: what tensor-parallel rank r of t holds ([`shard::ShardDims`]);
 //! - [`params`]: the flat per-chunk parameter buffer, its fixed order, views, init, sharding;
 //! - [`embed`], [`layer`], [`head`]: the model pieces and what each saves for backward;
@@ -100,6 +101,7 @@ pub mod exec;
 pub mod head;
 pub mod kernels;
 pub mod layer;
+pub mod llama;
 pub mod matmul;
 pub mod micro;
 pub mod moe;

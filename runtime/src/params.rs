@@ -13,6 +13,12 @@
 //! head       lnf_w (h)  lnf_b (h)  [wte (V/t, h): only when the chunk has no embedding]
 //! ```
 //!
+//! A Llama chunk holds the same order without the tensors Llama lacks
+//! ([`ParamKind::present`]): `wte`; per layer `ln1_w  qkv_w (h, D + 2·Dkv)  proj_w  ln2_w
+//! fc1_w (h, 2F)  fc2_w` (Dkv = (kv_heads/t)·d; FC1's columns [gate | up]); head `lnf_w
+//! out_w (V/t, h)`, its own output layer (the plan's `Unit::OutputLayer`). Absent tensors are
+//! empty views, which the pieces read as "no bias" and "RMSNorm".
+//!
 //! A mixture-of-experts layer (`ModelSpec::is_moe_layer`) holds, in place of the dense
 //! MLP, its shared experts as `fc1_w (h, Fs)  fc1_b (Fs)  fc2_w (Fs, h)  fc2_b (h)` (Fs =
 //! shared_experts · shared_ffn_hidden / t; absent without shared experts), then the router
@@ -135,12 +141,13 @@ pub struct EmbedTensors<S> {
     pub wpe: S, // (s, h)
 }
 
-/// Views of the head tensors (final norm and the tied output layer).
+/// Views of the head tensors (final norm and the output layer).
 #[derive(Debug)]
 pub struct HeadTensors<S> {
     pub lnf_w: S, // (h)
-    pub lnf_b: S, // (h)
-    pub wte: S,   // (V/t, h)
+    pub lnf_b: S, // (h); empty under RMSNorm (Llama)
+    /// The output layer (V/t, h): the tied word embedding (GPT) or `out_w` (Llama).
+    pub wte: S,
 }
 
 pub type LayerParams<'a> = LayerTensors<&'a [f32]>;
@@ -250,7 +257,9 @@ impl ParamLayout {
         };
         if chunk.embedding {
             push(&mut entries, ParamKind::Wte, None, false, 0, None);
-            push(&mut entries, ParamKind::Wpe, None, false, 0, None);
+            if ParamKind::Wpe.present(&dims) {
+                push(&mut entries, ParamKind::Wpe, None, false, 0, None);
+            }
         }
         let full_ffn = dims.ffn * tp.size;
         for l in chunk.layers.clone() {
@@ -258,7 +267,7 @@ impl ParamLayout {
             let f = moe_layer.map_or(full_ffn, |d| d.shared_ffn * tp.size);
             for kind in LAYER_KINDS {
                 let mlp = matches!(kind, ParamKind::Fc1W | ParamKind::Fc1B | ParamKind::Fc2W | ParamKind::Fc2B);
-                if !(mlp && f == 0) {
+                if !(mlp && f == 0) && kind.present(&dims) {
                     push(&mut entries, kind, Some(l), false, f, None);
                 }
             }
@@ -274,8 +283,12 @@ impl ParamLayout {
         let head_start = entries.last().map_or(0, |e| e.offset + e.len());
         if chunk.head {
             push(&mut entries, ParamKind::LnfW, None, false, 0, None);
-            push(&mut entries, ParamKind::LnfB, None, false, 0, None);
-            if !chunk.embedding {
+            if ParamKind::LnfB.present(&dims) {
+                push(&mut entries, ParamKind::LnfB, None, false, 0, None);
+            }
+            if ParamKind::OutW.present(&dims) {
+                push(&mut entries, ParamKind::OutW, None, false, 0, None);
+            } else if !chunk.embedding {
                 push(&mut entries, ParamKind::Wte, None, true, 0, None);
             }
         }
@@ -401,9 +414,19 @@ impl ParamLayout {
         LayerTensors::from_array(split_mut(block, sizes))
     }
 
+    /// Sizes of `wte` and `wpe` (0 without a position table).
     fn embed_sizes(&self) -> [usize; 2] {
         assert!(self.chunk.embedding, "this chunk holds no embedding");
-        [self.entries[0].len(), self.entries[1].len()]
+        let wpe = self.entries.get(1).filter(|e| e.kind == ParamKind::Wpe).map_or(0, ParamEntry::len);
+        [self.entries[0].len(), wpe]
+    }
+
+    /// Sizes of the head block: `lnf_w`, `lnf_b` (0 under RMSNorm), and the output layer's
+    /// own tensor (`out_w`, or the tied copy of `wte`; 0 when the chunk's `wte` serves).
+    fn head_sizes(&self) -> [usize; 3] {
+        let h = self.dims.hidden;
+        let lnf_b = if ParamKind::LnfB.present(&self.dims) { h } else { 0 };
+        [h, lnf_b, self.len - self.head_start() - h - lnf_b]
     }
 
     pub fn embedding<'a>(&self, buf: &'a [f32]) -> EmbedParams<'a> {
@@ -428,23 +451,19 @@ impl ParamLayout {
 
     pub fn head<'a>(&self, buf: &'a [f32]) -> HeadParams<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
-        let h = self.dims.hidden;
-        let [lnf_w, lnf_b, copy] = split(&buf[self.head_start()..], [h, h, self.len - self.head_start() - 2 * h]);
-        let wte = if self.chunk.embedding { self.embedding(buf).wte } else { copy };
+        let sizes = self.head_sizes();
+        let [lnf_w, lnf_b, own] = split(&buf[self.head_start()..], sizes);
+        let wte = if sizes[2] == 0 { self.embedding(buf).wte } else { own };
         HeadTensors { lnf_w, lnf_b, wte }
     }
 
     pub fn head_mut<'a>(&self, buf: &'a mut [f32]) -> HeadGrads<'a> {
         assert_eq!(buf.len(), self.len, "buffer does not match the layout");
-        let (h, start, wte_len) = (self.dims.hidden, self.head_start(), self.dims.vocab * self.dims.hidden);
+        let (sizes, start, wte_len) = (self.head_sizes(), self.head_start(), self.dims.vocab * self.dims.hidden);
         let (front, back) = buf.split_at_mut(start);
-        if self.chunk.embedding {
-            let [lnf_w, lnf_b] = split_mut(back, [h, h]);
-            HeadTensors { lnf_w, lnf_b, wte: &mut front[..wte_len] }
-        } else {
-            let [lnf_w, lnf_b, wte] = split_mut(back, [h, h, wte_len]);
-            HeadTensors { lnf_w, lnf_b, wte }
-        }
+        let [lnf_w, lnf_b, own] = split_mut(back, sizes);
+        let wte = if sizes[2] == 0 { &mut front[..wte_len] } else { own };
+        HeadTensors { lnf_w, lnf_b, wte }
     }
 
     /// A freshly initialised parameter buffer (see the module comment); deterministic in
@@ -479,11 +498,17 @@ impl ParamLayout {
                 let per = rows / t;
                 vec![r * per * cols..(r + 1) * per * cols]
             }
-            TpSplit::Cols { groups } => {
-                let (block, per) = (cols / groups, cols / groups / t);
+            TpSplit::Cols => {
+                // Block g starts at column `starts[g]` and is `widths[g]` wide; rank r holds
+                // its r-th t-th.
+                let widths = e.kind.col_blocks(&self.dims, cols);
+                let starts: Vec<usize> = widths.iter().scan(0, |at, w| Some(std::mem::replace(at, *at + w))).collect();
                 (0..rows)
                     .flat_map(|i| {
-                        (0..groups).map(move |g| i * cols + g * block + r * per..i * cols + g * block + (r + 1) * per)
+                        widths.iter().zip(&starts).map(move |(w, s)| {
+                            let per = w / t;
+                            i * cols + s + r * per..i * cols + s + (r + 1) * per
+                        })
                     })
                     .collect()
             }

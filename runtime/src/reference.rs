@@ -1,4 +1,4 @@
-//! The single-rank reference trainer: the whole GPT on one thread, built from the same
+//! The single-rank reference trainer: the whole GPT or Llama on one thread, built from the same
 //! pieces the plan interpreter runs, with t = 1 (every tensor-parallel reduction is the
 //! identity). It is the oracle that parallel runs are compared against (llm.c's
 //! `train_gpt2.c` role).
@@ -73,7 +73,8 @@ pub struct ReferenceTrainer {
 }
 
 impl ReferenceTrainer {
-    /// Validates the model (GPT family) and the config, and initialises the weights.
+    /// Validates the model (GPT or Llama family, `ShardDims::new`) and the config, and
+    /// initialises the weights.
     pub fn new(model: &ModelSpec, cfg: TrainConfig) -> Result<ReferenceTrainer, RuntimeError> {
         let layout = ParamLayout::new(model, TpRank::SINGLE, ChunkSpec::whole(model))?;
         let (mb, max_seq) = (cfg.micro, layout.dims().max_seq);

@@ -47,7 +47,7 @@ fn a_hung_rank_stops_the_job_at_the_receive_timeout() {
 
 #[test]
 fn a_model_the_runtime_cannot_run_is_a_setup_error_not_a_rank_failure() {
-    let e = common::train(&["model.preset=tiny-llama", "parallel.tp=2"], &common::options(1)).unwrap_err();
+    let e = common::train(&["model.preset=tiny-moe"], &common::options(1)).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, TrainError::Setup(_)), "{msg}");
     assert!(msg.contains("model.family = Llama") && !msg.contains("rank"), "{msg}");

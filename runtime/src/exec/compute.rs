@@ -39,7 +39,7 @@ impl RankExec {
         {
             let p = EmbedTensors {
                 wte: self.param_unit(chunk, Unit::WordEmbedding, bufs),
-                wpe: self.param_unit(chunk, Unit::PosEmbedding, bufs),
+                wpe: if self.learned_positions() { self.param_unit(chunk, Unit::PosEmbedding, bufs) } else { &[] },
             };
             let d = self.chunks[chunk as usize].layout.dims();
             embed_forward_at(d, &p, self.micro, &self.positions, &self.batch(mb).inputs, &mut out);
@@ -52,14 +52,17 @@ impl RankExec {
     fn embed_bwd(&mut self, chunk: u32, mb: u32) -> Result<(), ExecError> {
         let dr = self.take(chunk, mb, if self.sp { T::DFull } else { T::Dr });
         let mut wte = self.take_grad(chunk, Unit::WordEmbedding, mb);
-        let mut wpe = self.take_grad(chunk, Unit::PosEmbedding, mb);
+        let learned = self.learned_positions();
+        let mut wpe = if learned { self.take_grad(chunk, Unit::PosEmbedding, mb) } else { Vec::new() };
         {
             let mut g = EmbedTensors { wte: &mut wte[..], wpe: &mut wpe[..] };
             let d = self.chunks[chunk as usize].layout.dims();
             embed_backward_at(d, &mut g, self.micro, &self.positions, &self.batch(mb).inputs, &dr);
         }
         self.put_grad(chunk, Unit::WordEmbedding, mb, wte);
-        self.put_grad(chunk, Unit::PosEmbedding, mb, wpe);
+        if learned {
+            self.put_grad(chunk, Unit::PosEmbedding, mb, wpe);
+        }
         Ok(())
     }
 
@@ -270,10 +273,21 @@ impl RankExec {
         self.chunks[chunk as usize].layout.layer_block(self.param_unit(chunk, Unit::Layer(layer), bufs))
     }
 
+    /// A GPT model's position table (Llama has rotary positions and none).
+    fn learned_positions(&self) -> bool {
+        self.plan.scenario.model.learned_positions()
+    }
+
+    /// The output layer's unit: the tied word embedding (GPT) or its own (Llama).
+    fn output_unit(&self) -> Unit {
+        if self.plan.scenario.model.tied_embeddings() { Unit::WordEmbedding } else { Unit::OutputLayer }
+    }
+
     fn head_params(&self, chunk: u32, bufs: &[BufId]) -> crate::params::HeadParams<'_> {
         let lnf = self.param_unit(chunk, Unit::FinalNorm, bufs);
-        let (lnf_w, lnf_b) = lnf.split_at(lnf.len() / 2);
-        HeadTensors { lnf_w, lnf_b, wte: self.param_unit(chunk, Unit::WordEmbedding, bufs) }
+        // LayerNorm's γ then β, or RMSNorm's γ alone.
+        let (lnf_w, lnf_b) = lnf.split_at(self.plan.hidden() as usize);
+        HeadTensors { lnf_w, lnf_b, wte: self.param_unit(chunk, self.output_unit(), bufs) }
     }
 
     fn head_piece(&mut self, piece: Piece, phase: Phase, chunk: u32, mb: u32, bufs: &[BufId]) -> Result<(), ExecError> {
@@ -322,13 +336,14 @@ impl RankExec {
             }
             (Piece::Logits, Phase::BackwardWeight) => {
                 let saved = if self.sp { Some(self.take(chunk, mb, T::Saved)) } else { None };
-                let mut wte = self.take_grad(chunk, Unit::WordEmbedding, mb);
+                let unit = self.output_unit();
+                let mut wte = self.take_grad(chunk, unit, mb);
                 {
                     let mut g = HeadTensors { lnf_w: &mut [][..], lnf_b: &mut [][..], wte: &mut wte[..] };
                     let d = self.chunks[chunk as usize].layout.dims();
                     logits_backward_weight(d, &acts, saved.as_deref().unwrap_or(&acts.hn), &mut g);
                 }
-                self.put_grad(chunk, Unit::WordEmbedding, mb, wte);
+                self.put_grad(chunk, unit, mb, wte);
             }
             (Piece::FinalNorm, Phase::BackwardInput) => {
                 let dhn = self.take(chunk, mb, self.reduced(T::DPart));

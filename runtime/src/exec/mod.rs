@@ -317,6 +317,15 @@ impl RankExec {
                 corpus.vocab()
             )));
         }
+        if p.cp > 1 && s.model.family == strata_models::Family::Llama {
+            return Err(RuntimeError::UnsupportedModel {
+                model: s.model.name.clone(),
+                reason: format!(
+                    "parallel.cp = {} with model.family = Llama: the context-parallel attention pieces run GPT blocks only (rotary positions and grouped-query attention under cp are not implemented); use cp = 1",
+                    p.cp
+                ),
+            });
+        }
         let graph =
             Arc::new(ProgramGraph::new(plan.program(rank)).map_err(|e| {
                 RuntimeError::BadSetting(format!("the plan's program for rank {rank} cannot run: {e}"))

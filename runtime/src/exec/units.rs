@@ -67,12 +67,10 @@ pub fn unit_range(layout: &ParamLayout, unit: Unit) -> Result<Range<usize>, Runt
         Unit::Layer(l) => span(&|x| x.layer == Some(l as usize) && x.expert.is_none()),
         Unit::Experts(l) => span(&|x| x.layer == Some(l as usize) && x.expert.is_some()),
         Unit::FinalNorm => span(&|x| matches!(x.kind, ParamKind::LnfW | ParamKind::LnfB)),
-        Unit::OutputLayer => None,
+        Unit::OutputLayer => span(&|x| x.kind == ParamKind::OutW),
     };
     r.ok_or_else(|| {
-        RuntimeError::BadSetting(format!(
-            "the plan names unit {unit:?}, which this chunk's parameters do not hold (untied output layers are not implemented)"
-        ))
+        RuntimeError::BadSetting(format!("the plan names unit {unit:?}, which this chunk's parameters do not hold"))
     })
 }
 

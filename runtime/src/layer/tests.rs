@@ -1,5 +1,7 @@
 //! Gradient checks of every layer piece, both backward halves, with and without stored
-//! attention probabilities, and of the whole layer under full recomputation.
+//! attention probabilities, and of the whole layer under full recomputation — for a GPT
+//! block and for a Llama block (RMSNorm, no biases, RoPE, grouped-query attention with 2
+//! query heads per key/value head, SwiGLU).
 //! Method and tolerance: see `crate::gradcheck`.
 
 use strata_models::{Activation, Family, ModelSpec, Recompute};
@@ -32,11 +34,29 @@ fn spec() -> ModelSpec {
     }
 }
 
+/// The Llama block of the checks: h = 8, 2 query heads of 4 sharing 1 key/value head,
+/// SwiGLU of width 16, RoPE base 10⁴ (so positions 0..3 turn every pair measurably).
+fn llama_spec() -> ModelSpec {
+    ModelSpec {
+        name: "gradcheck-llama".into(),
+        family: Family::Llama,
+        kv_heads: 1,
+        activation: Activation::Swiglu,
+        rope_base: 10_000.0,
+        ..spec()
+    }
+}
+
+/// Both blocks, each test runs on.
+fn specs() -> [ModelSpec; 2] {
+    [spec(), llama_spec()]
+}
+
 /// One layer with random parameters of scale 0.5 (far from GPT-2's 0.02, so every
 /// nonlinearity is exercised).
-fn setup() -> (ParamLayout, Vec<f32>) {
+fn setup(model: &ModelSpec) -> (ParamLayout, Vec<f32>) {
     let layout =
-        ParamLayout::new(&spec(), TpRank::SINGLE, ChunkSpec { embedding: false, layers: 0..1, head: false }).unwrap();
+        ParamLayout::new(model, TpRank::SINGLE, ChunkSpec { embedding: false, layers: 0..1, head: false }).unwrap();
     let params = seeded_vec(layout.len(), 100, 0.5);
     (layout, params)
 }
@@ -59,7 +79,13 @@ fn check_all_params(what: &str, layout: &ParamLayout, params: &[f32], grads: &[f
 
 #[test]
 fn attn_in_backward_matches_finite_differences() {
-    let (layout, params) = setup();
+    for model in specs() {
+        attn_in_backward_matches_finite_differences_on(&model);
+    }
+}
+
+fn attn_in_backward_matches_finite_differences_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let h = 8;
     let r = seeded_vec(MB.tokens() * h, 1, 1.0);
     let probe = Probe::new(r.len(), 2);
@@ -80,7 +106,13 @@ fn attn_in_backward_matches_finite_differences() {
 
 #[test]
 fn attn_backward_halves_match_finite_differences_with_and_without_recompute() {
-    let (layout, params) = setup();
+    for model in specs() {
+        attn_backward_halves_match_finite_differences_with_and_without_recompute_on(&model);
+    }
+}
+
+fn attn_backward_halves_match_finite_differences_with_and_without_recompute_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let d = layout.dims().clone();
     let a = seeded_vec(MB.tokens() * 8, 4, 1.0);
     let probe = Probe::new(a.len(), 5);
@@ -117,7 +149,13 @@ fn attn_backward_halves_match_finite_differences_with_and_without_recompute() {
 
 #[test]
 fn mlp_in_backward_matches_finite_differences() {
-    let (layout, params) = setup();
+    for model in specs() {
+        mlp_in_backward_matches_finite_differences_on(&model);
+    }
+}
+
+fn mlp_in_backward_matches_finite_differences_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let n = MB.tokens() * 8;
     let (r0, p_sum) = (seeded_vec(n, 7, 1.0), seeded_vec(n, 8, 1.0));
     // Probe both outputs: L = ⟨w_r, r_new⟩ + ⟨w_m, m⟩.
@@ -140,7 +178,13 @@ fn mlp_in_backward_matches_finite_differences() {
 
 #[test]
 fn mlp_backward_halves_match_finite_differences() {
-    let (layout, params) = setup();
+    for model in specs() {
+        mlp_backward_halves_match_finite_differences_on(&model);
+    }
+}
+
+fn mlp_backward_halves_match_finite_differences_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let d = layout.dims().clone();
     let m = seeded_vec(MB.tokens() * 8, 13, 1.0);
     let probe = Probe::new(m.len(), 14);
@@ -162,7 +206,13 @@ fn mlp_backward_halves_match_finite_differences() {
 
 #[test]
 fn layer_out_backward_matches_finite_differences() {
-    let (layout, params) = setup();
+    for model in specs() {
+        layer_out_backward_matches_finite_differences_on(&model);
+    }
+}
+
+fn layer_out_backward_matches_finite_differences_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let n = MB.tokens() * 8;
     let (r0, p2) = (seeded_vec(n, 16, 1.0), seeded_vec(n, 17, 1.0));
     let probe = Probe::new(n, 18);
@@ -220,7 +270,13 @@ fn run_layer(layout: &ParamLayout, params: &[f32], r_in: &[f32], dr_out: &[f32],
 
 #[test]
 fn whole_layer_matches_finite_differences_under_every_recompute_mode() {
-    let (layout, params) = setup();
+    for model in specs() {
+        whole_layer_matches_finite_differences_under_every_recompute_mode_on(&model);
+    }
+}
+
+fn whole_layer_matches_finite_differences_under_every_recompute_mode_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
     let r_in = seeded_vec(MB.tokens() * 8, 21, 1.0);
     let probe = Probe::new(r_in.len(), 22);
     let reference = run_layer(&layout, &params, &r_in, &probe.weights, Recompute::None);
@@ -241,7 +297,17 @@ fn whole_layer_matches_finite_differences_under_every_recompute_mode() {
 
 #[test]
 fn saved_bytes_follow_the_shapes() {
-    let (layout, params) = setup();
+    for model in specs() {
+        saved_bytes_follow_the_shapes_on(&model);
+    }
+}
+
+fn saved_bytes_follow_the_shapes_on(model: &ModelSpec) {
+    let (layout, params) = setup(model);
+    if model.family == Family::Llama {
+        // No biases, no norm β: ln1_w qkv_w (8, 8 + 2·4) proj_w ln2_w fc1_w (8, 32) fc2_w.
+        assert_eq!(layout.len(), 8 + 8 * 16 + 8 * 8 + 8 + 8 * 32 + 16 * 8);
+    }
     let d = layout.dims().clone();
     let (t, h, dc, f) = (MB.tokens(), 8, d.attn_channels(), d.ffn);
     let probs = MB.batch * d.heads * MB.seq * MB.seq;
@@ -255,7 +321,12 @@ fn saved_bytes_follow_the_shapes() {
         mlp_in_forward(&p, &mut r, &out, &mut m, &mut acts);
         mlp_forward(&d, &p, &m, &mut out, &mut acts);
         // r_in, a, r_mid, m: 4·T·h; LN stats 4·T; qkv 3·T·D; ctx T·D; fc1 pre and act 2·T·F.
-        let floats = 4 * t * h + 4 * t + 4 * t * dc + 2 * t * f + stored_probs;
+        // Llama: RMSNorm keeps rstd only (2·T); qkv T·(D + 2·Dkv); SwiGLU pre 2·T·F, act T·F.
+        let floats = if d.llama {
+            4 * t * h + 2 * t + t * (dc + 2 * d.kv_channels()) + t * dc + 3 * t * f + stored_probs
+        } else {
+            4 * t * h + 4 * t + 4 * t * dc + 2 * t * f + stored_probs
+        };
         assert_eq!(acts.bytes(), floats * 4, "{mode:?}");
         acts.release();
         assert_eq!(acts.bytes(), 0);

@@ -1,11 +1,17 @@
-//! The parameter tensors of the GPT family (and of its mixture-of-experts layers: the
-//! router gate and the routed experts): names, unsharded shapes, how each is cut over
-//! the tensor-parallel group, initialisation and weight decay.
+//! The parameter tensors of the GPT and Llama families (and of mixture-of-experts layers:
+//! the router gate and the routed experts): names, unsharded shapes, which a model holds,
+//! how each is cut over the tensor-parallel group, initialisation and weight decay.
 //!
 //! Linear weights are stored (in, out), so y = x·W. Column-parallel tensors (QKV, FC1 and
-//! their biases) are cut along the output dimension, QKV as three blocks [Q | K | V] so
-//! that every rank holds whole heads; row-parallel tensors (attention projection, FC2) and
-//! the vocabulary table along their first dimension.
+//! their biases) are cut along the output dimension, QKV as three blocks [Q | K | V] (Q
+//! heads·d wide, K and V kv_heads·d each) so that every rank holds whole query heads and
+//! the key/value heads they read; a SwiGLU FC1 as two blocks [gate | up] of f each, so that
+//! rank r holds gate and up columns of the same r-th t-th (Megatron-LM's fused `linear_fc1`
+//! is sharded the same way: each rank's output is [gate_r | up_r]). Row-parallel tensors
+//! (attention projection, FC2) and the vocabulary tables along their first dimension.
+//!
+//! Llama holds no biases, no position table and no norm β (RMSNorm), and has its own
+//! output layer `out_w` (V, h), vocabulary-parallel like `wte`.
 //!
 //! Initialisation (GPT-2 / nanoGPT): N(0, 0.02) for matrices and tables, N(0, 0.02/√(2L))
 //! for the residual projections, zeros for biases and LayerNorm β, ones for γ. Normal
@@ -19,7 +25,7 @@ use crate::shard::ShardDims;
 /// Standard deviation of GPT-2's weight initialisation.
 pub const INIT_STD: f32 = 0.02;
 
-/// Every parameter tensor of the GPT family.
+/// Every parameter tensor of the GPT and Llama families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ParamKind {
     Wte,
@@ -46,6 +52,8 @@ pub enum ParamKind {
     ExpFc1B,
     ExpFc2W,
     ExpFc2B,
+    /// The untied output layer (V, h) (Llama), vocabulary-parallel like `Wte`.
+    OutW,
 }
 
 /// The tensors of one routed expert, in buffer order.
@@ -75,9 +83,10 @@ pub enum TpSplit {
     Replicated,
     /// Rank r holds rows [r·R/t, (r+1)·R/t) (row-parallel weights, vocabulary tables).
     Rows,
-    /// The last dimension is `groups` equal blocks (Q, K, V); rank r holds the r-th t-th of
-    /// every block (column-parallel weights and their biases).
-    Cols { groups: usize },
+    /// The last dimension is blocks (Q, K, V; gate, up; or one); rank r holds the r-th t-th
+    /// of every block (column-parallel weights and their biases). The block widths are
+    /// [`ParamKind::col_blocks`].
+    Cols,
 }
 
 pub(crate) enum Init {
@@ -111,6 +120,7 @@ impl ParamKind {
             ExpFc1B => "fc1_b",
             ExpFc2W => "fc2_w",
             ExpFc2B => "fc2_b",
+            OutW => "out_w",
         }
     }
 
@@ -121,15 +131,17 @@ impl ParamKind {
         use ParamKind::*;
         let full = d.unsharded();
         let (h, a, v) = (full.hidden, full.attn_channels(), full.vocab);
+        let qkv = full.qkv_width();
+        let fc1 = if full.llama { 2 * f } else { f };
         match self {
-            Wte => vec![v, h],
+            Wte | OutW => vec![v, h],
             Wpe => vec![full.max_seq, h],
             Ln1W | Ln1B | Ln2W | Ln2B | LnfW | LnfB | ProjB | Fc2B => vec![h],
-            QkvW => vec![h, 3 * a],
-            QkvB => vec![3 * a],
+            QkvW => vec![h, qkv],
+            QkvB => vec![qkv],
             ProjW => vec![a, h],
-            Fc1W => vec![h, f],
-            Fc1B => vec![f],
+            Fc1W => vec![h, fc1],
+            Fc1B => vec![fc1],
             Fc2W => vec![f, h],
             RouterW => vec![h, e],
             ExpFc1W => vec![h, fe],
@@ -142,17 +154,39 @@ impl ParamKind {
     pub fn split(self) -> TpSplit {
         use ParamKind::*;
         match self {
-            Wte | ProjW | Fc2W => TpSplit::Rows,
-            QkvW | QkvB => TpSplit::Cols { groups: 3 },
-            Fc1W | Fc1B => TpSplit::Cols { groups: 1 },
+            Wte | OutW | ProjW | Fc2W => TpSplit::Rows,
+            QkvW | QkvB | Fc1W | Fc1B => TpSplit::Cols,
             _ => TpSplit::Replicated,
+        }
+    }
+
+    /// The unsharded widths of the column blocks of a column-parallel tensor whose last
+    /// dimension is `cols`: [Q, K, V] for QKV, [gate, up] for a SwiGLU FC1, else one block.
+    pub(crate) fn col_blocks(self, d: &ShardDims, cols: usize) -> Vec<usize> {
+        use ParamKind::*;
+        let full = d.unsharded();
+        match self {
+            QkvW | QkvB => vec![full.attn_channels(), full.kv_channels(), full.kv_channels()],
+            Fc1W | Fc1B if d.llama => vec![cols / 2, cols / 2],
+            _ => vec![cols],
+        }
+    }
+
+    /// Whether a model of the family `d` describes holds this tensor: Llama has no
+    /// biases, no norm β, no position table, and its own output layer; GPT no `out_w`.
+    pub fn present(self, d: &ShardDims) -> bool {
+        use ParamKind::*;
+        match self {
+            Ln1B | Ln2B | LnfB | QkvB | ProjB | Fc1B | Fc2B | Wpe => !d.llama,
+            OutW => d.llama,
+            _ => true,
         }
     }
 
     pub(crate) fn init(self, layers: usize) -> Init {
         use ParamKind::*;
         match self {
-            Wte | Wpe | QkvW | Fc1W | RouterW | ExpFc1W => Init::Normal(INIT_STD),
+            Wte | OutW | Wpe | QkvW | Fc1W | RouterW | ExpFc1W => Init::Normal(INIT_STD),
             ProjW | Fc2W | ExpFc2W => Init::Normal(INIT_STD / (2.0 * layers as f32).sqrt()),
             Ln1W | Ln2W | LnfW => Init::Ones,
             _ => Init::Zeros,
@@ -162,7 +196,7 @@ impl ParamKind {
     /// Matrices and tables get weight decay; biases and norm parameters do not (GPT-2).
     pub fn decays(self) -> bool {
         use ParamKind::*;
-        matches!(self, Wte | Wpe | QkvW | ProjW | Fc1W | Fc2W | RouterW | ExpFc1W | ExpFc2W)
+        matches!(self, Wte | OutW | Wpe | QkvW | ProjW | Fc1W | Fc2W | RouterW | ExpFc1W | ExpFc2W)
     }
 
     /// A routed expert's tensor (unit `Experts`, reduced over the expert-data-parallel group).
@@ -176,7 +210,7 @@ pub(crate) fn local_shape(full: &[usize], split: TpSplit, t: usize) -> Vec<usize
     match split {
         TpSplit::Replicated => {}
         TpSplit::Rows => shape[0] /= t,
-        TpSplit::Cols { .. } => *shape.last_mut().expect("tensors have at least one dimension") /= t,
+        TpSplit::Cols => *shape.last_mut().expect("tensors have at least one dimension") /= t,
     }
     shape
 }

@@ -158,3 +158,54 @@ fn bad_chunks_and_splits_are_errors() {
     let e = ParamLayout::new(&m, TpRank::new(0, 3).unwrap(), ChunkSpec::whole(&m)).unwrap_err();
     assert!(e.to_string().contains("tp = 3"), "{e}");
 }
+
+#[test]
+fn a_llama_chunk_matches_the_plans_accounting_and_shards_whole_heads_and_glu_halves() {
+    let m = ModelSpec::preset("tiny-llama").expect("preset");
+    let full_layout = layout(&m, 0, 1, ChunkSpec::whole(&m));
+    // wte, per layer ln1_w qkv_w (h, q + 2kv) proj_w ln2_w fc1_w (h, 2f) fc2_w, lnf_w, out_w.
+    let (v, h, q, kv, f, l) = (256, 64, 64, 32, 176, 4);
+    let per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f;
+    assert_eq!(full_layout.len(), 2 * v * h + l * per_layer + h);
+    assert_eq!(full_layout.len() as u64, strata_models::accounting::params::total_params(&m));
+    let names: Vec<String> = full_layout.entries().iter().map(ParamEntry::name).collect();
+    assert_eq!(
+        &names[..7],
+        [
+            "wte",
+            "layers.0.ln1_w",
+            "layers.0.qkv_w",
+            "layers.0.proj_w",
+            "layers.0.ln2_w",
+            "layers.0.fc1_w",
+            "layers.0.fc2_w"
+        ]
+    );
+    assert_eq!(&names[names.len() - 2..], ["lnf_w", "out_w"]);
+    let full: Vec<f32> = (0..full_layout.len()).map(|i| i as f32).collect();
+    let (q0, f0) = (full_layout.layer(&full, 0).qkv_w[0], full_layout.layer(&full, 0).fc1_w[0]);
+    let mut back = vec![f32::NAN; full.len()];
+    for r in 0..2 {
+        let lr = layout(&m, r, 2, ChunkSpec::whole(&m));
+        let shard = lr.shard_from(&full_layout, &full);
+        lr.gather_into(&shard, &full_layout, &mut back);
+        // Rank r's first QKV row: Q columns [r·32, (r+1)·32), then K and V columns
+        // [r·16, (r+1)·16) of their blocks (query heads 2r, 2r + 1 and the key/value head r
+        // they read).
+        let row0 = &lr.layer(&shard, 0).qkv_w[..64];
+        assert_eq!(row0[0], q0 + (r * 32) as f32);
+        assert_eq!(row0[32], q0 + (q + r * 16) as f32);
+        assert_eq!(row0[48], q0 + (q + kv + r * 16) as f32);
+        // FC1's first row: gate columns [r·88, (r+1)·88), then the same up columns.
+        let fc1 = &lr.layer(&shard, 0).fc1_w[..176];
+        assert_eq!((fc1[0], fc1[88]), (f0 + (r * 88) as f32, f0 + (f + r * 88) as f32), "rank {r}");
+        assert_eq!(lr.init(3), lr.shard_from(&full_layout, &full_layout.init(3)), "tp rank {r}: the same model");
+        // The plan's units: layer, output layer, final norm, word embedding.
+        let per_rank = per_layer - (per_layer - 2 * h) / 2;
+        assert_eq!(lr.layer_range(0).len(), per_rank);
+        assert_eq!(lr.head(&shard).wte.len(), v / 2 * h);
+        assert_ne!(lr.head(&shard).wte.as_ptr(), lr.embedding(&shard).wte.as_ptr(), "untied");
+        assert!(lr.embedding(&shard).wpe.is_empty() && lr.head(&shard).lnf_b.is_empty());
+    }
+    assert_eq!(back, full, "gathering both shards rebuilds the full buffer");
+}
