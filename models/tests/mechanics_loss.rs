@@ -3,12 +3,16 @@
 //! multiply and cast back in backward), under Megatron-LM and DeepSpeed (Megatron-DeepSpeed)
 //! and not under torchtitan or Strata's executor; `vocab-ce` off gives the generic cost.
 //!
-//! Its own test binary: the mechanic switch is process-wide, and the one test that turns it
-//! off must not race the others' lowering.
+//! Its own test binary: the mechanic switch is process-wide, so no other suite's lowering
+//! sees it off; within this binary the tests take [`SWITCH`] so that the one that turns it
+//! off does not race the other's lowering.
 
 use strata_models::Scenario;
 use strata_models::framework::mechanics::{Mechanic, set_disabled};
 use strata_models::plan::*;
+
+/// Held by every test of this binary while it lowers (the switch is process-wide).
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn scenario(framework: &str, tp: u32, pp: u32) -> Scenario {
     // GPT 1.7B of Megatron-LM's H100 table: h 2048, vocabulary 131,072, sequence 4096.
@@ -39,6 +43,7 @@ fn head_cost(plan: &Plan, piece: Piece, phase: Phase) -> (u64, u32) {
 
 #[test]
 fn megatron_loss_carries_the_vocab_parallel_cross_entropy_passes() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     for tp in [1u32, 2] {
         // N = T · V/t local logits, bf16 (2 bytes) out of the output layer's GEMM.
         let n = 4096u64 * 131_072 / tp as u64;
@@ -68,6 +73,7 @@ fn megatron_loss_carries_the_vocab_parallel_cross_entropy_passes() {
 #[test]
 fn the_switch_turns_the_cross_entropy_passes_off_and_on() {
     // Only this test toggles the process-wide switch (see the module comment).
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let s = scenario("megatron", 2, 2);
     let n = 4096u64 * 131_072 / 2;
     set_disabled(&[Mechanic::VocabCrossEntropy]);
