@@ -130,25 +130,9 @@ fn every_split_gives_the_single_rank_loss_curve() {
 /// losses bit for bit.
 #[test]
 fn one_rank_plan_equals_the_reference_trainer() {
-    use strata_runtime::micro::Micro;
-    use strata_runtime::optim::AdamWConfig;
-    use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
     let s = common::scenario(&[]);
     let interp = common::train(&[], &common::options(5)).unwrap().losses();
-    let cfg = TrainConfig {
-        seed: s.training.seed,
-        micro: Micro { batch: 2, seq: 64 },
-        microbatches: 8,
-        adamw: AdamWConfig {
-            lr: s.training.lr as f32,
-            weight_decay: s.training.weight_decay as f32,
-            ..AdamWConfig::default()
-        },
-        grad_clip: s.training.grad_clip as f32,
-        recompute: s.parallel.recompute,
-    };
-    let mut reference = ReferenceTrainer::new(&s.model, cfg).unwrap();
-    let want = reference.train(&common::corpus(), 5).unwrap();
+    let want = common::reference_losses(&s, 5);
     for (step, (a, b)) in interp.iter().zip(&want).enumerate() {
         // The same pieces in the same order on one rank: the same bits.
         assert_eq!(a.to_bits(), b.to_bits(), "step {step}: interpreter {a} vs reference {b}");

@@ -114,25 +114,9 @@ fn a_rotary_change_is_far_outside_the_tolerance() {
 /// The interpreter on one rank against the reference trainer: the same bits.
 #[test]
 fn one_rank_llama_plan_equals_the_reference_trainer() {
-    use strata_runtime::micro::Micro;
-    use strata_runtime::optim::AdamWConfig;
-    use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
     let s = common::scenario(&[LLAMA]);
     let interp = losses(&[], 5);
-    let cfg = TrainConfig {
-        seed: s.training.seed,
-        micro: Micro { batch: 2, seq: 64 },
-        microbatches: 8,
-        adamw: AdamWConfig {
-            lr: s.training.lr as f32,
-            weight_decay: s.training.weight_decay as f32,
-            ..AdamWConfig::default()
-        },
-        grad_clip: s.training.grad_clip as f32,
-        recompute: s.parallel.recompute,
-    };
-    let mut reference = ReferenceTrainer::new(&s.model, cfg).unwrap();
-    let want = reference.train(&common::corpus(), 5).unwrap();
+    let want = common::reference_losses(&s, 5);
     assert!(want[4] < want[0] - 0.05, "the reference does not learn: {want:?}");
     for (step, (a, b)) in interp.iter().zip(&want).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "step {step}: interpreter {a} vs reference {b}");

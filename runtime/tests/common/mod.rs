@@ -74,3 +74,25 @@ pub fn train(split: &[&str], opts: &TrainOptions) -> Result<TrainResult, TrainEr
     let s = scenario(split);
     train_threads(plan(&s), corpus(), opts, None)
 }
+
+/// The reference trainer's losses over `steps` steps of `s`'s model (one rank, 8
+/// microbatches of 2 × 64 tokens, `s`'s optimizer, clipping and recomputation), on [`corpus`].
+pub fn reference_losses(s: &Scenario, steps: usize) -> Vec<f64> {
+    use strata_runtime::micro::Micro;
+    use strata_runtime::optim::AdamWConfig;
+    use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
+    let cfg = TrainConfig {
+        seed: s.training.seed,
+        micro: Micro { batch: 2, seq: 64 },
+        microbatches: 8,
+        adamw: AdamWConfig {
+            lr: s.training.lr as f32,
+            weight_decay: s.training.weight_decay as f32,
+            ..AdamWConfig::default()
+        },
+        grad_clip: s.training.grad_clip as f32,
+        recompute: s.parallel.recompute,
+    };
+    let mut reference = ReferenceTrainer::new(&s.model, cfg).expect("the reference trainer takes the model");
+    reference.train(&corpus(), steps).expect("the reference trainer runs")
+}
