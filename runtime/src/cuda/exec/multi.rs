@@ -48,6 +48,7 @@ use super::shared::{Ev, Member, Step, plan_segments};
 use super::step::StepRun;
 use crate::data::Corpus;
 use crate::error::RuntimeError;
+use crate::exec::units::BucketInfo;
 use crate::exec::{ExecConfig, StepReport};
 
 /// The ranks of one plan on one device.
@@ -277,12 +278,7 @@ impl<D: Device> MultiGpu<D> {
                 let segs = members
                     .iter()
                     .map(|&a| {
-                        let ch = &self.ranks[a].chunks[chunk as usize];
-                        let b = ch
-                            .buckets
-                            .iter()
-                            .find(|b| b.index == bucket)
-                            .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+                        let b = self.bucket(a, chunk, bucket)?;
                         Ok(b.units.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>())
                     })
                     .collect::<Res<Vec<_>>>()?;
@@ -459,6 +455,15 @@ impl<D: Device> MultiGpu<D> {
         Ok(())
     }
 
+    /// Bucket `bucket` of chunk `chunk` on rank `a`.
+    fn bucket(&self, a: usize, chunk: u32, bucket: u32) -> Res<&BucketInfo> {
+        self.ranks[a].chunks[chunk as usize]
+            .buckets
+            .iter()
+            .find(|b| b.index == bucket)
+            .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))
+    }
+
     /// Each member's owned part of bucket `bucket` of chunk `chunk`, as (offset, elements)
     /// ranges of the flat buffers.
     fn owned_parts(&self, members: &[usize], chunk: u32, bucket: u32) -> Res<Vec<Vec<(u64, usize)>>> {
@@ -466,11 +471,7 @@ impl<D: Device> MultiGpu<D> {
             .iter()
             .map(|&a| {
                 let ch = &self.ranks[a].chunks[chunk as usize];
-                let b = ch
-                    .buckets
-                    .iter()
-                    .find(|b| b.index == bucket)
-                    .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+                let b = self.bucket(a, chunk, bucket)?;
                 b.pieces(b.owned.clone())
                     .into_iter()
                     .map(|(u, r)| {
