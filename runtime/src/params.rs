@@ -25,7 +25,8 @@
 //! gate `router_w (h, E)` (replicated) — together the plan's `Unit::Layer` — and after them
 //! this rank's routed experts (the plan's `Unit::Experts`): experts [r·E/ep, (r+1)·E/ep) on
 //! expert-parallel rank r, each `fc1_w (h, fe)  fc1_b (fe)  fc2_w (fe, h)  fc2_b (h)`
-//! whole (expert-tp 1). Each expert is drawn from a stream keyed by its global index, so
+//! whole (expert-tp 1); a Llama MoE layer's shared and routed experts are SwiGLU, FC1
+//! [gate | up] (h, 2Fs) or (h, 2fe), without biases, as its dense MLP. Each expert is drawn from a stream keyed by its global index, so
 //! every ep split holds the same experts.
 //!
 //! The output layer is tied to the word embedding. When one chunk holds both ends it uses
@@ -274,7 +275,7 @@ impl ParamLayout {
             if let Some(d) = moe_layer {
                 push(&mut entries, ParamKind::RouterW, Some(l), false, 0, None);
                 for x in d.first_local()..d.first_local() + d.local() {
-                    for kind in EXPERT_KINDS {
+                    for kind in EXPERT_KINDS.into_iter().filter(|k| k.present(&dims)) {
                         push(&mut entries, kind, Some(l), false, 0, Some(x));
                     }
                 }

@@ -73,8 +73,8 @@ pub struct ShardDims {
 impl ShardDims {
     /// Checks that the CPU executor implements `model` (GPT: learned positions, LayerNorm,
     /// biases, GELU, tied embeddings; Llama: rotary positions, RMSNorm, no biases, SwiGLU,
-    /// grouped-query attention, untied output layer; MoE layers GPT-family only, dropless,
-    /// without the auxiliary loss) and that `tp` splits heads, key/value heads, FFN and
+    /// grouped-query attention, untied output layer; MoE layers with the family's experts,
+    /// GELU or SwiGLU, dropless, without the auxiliary loss) and that `tp` splits heads, key/value heads, FFN and
     /// vocabulary evenly. Every problem is reported at once.
     pub fn new(model: &ModelSpec, tp: TpRank) -> Result<ShardDims, RuntimeError> {
         model.check().map_err(|reason| RuntimeError::UnsupportedModel { model: model.name.clone(), reason })?;
@@ -113,12 +113,6 @@ impl ShardDims {
             ));
         }
         if let Some(moe) = &model.moe {
-            if llama {
-                bad.push(
-                    "model.moe with model.family = Llama: MoE layers with SwiGLU experts are not implemented (the GPT family's MoE is)"
-                        .to_string(),
-                );
-            }
             if let Some(cf) = moe.capacity_factor {
                 bad.push(format!(
                     "model.moe.capacity_factor = {cf}; the executor's routing is dropless (remove the key)"
@@ -236,9 +230,13 @@ mod tests {
         gelu.activation = Activation::Gelu;
         let e = ShardDims::new(&gelu, TpRank::SINGLE).unwrap_err().to_string();
         assert!(e.contains("model.activation = Gelu") && e.contains("Llama"), "{e}");
-        let moe = ModelSpec::preset("tiny-moe").unwrap();
+        let mut moe = ModelSpec::preset("tiny-moe").unwrap();
+        moe.moe.as_mut().unwrap().aux_loss_coeff = 0.0;
+        let d = ShardDims::new(&moe, TpRank::new(1, 2).unwrap()).unwrap();
+        assert!(d.llama && d.fc1_width() == 176, "{d:?}");
+        moe.moe.as_mut().unwrap().aux_loss_coeff = 0.01;
         let e = ShardDims::new(&moe, TpRank::SINGLE).unwrap_err().to_string();
-        assert!(e.contains("SwiGLU experts are not implemented"), "{e}");
+        assert!(e.contains("aux_loss_coeff = 0.01"), "{e}");
         assert!(TpRank::new(2, 2).is_err());
     }
 }

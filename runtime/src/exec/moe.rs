@@ -29,6 +29,9 @@
 //! after the reduction, in `LayerOut` (its gradient there, over the rank's rows, summed by
 //! the replicated tensors' tp all-reduce with the router's); the routed input gradient
 //! waits as `MoeDx` for `MlpIn`'s backward, which adds it to the shared experts' reduced one.
+//!
+//! A Llama-family MoE layer's experts (routed and shared) are SwiGLU without biases
+//! ([`crate::moe::expert_forward`]); the ops are the same, with no FC2 bias to add.
 
 use strata_models::Recompute;
 use strata_models::plan::{BufId, ComputeOp, GroupKind, Phase, Piece, Unit};
@@ -137,7 +140,7 @@ impl RankExec {
                 let (y, a) = {
                     let mut sp = self.shared_params(chunk, layer, bufs);
                     // Row-parallel: the bias joins after the reduction (LayerOut).
-                    let zeros = vec![0.0f32; if self.tp > 1 { h } else { 0 }];
+                    let zeros = vec![0.0f32; if self.tp > 1 { sp.fc2_b.len() } else { 0 }];
                     if self.tp > 1 {
                         sp.fc2_b = &zeros;
                     }
@@ -171,7 +174,10 @@ impl RankExec {
                 if self.tp > 1 && self.has(chunk, mb, T::Red) {
                     let shared = self.take(chunk, mb, T::Red);
                     crate::kernels::add_into(&mut out, &shared);
-                    crate::kernels::add_bias(&mut out, self.layer_params(chunk, layer, bufs).fc2_b);
+                    let b = self.layer_params(chunk, layer, bufs).fc2_b;
+                    if !b.is_empty() {
+                        crate::kernels::add_bias(&mut out, b);
+                    }
                 }
                 let mut r = self.take(chunk, mb, T::R);
                 crate::kernels::add_into(&mut r, &out);
@@ -193,8 +199,12 @@ impl RankExec {
                 st.y = Vec::new();
                 st.dweight = dweight;
                 st.send = Some(send);
-                if self.tp > 1 && self.moe[&(layer, mb)].shared.is_some() {
-                    // The shared experts' row-parallel bias, over this rank's rows.
+                if self.tp > 1
+                    && self.moe[&(layer, mb)].shared.is_some()
+                    && !self.chunks[chunk as usize].layout.dims().llama
+                {
+                    // The shared experts' row-parallel bias, over this rank's rows (SwiGLU
+                    // shared experts have none).
                     let mut g = self.take_grad(chunk, Unit::Layer(layer), mb);
                     crate::kernels::col_sum_into(self.chunks[chunk as usize].layout.layer_block_mut(&mut g).fc2_b, &dr);
                     self.put_grad(chunk, Unit::Layer(layer), mb, g);
@@ -223,7 +233,7 @@ impl RankExec {
                     let a = st.shared.as_ref().expect("the shared experts' forward");
                     let lv = self.chunks[chunk as usize].layout.layer_block_mut(&mut g);
                     // Under tp the bias's gradient is LayerOut's.
-                    let mut scratch = vec![0.0f32; if self.tp > 1 { h } else { 0 }];
+                    let mut scratch = vec![0.0f32; if self.tp > 1 { lv.fc2_b.len() } else { 0 }];
                     let fc2_b = if self.tp > 1 { &mut scratch[..] } else { lv.fc2_b };
                     let mut sg = ExpertTensors { fc1_w: lv.fc1_w, fc1_b: lv.fc1_b, fc2_w: lv.fc2_w, fc2_b };
                     crate::moe::expert_backward_weight(&mut sg, h, d.shared_ffn, a, &st.shared_g.0, &st.shared_g.1);

@@ -12,11 +12,12 @@
 //!               (Mixtral's softmax over the selected logits; DeepSeek-V3's normalised
 //!               sigmoid); rows (token, slot) grouped by destination rank and local expert
 //! dispatch      all-to-all-v of the counts per local expert and the rows behind them
-//! Experts       per local expert: y = GELU(x_e·W1 + b1)·W2 + b2 over the rows it received
-//!               (every source's, in source order)
+//! Experts       per local expert: y = GELU(x_e·W1 + b1)·W2 + b2 (GPT), or SwiGLU
+//!               (SiLU(x_e·W_gate) ⊙ x_e·W_up)·W2 without biases (Llama), over the rows it
+//!               received (every source's, in source order)
 //! combine       all-to-all-v of the outputs back, in the order they came
 //! LayerOut      out[t] = Σ_slot w[t, slot]·y[t, slot] + shared(x)[t]
-//! SharedExperts shared(x) = GELU(x·W1 + b1)·W2 + b2 over all T tokens
+//! SharedExperts shared(x) = the same expert MLP (GELU or SwiGLU) over all T tokens
 //! ```
 //!
 //! Backward runs in reverse: dw[t, slot] = ⟨dout[t], y[t, slot]⟩ and dy = w·dout go back to
@@ -34,6 +35,8 @@ mod router;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_swiglu;
 
 pub use experts::{ExpertActs, expert_backward, expert_backward_input, expert_backward_weight, expert_forward};
 pub use ops::{ExpertsActs, ExpertsGrads};

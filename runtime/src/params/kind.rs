@@ -47,7 +47,8 @@ pub enum ParamKind {
     /// A MoE layer's router gate (h, E), replicated.
     RouterW,
     /// One routed expert's FC1 (h, f), FC1 bias (f), FC2 (f, h), FC2 bias (h): whole on its
-    /// expert-parallel rank (expert-tp 1).
+    /// expert-parallel rank (expert-tp 1). A Llama (SwiGLU) expert's FC1 is (h, 2f) as
+    /// [gate | up], and it has no biases.
     ExpFc1W,
     ExpFc1B,
     ExpFc2W,
@@ -144,7 +145,7 @@ impl ParamKind {
             Fc1B => vec![fc1],
             Fc2W => vec![f, h],
             RouterW => vec![h, e],
-            ExpFc1W => vec![h, fe],
+            ExpFc1W => vec![h, if full.llama { 2 * fe } else { fe }],
             ExpFc1B => vec![fe],
             ExpFc2W => vec![fe, h],
             ExpFc2B => vec![h],
@@ -173,11 +174,11 @@ impl ParamKind {
     }
 
     /// Whether a model of the family `d` describes holds this tensor: Llama has no
-    /// biases, no norm β, no position table, and its own output layer; GPT no `out_w`.
+    /// biases (its experts' neither), no norm β, no position table, and its own output layer; GPT no `out_w`.
     pub fn present(self, d: &ShardDims) -> bool {
         use ParamKind::*;
         match self {
-            Ln1B | Ln2B | LnfB | QkvB | ProjB | Fc1B | Fc2B | Wpe => !d.llama,
+            Ln1B | Ln2B | LnfB | QkvB | ProjB | Fc1B | Fc2B | ExpFc1B | ExpFc2B | Wpe => !d.llama,
             OutW => d.llama,
             _ => true,
         }

@@ -20,11 +20,21 @@ pub fn moe_tensors<S: AsRef<[f32]>>(
 }
 
 impl ParamLayout {
+    /// One routed expert's tensor sizes in buffer order (fc1_w, fc1_b, fc2_w, fc2_b): GELU
+    /// (h·fe, fe, fe·h, h), or SwiGLU without biases (h·2fe, 0, fe·h, 0).
+    fn expert_sizes(&self, d: &crate::moe::MoeDims) -> [usize; 4] {
+        if self.dims.llama {
+            [d.hidden * 2 * d.ffn, 0, d.ffn * d.hidden, 0]
+        } else {
+            [d.hidden * d.ffn, d.ffn, d.ffn * d.hidden, d.hidden]
+        }
+    }
+
     /// Views of the routed experts of local layer `local` from their own block (the
     /// `Unit::Experts` range held apart); empty for a dense layer.
     pub fn experts_block<'a>(&self, block: &'a [f32]) -> Vec<crate::moe::ExpertTensors<&'a [f32]>> {
         let Some(d) = self.moe else { return Vec::new() };
-        let sizes = [d.hidden * d.ffn, d.ffn, d.ffn * d.hidden, d.hidden];
+        let sizes = self.expert_sizes(&d);
         let n: usize = sizes.iter().sum();
         assert!(block.len().is_multiple_of(n), "an experts block of {} elements", block.len());
         block
@@ -39,7 +49,7 @@ impl ParamLayout {
     /// Mutable views of an experts block (see [`ParamLayout::experts_block`]).
     pub fn experts_block_mut<'a>(&self, block: &'a mut [f32]) -> Vec<crate::moe::ExpertTensors<&'a mut [f32]>> {
         let Some(d) = self.moe else { return Vec::new() };
-        let sizes = [d.hidden * d.ffn, d.ffn, d.ffn * d.hidden, d.hidden];
+        let sizes = self.expert_sizes(&d);
         let n: usize = sizes.iter().sum();
         assert!(block.len().is_multiple_of(n), "an experts block of {} elements", block.len());
         block

@@ -209,3 +209,52 @@ fn a_llama_chunk_matches_the_plans_accounting_and_shards_whole_heads_and_glu_hal
     }
     assert_eq!(back, full, "gathering both shards rebuilds the full buffer");
 }
+
+#[test]
+fn a_llama_moe_layout_matches_the_plans_accounting() {
+    use strata_models::accounting::params::{layer_expert_params, layer_params_at, total_params};
+    let mut m = ModelSpec::preset("tiny-moe").expect("preset");
+    let moe = m.moe.as_mut().expect("a MoE preset");
+    (moe.shared_experts, moe.shared_ffn_hidden, moe.aux_loss_coeff) = (1, 64, 0.0);
+    let whole = layout(&m, 0, 1, ChunkSpec::whole(&m));
+    assert_eq!(whole.len() as u64, total_params(&m));
+    // Layer 1 (the first MoE layer): shared expert fc1_w (h, 2·64) fc2_w, router, then each
+    // SwiGLU expert's fc1_w (h, 2·64) and fc2_w, no biases.
+    let names: Vec<String> = whole.entries().iter().filter(|e| e.layer == Some(1)).map(ParamEntry::name).collect();
+    assert_eq!(
+        &names[4..10],
+        [
+            "layers.1.fc1_w",
+            "layers.1.fc2_w",
+            "layers.1.router_w",
+            "layers.1.experts.0.fc1_w",
+            "layers.1.experts.0.fc2_w",
+            "layers.1.experts.1.fc1_w"
+        ]
+    );
+    let fc1 = whole.entries().iter().find(|e| e.name() == "layers.1.experts.0.fc1_w").expect("an expert FC1");
+    assert_eq!(fc1.shape, [64, 128]);
+    for (tp, ep) in [(1, 1), (2, 2), (1, 4)] {
+        for r in 0..tp {
+            let lr = ParamLayout::with_ep(&m, TpRank::new(r, tp).unwrap(), (ep - 1, ep), ChunkSpec::whole(&m)).unwrap();
+            for l in 0..4 {
+                assert_eq!(
+                    lr.layer_range(l).len() as u64,
+                    layer_params_at(&m, l as u32).per_rank(tp as u32),
+                    "layer {l}"
+                );
+                assert_eq!(
+                    lr.experts_range(l).len() as u64,
+                    layer_expert_params(&m, l as u32) / ep as u64,
+                    "layer {l}"
+                );
+            }
+            let buf = lr.init(0);
+            let p = lr.moe_params(&buf, 1);
+            assert_eq!(p.experts.len(), 8 / ep);
+            assert!(p.experts.iter().all(|e| e.fc1_w.len() == 64 * 128 && e.fc1_b.is_empty() && e.fc2_b.is_empty()));
+            let s = p.shared.expect("the shared expert");
+            assert_eq!((s.fc1_w.len(), s.fc2_w.len(), s.fc1_b.len()), (64 * 128 / tp, 64 * 64 / tp, 0));
+        }
+    }
+}
