@@ -18,6 +18,10 @@
 //! | `torchtitan-zero` | torchtitan | data parallelism is DDP (ZeRO-0) or FSDP2 (ZeRO-2 without, ZeRO-3 with reshard after forward); no optimizer-only sharding |
 //! | `torchtitan-schedule` | torchtitan | `torch.distributed.pipelining` has GPipe, 1F1B, Interleaved1F1B; its zero-bubble schedules are interleaved or V-shaped, not ZB-H1/H2 |
 //! | `torchtitan-tp-sp` | torchtitan | its tensor-parallel plan always shards norms and dropout along the sequence (sequence parallelism on) |
+//! | `megatron-tp-comm-overlap-sp` | Megatron-LM | `--tp-comm-overlap` asserts sequence parallelism (`arguments.py`: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"); with tp = 1 there is nothing to overlap |
+//! | `deepspeed-tp-comm-overlap` | DeepSpeed | AutoTP runs its all-reduces whole; no collective/GEMM overlap |
+//! | `torchtitan-async-tp` | torchtitan | `parallelism.enable_async_tensor_parallel` needs tensor parallelism (tp > 1) |
+//! | `strata-tp-comm-overlap` | Strata | Strata's executors run every collective whole, after the GEMM that feeds it |
 //!
 //! The rules of expert and context parallelism, latent attention and multi-token prediction
 //! are in [`moe_cp`].
@@ -93,8 +97,24 @@ impl Framework {
         let mut bad = |rule: &'static str, message: String| v.push(Violation { rule, message });
         let pipelined = p.pp > 1;
         match self {
-            Framework::Strata => {}
+            Framework::Strata => {
+                if p.tp_comm_overlap == Some(true) {
+                    bad(
+                        "strata-tp-comm-overlap",
+                        "parallel.tp_comm_overlap = true with training.framework = \"strata\": Strata's executors run every tensor-parallel collective whole, after the GEMM that feeds it; set tp_comm_overlap = false (or leave it unset), or use framework = \"megatron\"".to_string(),
+                    );
+                }
+            }
             Framework::Megatron => {
+                if p.tp_comm_overlap == Some(true) && (p.tp < 2 || !p.sequence_parallel) {
+                    bad(
+                        "megatron-tp-comm-overlap-sp",
+                        format!(
+                            "parallel.tp_comm_overlap = true with tp = {} and sequence_parallel = {}: Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel all-gathers and reduce-scatters, and asserts sequence parallelism; set tp > 1 and sequence_parallel = true, or tp_comm_overlap = false",
+                            p.tp, p.sequence_parallel
+                        ),
+                    );
+                }
                 if p.zero >= 2 {
                     bad(
                         "megatron-zero",
@@ -144,6 +164,12 @@ impl Framework {
                         "parallel.sequence_parallel = true with training.framework = \"deepspeed\": DeepSpeed has no Megatron-style sequence parallelism (its sequence_parallel_size is Ulysses); set sequence_parallel = false, or use framework = \"megatron\" or \"torchtitan\"".to_string(),
                     );
                 }
+                if p.tp_comm_overlap == Some(true) {
+                    bad(
+                        "deepspeed-tp-comm-overlap",
+                        "parallel.tp_comm_overlap = true with training.framework = \"deepspeed\": DeepSpeed's AutoTP runs its tensor-parallel all-reduces whole, with no GEMM overlap; set tp_comm_overlap = false (or leave it unset), or use framework = \"megatron\"".to_string(),
+                    );
+                }
                 if p.tp > 1 && p.zero >= 3 {
                     bad(
                         "deepspeed-autotp-zero3",
@@ -169,6 +195,12 @@ impl Framework {
                             p.schedule.key(),
                             if p.schedule == Schedule::ZbH1 { "ZB-H1" } else { "ZB-H2" }
                         ),
+                    );
+                }
+                if p.tp_comm_overlap == Some(true) && p.tp < 2 {
+                    bad(
+                        "torchtitan-async-tp",
+                        "parallel.tp_comm_overlap = true with tp = 1 and training.framework = \"torchtitan\": async tensor parallelism overlaps tensor-parallel collectives, and there are none; set tp > 1, or tp_comm_overlap = false".to_string(),
                     );
                 }
                 if p.tp > 1 && !p.sequence_parallel {

@@ -36,6 +36,14 @@ pub enum GpuKind {
     Cpu,
 }
 
+impl GpuKind {
+    /// Hopper (H100, H200, H800) or Blackwell (B200): the generations Transformer Engine's
+    /// userbuffer overlap and fp8 were published on.
+    pub fn hopper_or_newer(self) -> bool {
+        matches!(self, GpuKind::H100Sxm | GpuKind::H200Sxm | GpuKind::H800Sxm | GpuKind::B200)
+    }
+}
+
 /// Every catalog entry, for `--help` and tests.
 pub const GPU_KINDS: &[GpuKind] = &[
     GpuKind::A100_40gb,

@@ -167,6 +167,13 @@ pub struct ParallelConfig {
     /// the "combined 1F1B" of DeepSeek's DualPipe). Needs a MoE model with ep > 1.
     #[serde(default, skip_serializing_if = "is_false")]
     pub moe_a2a_overlap: bool,
+    /// Overlap the sequence-parallel all-gathers and reduce-scatters with the GEMMs next to
+    /// them (Megatron-LM's `--tp-comm-overlap`: Transformer Engine's userbuffers, the GEMM
+    /// cut into tp chunks while the neighbouring chunk moves). `None` (the default) is
+    /// "auto", resolved by [`crate::scenario::Scenario::tp_comm_overlap`]. A timing
+    /// property of the backend: the plan's ops and their data dependencies are the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_comm_overlap: Option<bool>,
 }
 
 impl Default for ParallelConfig {
@@ -189,6 +196,7 @@ impl Default for ParallelConfig {
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             moe_a2a_overlap: false,
+            tp_comm_overlap: None,
         }
     }
 }

@@ -133,6 +133,7 @@ raw_table!(RawParallel {
     overlap_grad_reduce: bool,
     overlap_param_gather: bool,
     moe_a2a_overlap: bool,
+    tp_comm_overlap: bool,
 });
 raw_table!(RawTraining {
     dtype: Dtype,
@@ -253,6 +254,7 @@ impl Scenario {
                 overlap_grad_reduce: Some(p.overlap_grad_reduce),
                 overlap_param_gather: Some(p.overlap_param_gather),
                 moe_a2a_overlap: Some(p.moe_a2a_overlap).filter(|o| *o),
+                tp_comm_overlap: p.tp_comm_overlap,
             },
             training: RawTraining {
                 dtype: Some(t.dtype),
@@ -274,6 +276,28 @@ impl Scenario {
     /// Validates a scenario built in code (the search does this for every candidate).
     pub fn validate(&self) -> Result<(), ScenarioError> {
         validate(self, &self.name)
+    }
+
+    /// Whether the tensor-parallel collectives overlap their GEMMs
+    /// (`parallel.tp_comm_overlap`). Unset ("auto"), it is on where Megatron-LM runs it in
+    /// NVIDIA's published H100 configurations (the Megatron-LM README's weak-scaling runs
+    /// pass `--tp-comm-overlap`): framework Megatron-LM, tp > 1 with sequence parallelism,
+    /// a Hopper or newer GPU. It stays off on Ampere, whose published Megatron-LM runs
+    /// predate Transformer Engine's userbuffers, and under every other framework (DeepSpeed
+    /// has none; torchtitan's async tensor parallelism needs `torch.compile` and is off by
+    /// default; Strata's executors run each collective whole). The export writes the flag
+    /// when this is on, so what is predicted is what runs.
+    pub fn tp_comm_overlap(&self) -> bool {
+        if !crate::framework::mechanics::Mechanic::TpCommOverlap.on() {
+            return false;
+        }
+        let p = &self.parallel;
+        p.tp_comm_overlap.unwrap_or_else(|| {
+            self.training.framework == crate::framework::Framework::Megatron
+                && p.tp > 1
+                && p.sequence_parallel
+                && self.cluster.gpu.hopper_or_newer()
+        })
     }
 
     /// Tokens processed per step: B · s.
@@ -407,6 +431,7 @@ fn resolve(raw: RawScenario, origin: &str, default_name: &str, split: Split) -> 
         overlap_grad_reduce: rp.overlap_grad_reduce.unwrap_or(d.overlap_grad_reduce),
         overlap_param_gather: rp.overlap_param_gather.unwrap_or(d.overlap_param_gather),
         moe_a2a_overlap: rp.moe_a2a_overlap.unwrap_or(d.moe_a2a_overlap),
+        tp_comm_overlap: rp.tp_comm_overlap,
     };
 
     let rt = raw.training;

@@ -28,6 +28,7 @@ pub mod router;
 pub mod sanity;
 pub mod search;
 pub mod simulate;
+pub mod tp_overlap;
 
 pub use engine::Mode;
 pub use profile::HardwareProfile;

@@ -241,8 +241,13 @@ pub fn simulate_timed(
     };
     used.sort_unstable();
     used.dedup();
-    let tables =
+    let mut tables =
         used.iter().map(|&p| ProgramTable::new(plan, p, &plan.programs[p], timer)).collect::<Result<Vec<_>, _>>()?;
+    if plan.scenario.tp_comm_overlap() {
+        // `--tp-comm-overlap`: each overlapped collective charged with what its GEMM leaves.
+        let model = ComputeModel::new(profile, plan.scenario.training.storage_dtype());
+        crate::tp_overlap::apply(plan, &used, &mut tables, &model, profile.overlap.tp_slowdown);
+    }
     let o = &profile.overlap;
     let cfg = EngineConfig {
         mode: options.mode,

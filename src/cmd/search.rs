@@ -340,6 +340,7 @@ fn differences(a: &Scenario, b: &Scenario) -> String {
     diff("grad_bucket_mb", p.grad_bucket_mb.to_string(), q.grad_bucket_mb.to_string());
     diff("overlap_grad_reduce", p.overlap_grad_reduce.to_string(), q.overlap_grad_reduce.to_string());
     diff("overlap_param_gather", p.overlap_param_gather.to_string(), q.overlap_param_gather.to_string());
+    diff("tp_comm_overlap", a.tp_comm_overlap().to_string(), b.tp_comm_overlap().to_string());
     diff("framework", a.training.framework.key().into(), b.training.framework.key().into());
     if d.is_empty() { "the same split".into() } else { d.join(", ") }
 }

@@ -55,7 +55,7 @@ fn label(group: &[&Candidate]) -> String {
         .filter(|w| group.iter().all(|c| c.label.split_whitespace().any(|x| x == *w)))
         .collect();
     let mut parts = vec![shared.join(" ")];
-    let settings: [Setting; 13] = [
+    let settings: [Setting; 14] = [
         ("tp", "", |c| c.scenario.parallel.tp.to_string()),
         ("pp", "", |c| c.scenario.parallel.pp.to_string()),
         ("dp", "", |c| c.scenario.parallel.dp.to_string()),
@@ -69,6 +69,7 @@ fn label(group: &[&Candidate]) -> String {
         ("overlap grads", "", |c| on_off(c.scenario.parallel.overlap_grad_reduce)),
         ("overlap params", "", |c| on_off(c.scenario.parallel.overlap_param_gather)),
         ("a2a overlap", "", |c| on_off(c.scenario.parallel.moe_a2a_overlap)),
+        ("tp overlap", "", |c| on_off(c.scenario.tp_comm_overlap())),
     ];
     for (name, unit, value) in settings {
         let mut values: Vec<String> = Vec::new();

@@ -29,6 +29,10 @@
 //!   --qk-head-dim --qk-pos-emb-head-dim --v-head-dim`; `--mtp-num-layers`;
 //! - `parallel.moe_a2a_overlap`: `--overlap-moe-expert-parallel-comm` (megatron-core's
 //!   combined 1F1B; it refuses `--moe-shared-expert-overlap`, which is not exported);
+//! - `parallel.tp_comm_overlap` (resolved by `Scenario::tp_comm_overlap`: on by default for
+//!   sequence-parallel runs on Hopper and newer): `--tp-comm-overlap`, Transformer Engine's
+//!   userbuffer overlap of the sequence-parallel all-gathers and reduce-scatters with the
+//!   GEMMs beside them (the default per-GEMM methods of its `tp_comm_overlap_cfg`);
 //! - context parallelism: `--context-parallel-size --cp-comm-type p2p|allgather|a2a`;
 //! - fp8: `--fp8-format hybrid --fp8-recipe delayed` (Transformer Engine's delayed scaling,
 //!   E4M3 forward and E5M2 backward) beside `--bf16`, without `--fp8-param-gather` (the bf16
@@ -225,6 +229,9 @@ fn arguments(s: &Scenario) -> (Vec<String>, Vec<Dropped>) {
     }
     if p.sequence_parallel {
         a.push("--sequence-parallel".into());
+    }
+    if s.tp_comm_overlap() {
+        a.push("--tp-comm-overlap".into());
     }
     match p.recompute {
         Recompute::None => {}

@@ -259,3 +259,29 @@ fn a_split_the_target_cannot_run_names_the_rule() {
     assert!(e.to_string().contains("[megatron-zero]"), "{e}");
     assert!(matches!(export(&zero2, Framework::Strata, true), Err(ExportError::NotATarget(_))));
 }
+
+#[test]
+fn tp_comm_overlap_is_exported_where_it_is_on() {
+    let known: Vec<&str> = include_str!("../../../xtask/interop/megatron-flags.txt").lines().collect();
+    assert!(known.contains(&"--tp-comm-overlap"), "Megatron-LM's flag list lacks --tp-comm-overlap");
+    // Unset: on for sequence parallelism on H100, off on A100.
+    let h100 = export(&llama405_1f1b(), Framework::Megatron, false).unwrap();
+    assert!(file(&h100, "megatron-args.txt").contains("--tp-comm-overlap"));
+    let a100 = export(&gpt3_interleaved(), Framework::Megatron, false).unwrap();
+    assert!(!file(&a100, "megatron-args.txt").contains("--tp-comm-overlap"));
+    // Set false on H100: not written.
+    let mut off = llama405_1f1b();
+    off.parallel.tp_comm_overlap = Some(false);
+    let e = export(&off, Framework::Megatron, false).unwrap();
+    assert!(!file(&e, "megatron-args.txt").contains("--tp-comm-overlap"));
+    // torchtitan: async tensor parallelism, which acts only compiled.
+    let mut tt = llama8b("tp = 8\npp = 1\ndp = 1\nglobal_batch = 8\nzero = 2\nsequence_parallel = true");
+    tt.parallel.tp_comm_overlap = Some(true);
+    let e = export(&tt, Framework::Torchtitan, false).unwrap();
+    let t = file(&e, "torchtitan.toml");
+    assert!(t.contains("enable_async_tensor_parallel = true") && t.contains("[compile]\nenable = true"), "{t}");
+    // Unset under torchtitan: off.
+    tt.parallel.tp_comm_overlap = None;
+    let e = export(&tt, Framework::Torchtitan, false).unwrap();
+    assert!(!file(&e, "torchtitan.toml").contains("async"));
+}

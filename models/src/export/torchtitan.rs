@@ -10,6 +10,9 @@
 //!   pipeline (its microbatches are `pipeline_parallel_microbatch_size`), a microbatch
 //!   otherwise (torchtitan accumulates `global / (local × dp)` of them);
 //! - `[activation_checkpoint]` mode;
+//! - `parallel.tp_comm_overlap = true`: `enable_async_tensor_parallel` (Inductor's
+//!   micro-pipelined tensor parallelism), which only takes effect compiled, so `[compile]
+//!   enable = true` beside it;
 //! - mixed precision: bf16 parameters, fp32 reduction (the only reduce dtype v0.2.2 has).
 //!
 //! - context parallelism: `context_parallel_degree` with `context_parallel_rotate_method`
@@ -268,6 +271,9 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
     if m.moe.is_some() {
         let _ = writeln!(o, "expert_parallel_degree = {}\nexpert_tensor_parallel_degree = 1", p.ep);
     }
+    if s.tp_comm_overlap() {
+        o.push_str("enable_async_tensor_parallel = true\n");
+    }
     if let Some(r) = reshard {
         let _ = writeln!(o, "fsdp_reshard_after_forward = \"{r}\"");
     }
@@ -278,6 +284,9 @@ pub fn write(s: &Scenario) -> (Vec<File>, Vec<Dropped>) {
             let _ = writeln!(o, "pipeline_parallel_microbatch_size = {b}");
         }
         let _ = writeln!(o, "module_fqns_per_model_part = {}", model_parts(s));
+    }
+    if s.tp_comm_overlap() {
+        o.push_str("\n# Async tensor parallelism takes effect only under torch.compile.\n[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]\n");
     }
     let _ = writeln!(o, "\n[activation_checkpoint]\nmode = \"{ac}\"");
     if ac == "selective" {

@@ -58,10 +58,13 @@ pub enum Mechanic {
     Zero3Queue,
     /// Megatron-LM's unfused vocab-parallel cross entropy: its fp32 passes over the logits.
     VocabCrossEntropy,
+    /// Megatron-LM's `--tp-comm-overlap` (`parallel.tp_comm_overlap`): off, every
+    /// sequence-parallel collective runs whole, whatever the scenario says.
+    TpCommOverlap,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 8] = [
+    pub const ALL: [Mechanic; 9] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -70,6 +73,7 @@ impl Mechanic {
         Mechanic::Zero3Reuse,
         Mechanic::Zero3Queue,
         Mechanic::VocabCrossEntropy,
+        Mechanic::TpCommOverlap,
     ];
 
     pub fn key(self) -> &'static str {
@@ -82,6 +86,7 @@ impl Mechanic {
             Mechanic::Zero3Reuse => "zero3-reuse",
             Mechanic::Zero3Queue => "zero3-queue",
             Mechanic::VocabCrossEntropy => "vocab-ce",
+            Mechanic::TpCommOverlap => "tp-overlap",
         }
     }
 

@@ -145,3 +145,30 @@ fn the_cpu_executor_refuses_latent_attention_and_fp8() {
         other => panic!("expected fp8-needs-hardware, got {other:?}"),
     }
 }
+
+/// The split as loaded by `framework` (which checks that framework's rules), turned into
+/// the rule ids it breaks.
+fn loaded_rules(framework: &str, parallel: &str) -> Vec<&'static str> {
+    let mut s = scenario("megatron", &parallel.replace("tp_comm_overlap = true", "")).expect("a valid split");
+    s.parallel.tp_comm_overlap = parallel.contains("tp_comm_overlap = true").then_some(true);
+    let fw = Framework::from_key(framework).expect("a framework");
+    fw.violations(&s).into_iter().map(|v| v.rule).collect()
+}
+
+#[test]
+fn tp_comm_overlap_rules_fire_where_the_framework_has_no_such_overlap() {
+    let sp = "tp = 8\npp = 8\nsequence_parallel = true\ntp_comm_overlap = true";
+    assert_eq!(loaded_rules("megatron", sp), Vec::<&str>::new());
+    assert_eq!(loaded_rules("megatron", "tp = 8\npp = 8\ntp_comm_overlap = true"), vec!["megatron-tp-comm-overlap-sp"]);
+    assert_eq!(loaded_rules("strata", sp), vec!["strata-tp-comm-overlap"]);
+    assert_eq!(loaded_rules("torchtitan", sp), Vec::<&str>::new());
+    assert_eq!(loaded_rules("torchtitan", "tp = 1\npp = 8\ntp_comm_overlap = true"), vec!["torchtitan-async-tp"]);
+    let ds = loaded_rules("deepspeed", "tp = 8\npp = 8\ntp_comm_overlap = true");
+    assert_eq!(ds, vec!["deepspeed-tp-comm-overlap"]);
+    // Loading a scenario file with it under Strata's executor refuses it, saying what to do.
+    let err = scenario("strata", "tp = 8\npp = 8\nsequence_parallel = true\ntp_comm_overlap = true").unwrap_err();
+    assert!(err.to_string().contains("tp_comm_overlap = true with training.framework = \"strata\""), "{err}");
+    // Unset on A100 (this file's cluster) it is off, so nothing is refused anywhere.
+    let s = scenario("megatron", "tp = 8\npp = 8\nsequence_parallel = true").unwrap();
+    assert!(!s.tp_comm_overlap());
+}

@@ -59,6 +59,8 @@ enum EstimateNet {
 pub struct Estimator {
     net: EstimateNet,
     compute: ComputeModel,
+    /// The profile's `overlap.tp_slowdown`, for `--tp-comm-overlap`'s GEMMs.
+    tp_slowdown: f64,
     comm: BTreeMap<(u8, u32, u32, u64), f64>,
     loads: moe_cp::LoadCache,
 }
@@ -81,7 +83,13 @@ impl Estimator {
             Some(p) => EstimateNet::Calibrated(CalibratedNetwork::new(p)?),
             None => EstimateNet::ClosedForm(ClosedFormNetwork::new(&base.cluster, NcclEnv::default())?),
         };
-        Ok(Estimator { net, compute, comm: BTreeMap::new(), loads: BTreeMap::new() })
+        Ok(Estimator {
+            net,
+            compute,
+            tp_slowdown: profile.overlap.tp_slowdown,
+            comm: BTreeMap::new(),
+            loads: BTreeMap::new(),
+        })
     }
 
     /// Seconds of a communication over `n` ranks spaced `stride` apart, starting at rank 0.
@@ -127,7 +135,32 @@ impl Estimator {
         } else {
             (self.comm_s(tp_kind(CollKind::AllReduce), p.tp, 1, tensor), 0.0)
         };
-        let tp_fwd = 2.0 * (reduce + gather);
+        // `--tp-comm-overlap`: each overlapped collective costs what its GEMM leaves
+        // (`crate::tp_overlap`); the others stay whole.
+        let overlap = s.tp_comm_overlap() && p.tp > 1;
+        let slowdown = self.tp_slowdown;
+        let site = |this: &Estimator, piece: Piece, phase: Phase, first: bool, comm: f64| {
+            if !overlap {
+                return comm;
+            }
+            let c = piece_cost(m, p, train, flash, piece, phase);
+            let g = if first { c.gemms.first() } else { c.gemms.last() };
+            crate::tp_overlap::exposed_s(comm, g.map_or(0.0, |g| this.compute.gemm_s(g)), p.tp, slowdown)
+        };
+        let tp_fwd = if overlap {
+            [Piece::Attn, Piece::Mlp]
+                .iter()
+                .map(|&x| site(self, x, Phase::Forward, true, gather) + site(self, x, Phase::Forward, false, reduce))
+                .sum()
+        } else {
+            2.0 * (reduce + gather)
+        };
+        let bwd_gather = if overlap {
+            site(self, Piece::Attn, Phase::BackwardInput, true, gather)
+                + site(self, Piece::Mlp, Phase::BackwardInput, true, gather)
+        } else {
+            2.0 * gather
+        };
         let layer_f: f64 = [Piece::AttnIn, Piece::Attn, Piece::MlpIn, Piece::Mlp, Piece::LayerOut]
             .iter()
             .map(|x| piece(self, *x, Phase::Forward))
@@ -143,7 +176,7 @@ impl Estimator {
             Recompute::Full => layer_f,
         };
         // The backward reductions overlap the weight passes when those run inline.
-        let tp_bwd = 2.0 * gather
+        let tp_bwd = bwd_gather
             + if p.schedule.splits_backward() {
                 2.0 * reduce
             } else {

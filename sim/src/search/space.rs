@@ -236,6 +236,12 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                     overlap_grad_reduce: ogr,
                                                     overlap_param_gather: opg,
                                                     moe_a2a_overlap,
+                                                    // The scenario's choice where the split has
+                                                    // sequence-parallel collectives; "auto" otherwise.
+                                                    tp_comm_overlap: match base.parallel.tp_comm_overlap {
+                                                        Some(true) if tp < 2 || !sp => None,
+                                                        o => o,
+                                                    },
                                                 };
                                                 if let Err(e) = parallel.validate(&base.model, &base.cluster) {
                                                     *out.invalid.entry(e.violations[0].rule).or_default() += 1;
