@@ -560,3 +560,5 @@ impl<D: Device> MultiGpu<D> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_llama;

@@ -1,0 +1,151 @@
+//! Llama blocks on the CUDA executor, through the computing host stand-in: the tiny Llama
+//! (RMSNorm, SwiGLU with FC1 as [gate | up] per tp rank, half-split RoPE, 4 query heads
+//! sharing 2 key/value heads, untied output layer, no biases) trains on one GPU rank as
+//! the CPU executor trains it, within the bf16 bound the GPT test uses (`host.rs`); its
+//! tp2, pp2, dp2 ZeRO-1 and tp2·pp2·dp2 ZeRO-1 splits on the shared-GPU communicator
+//! give the single rank's losses within the GPT splits' bounds (`tests.rs`); a
+//! communicator that forgets to add is caught on the Llama too.
+
+use std::sync::Arc;
+
+use strata_models::Scenario;
+use strata_models::plan::Plan;
+
+use super::MultiGpu;
+use super::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS};
+use crate::cuda::exec::host::HostDevice;
+use crate::cuda::exec::rank::{GpuExecError, GpuRank, check_plan};
+use crate::cuda::exec::train::{train_multi, train_on};
+use crate::exec::ExecConfig;
+
+const STEPS: u32 = 3;
+
+/// The GPU rank's losses against the CPU executor's, relative: the GPT test's bound
+/// (`host.rs`: bf16 storage moves the curve by rounding only).
+const REL_TOL: f64 = 1e-3;
+
+const TEXT: &str = include_str!("../../../../../scenarios/tiny-llama-cpu.toml");
+
+fn ranks_of(sets: &[&str]) -> u32 {
+    let dim =
+        |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
+    dim("tp") * dim("pp") * dim("dp")
+}
+
+/// The tiny Llama on H200s (bf16, flash attention), one GPU per rank, short sequences.
+fn plan(sets: &[&str]) -> Plan {
+    let base = [
+        "cluster.preset=\"dgx-h200\"",
+        "cluster.nodes=1",
+        "cluster.nics_per_node=1",
+        "parallel.tp=1",
+        "parallel.pp=1",
+        "parallel.dp=1",
+        "parallel.zero=0",
+        "parallel.micro_batch=1",
+        "parallel.global_batch=8",
+        "model.seq_len=16",
+        "training.dtype=\"bf16\"",
+        "training.flash_attention=true",
+    ];
+    let gpus = format!("cluster.gpus_per_node={}", ranks_of(sets));
+    let sets: Vec<String> = base.iter().chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
+    strata_models::plan::lower(&Scenario::from_toml(TEXT, "tiny-llama", "tiny-llama", &sets).unwrap()).unwrap()
+}
+
+fn opts() -> crate::train::TrainOptions {
+    crate::train::TrainOptions {
+        steps: STEPS,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: ExecConfig::default(),
+        faults: Vec::new(),
+    }
+}
+
+fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
+    let p = Arc::new(plan(sets));
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let corpus = Arc::new(corpus);
+    let r = if p.grid.ranks() == 1 && !drop_sums {
+        let rank = GpuRank::with_device(p.clone(), HostDevice::computing(80 << 30), corpus, ExecConfig::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        train_on(p, rank, &opts(), None).unwrap_or_else(|e| panic!("{e}")).0
+    } else {
+        let first = HostDevice::computing(80 << 30);
+        let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
+        let mut multi =
+            MultiGpu::new(p.clone(), devices, corpus, ExecConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+        multi.drop_sums = drop_sums;
+        train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}")).0
+    };
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+/// The CPU executor's losses for the same model and data, fp32 on CPU ranks.
+fn cpu_losses() -> Vec<f64> {
+    let p = Arc::new(plan(&["cluster.preset=\"cpu-local\"", "cluster.nics_per_node=0", "training.dtype=\"fp32\""]));
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let r = crate::train::train_threads(p, Arc::new(corpus), &opts(), None).unwrap_or_else(|e| panic!("{e}"));
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+fn worst(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn the_plan_is_a_llama_with_grouped_query_attention_and_no_biases() {
+    let p = plan(&[]);
+    let m = &p.scenario.model;
+    assert_eq!((m.family, m.heads, m.kv_heads), (strata_models::Family::Llama, 4, 2));
+    check_plan(&p).unwrap();
+}
+
+#[test]
+fn one_gpu_rank_trains_the_tiny_llama_as_the_cpu_executor_does() {
+    let gpu = losses(&[], false);
+    let cpu = cpu_losses();
+    let rel = gpu.iter().zip(&cpu).map(|(g, c)| (g - c).abs() / c.abs()).fold(0.0, f64::max);
+    eprintln!("stand-in {gpu:?}\ncpu      {cpu:?}\nworst relative {rel:.3e}");
+    assert!(rel < REL_TOL, "stand-in {gpu:?} against cpu {cpu:?}: {rel:.3e} relative");
+    assert!(gpu[STEPS as usize - 1] < gpu[0], "the loss falls: {gpu:?}");
+}
+
+#[test]
+fn llama_splits_on_the_shared_gpu_communicator_match_the_single_rank() {
+    let single = losses(&[], false);
+    for sets in [
+        &["parallel.tp=2"][..],
+        &["parallel.pp=2"],
+        &["parallel.dp=2", "parallel.zero=1"],
+        &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
+    ] {
+        let split = losses(sets, false);
+        let d = worst(&split, &single);
+        let rel = d / single.iter().fold(f64::INFINITY, |m, &x| m.min(x.abs()));
+        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats ({rel:.3e} relative)");
+        let tol = if sets.iter().any(|s| s.starts_with("parallel.tp=")) { TP_LOSS_TOL_NATS } else { LOSS_TOL_NATS };
+        assert!(d <= tol, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
+    }
+}
+
+#[test]
+fn a_llama_communicator_that_copies_without_adding_is_caught() {
+    let single = losses(&[], false);
+    let broken = losses(&["parallel.tp=2"], true);
+    let d = worst(&broken, &single);
+    eprintln!("tp2 without the sums: {broken:?}, worst {d:.3e} nats");
+    assert!(d > 10.0 * TP_LOSS_TOL_NATS, "dropping the sums went unnoticed: {d:.3e} nats");
+}
+
+#[test]
+fn llama_plans_the_gpu_pieces_do_not_run_are_refused_naming_why() {
+    let why = |sets: &[&str]| match check_plan(&plan(sets)) {
+        Err(GpuExecError::Unsupported(w)) => w,
+        other => panic!("{sets:?}: {other:?}"),
+    };
+    assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
+    assert!(why(&["model.rope_base=500000.1"]).contains("rope_base"));
+    assert!(why(&["model.preset=\"tiny-moe\""]).contains("model.moe"));
+}
