@@ -34,6 +34,8 @@ mod host;
 mod host_attn;
 #[cfg(test)]
 mod host_kernels;
+#[cfg(test)]
+mod host_llama_tests;
 pub mod layout;
 pub mod multi;
 mod pieces;

@@ -21,8 +21,16 @@ use crate::exec::ExecConfig;
 const STEPS: u32 = 3;
 
 /// The GPU rank's losses against the CPU executor's, relative: the GPT test's bound
-/// (`host.rs`: bf16 storage moves the curve by rounding only).
+/// (`host.rs`: bf16 storage moves the curve by rounding only). Measured: 3.5e-5.
 const REL_TOL: f64 = 1e-3;
+
+/// The same at step 0, the first forward pass before any update, where only the bf16
+/// rounding of weights and activations separates the two (measured: 5.3e-6). The bound
+/// above alone does not see a SwiGLU that reads [up | gate] (measured by hand: 1.35e-4 over
+/// the three steps, since gate and up start as draws of one distribution); this one does
+/// (9.0e-5 at step 0, 4.5× over). Key/value heads shared as h mod kv instead of h / group:
+/// 8.2e-4 at step 0, 1.25e-3 over the steps (both bounds fail).
+const FIRST_REL_TOL: f64 = 2e-5;
 
 const TEXT: &str = include_str!("../../../../../scenarios/tiny-llama-cpu.toml");
 
@@ -107,8 +115,13 @@ fn one_gpu_rank_trains_the_tiny_llama_as_the_cpu_executor_does() {
     let gpu = losses(&[], false);
     let cpu = cpu_losses();
     let rel = gpu.iter().zip(&cpu).map(|(g, c)| (g - c).abs() / c.abs()).fold(0.0, f64::max);
-    eprintln!("stand-in {gpu:?}\ncpu      {cpu:?}\nworst relative {rel:.3e}");
+    eprintln!(
+        "stand-in {gpu:?}\ncpu      {cpu:?}\nworst relative {rel:.3e}, step 0 {:.3e}",
+        (gpu[0] - cpu[0]).abs() / cpu[0]
+    );
     assert!(rel < REL_TOL, "stand-in {gpu:?} against cpu {cpu:?}: {rel:.3e} relative");
+    let first = (gpu[0] - cpu[0]).abs() / cpu[0].abs();
+    assert!(first < FIRST_REL_TOL, "step 0: stand-in {} against cpu {}: {first:.3e} relative", gpu[0], cpu[0]);
     assert!(gpu[STEPS as usize - 1] < gpu[0], "the loss falls: {gpu:?}");
 }
 
