@@ -5,6 +5,13 @@
 //! gradients accumulate over microbatches (fp32), and the optimizer is AdamW on fp32
 //! master weights with the bf16 copy written back, after the global-norm clip.
 //!
+//! A Llama block (`Dims::llama`) runs the same pieces with RMSNorm for the norms (no β, no
+//! mean saved), no biases (null addresses, skipped), qkv (T, D + 2·Dkv) turned by RoPE on
+//! q and k in place after the projection (its gradient turned back before the input and
+//! weight GEMMs), attention with kv heads < query heads read by the kernels' own GQA
+//! indexing (dk/dv launched per kv head, summing its group), SwiGLU on FC1's (T, 2F)
+//! [gate | up], no position table, and the head's own `out_w`.
+//!
 //! Saved state lives in the plan's buffers: a layer's activations in its `act L mb` block,
 //! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
 //! pool blocks of their own (the workspace), given back when their consumer is enqueued.

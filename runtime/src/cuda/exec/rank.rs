@@ -3,7 +3,7 @@
 //! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
-//! Scope so far: GPT blocks, bf16 storage, flash attention, no recomputation; one rank, or
+//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
 //! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
 //! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
