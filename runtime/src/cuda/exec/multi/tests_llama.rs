@@ -183,3 +183,35 @@ fn the_tiny_llama_device_check_scenario_runs_here_and_on_cpu_with_the_same_weigh
     assert_eq!(g[0].layout.init(0), c[0].layout.init(0), "the same initial weights");
     assert!(g[0].layout.entries().iter().any(|e| e.kind == crate::params::ParamKind::OutW), "an untied output layer");
 }
+
+#[test]
+fn a_llama_layers_saved_activations_fit_their_block_and_are_compared_with_the_plan() {
+    let p = plan(&["model.seq_len=64", "parallel.micro_batch=2"]);
+    let c = &crate::cuda::exec::layout::rank_state(&p, 0).unwrap()[0];
+    let d = c.layout.dims();
+    let dims = crate::cuda::exec::rank::Dims {
+        b: 2,
+        s: 64,
+        t: 128,
+        h: d.hidden,
+        heads: d.heads,
+        kv: d.kv_heads,
+        hd: d.head_dim,
+        f: d.ffn,
+        v: d.vocab,
+        v0: 0,
+        llama: true,
+        rope_base: d.rope_base as f32,
+    };
+    let (a, bytes) = crate::cuda::exec::pieces::acts(&dims, 0);
+    assert!(a.fc1_act + 2 * (dims.t * dims.f) as u64 <= bytes);
+    assert_eq!((a.ln1_mean, a.ln2_mean), (0, 0), "RMSNorm keeps no means");
+    let predicted = p.program(0).ops.iter().find_map(|o| match &o.kind {
+        strata_models::plan::OpKind::Alloc(al) if al.name == "act L0 mb0" => Some(al.bytes),
+        _ => None,
+    });
+    let predicted = predicted.expect("the plan allocates act L0 mb0");
+    let ratio = bytes as f64 / predicted as f64;
+    eprintln!("executor {bytes} B, plan {predicted} B, ratio {ratio:.3}");
+    assert!((0.9..1.1).contains(&ratio), "executor {bytes} B, plan {predicted} B");
+}
