@@ -84,6 +84,13 @@ if gc and mr:
     rows.append(("tp2·pp2·dp2 on one GPU vs single rank", f"max |Δ| {abs(g - c_):.2e} at step {k} ({g:.6f} vs {c_:.6f}; {len(pairs)} steps; host stand-in bound 2e-4 under tp)"))
 else:
     rows.append(("tp2·pp2·dp2 on one GPU vs single rank", "not run: " + (first_line("tiny-tp2pp2dp2") or first_line("tiny-cuda"))))
+lg, lc = load("tiny-llama-cuda"), load("tiny-llama-cpu")
+if lg and lc:
+    pairs = list(zip([st["loss"] for st in lg["steps"]], [st["loss"] for st in lc["steps"]]))
+    k, (g, c_) = max(enumerate(pairs), key=lambda kv: abs(kv[1][0] - kv[1][1]) / abs(kv[1][1]))
+    rows.append(("tiny Llama loss, CUDA vs CPU executor", f"max relative |Δ| {abs(g - c_) / abs(c_):.2e} at step {k} ({g:.4f} vs {c_:.4f}; {len(pairs)} steps, bf16 vs fp32; host stand-in 3.5e-5 over 3 steps)"))
+else:
+    rows.append(("tiny Llama loss, CUDA vs CPU executor", "not run: " + (first_line("tiny-llama-cuda") or first_line("tiny-llama-cpu"))))
 w = max(len(r[0]) for r in rows)
 for name, value in rows:
     print(f"{name:<{w}}  {value}")

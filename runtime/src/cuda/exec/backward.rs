@@ -24,7 +24,7 @@ impl<D: Device> GpuRank<D> {
     pub(super) fn layer_bwd(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
         let d = self.dims;
-        let (th, dc) = (d.t * d.h, d.heads * d.hd);
+        let (th, dc, dkv, w) = (d.t * d.h, d.q_dim(), d.kv_dim(), d.qkv_w());
         let ac = self.act(layer, mb)?;
         let lp = self.layer_ptrs(chunk, layer)?;
         let pg = |k| -> Res<(super::device::Ptr, super::device::Ptr)> { Ok(lp[super::pieces::ix(k)]) };
@@ -40,15 +40,27 @@ impl<D: Device> GpuRank<D> {
                 let dout = self.got(chunk, mb, W::Dr)?;
                 let keep_out = self.ws("FC2's output gradient, kept for the weight pass", 2 * th)?;
                 self.gpu.copy(C, keep_out.ptr(), dout.ptr(), 2 * th)?;
-                let tf = d.t * d.f;
-                let dact = self.ws("the GELU output's gradient", 2 * tf)?;
+                let (tf, f1) = (d.t * d.f, d.fc1_w());
+                let dact = self.ws("the activation output's gradient", 2 * tf)?;
                 self.dinput(dout.ptr(), w2, dact.ptr(), d.f, d.h)?;
-                let dpre = self.ws("FC1's pre-activation gradient, kept for the weight pass", 2 * tf)?;
-                let args = [Arg::P(ac.fc1_pre), Arg::P(dact.ptr()), Arg::P(dpre.ptr()), Arg::L(tf as i64)];
-                self.k("gelu_bwd_bf16", blocks(tf), &args)?;
+                let dpre = self.ws("FC1's pre-activation gradient, kept for the weight pass", 2 * d.t * f1)?;
+                if d.llama {
+                    // d[gate | up] from d act (overwritten, both halves).
+                    let args = [
+                        Arg::P(ac.fc1_pre),
+                        Arg::P(dact.ptr()),
+                        Arg::P(dpre.ptr()),
+                        Arg::L(d.t as i64),
+                        Arg::I(d.f as i32),
+                    ];
+                    self.k("swiglu_bwd_bf16", blocks(tf), &args)?;
+                } else {
+                    let args = [Arg::P(ac.fc1_pre), Arg::P(dact.ptr()), Arg::P(dpre.ptr()), Arg::L(tf as i64)];
+                    self.k("gelu_bwd_bf16", blocks(tf), &args)?;
+                }
                 self.give(dact);
                 let part = self.ws("the MLP input's gradient", self.partial_dt().1 * th)?;
-                self.dinput_partial(dpre.ptr(), w1, part.ptr(), d.h, d.f)?;
+                self.dinput_partial(dpre.ptr(), w1, part.ptr(), d.h, f1)?;
                 self.keep(layer, mb, W::DFc2Out, keep_out);
                 self.keep(layer, mb, W::DFc1Pre, dpre);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -83,26 +95,35 @@ impl<D: Device> GpuRank<D> {
                 self.dinput(dout.ptr(), wp, dctx.ptr(), dc, d.h)?;
                 let rows = d.b * d.heads * d.s;
                 let delta = self.ws("the attention's rowwise dO·O", 4 * rows)?;
-                let (bi, si, hi, di) =
-                    (Arg::I(d.b as i32), Arg::I(d.s as i32), Arg::I(d.heads as i32), Arg::I(d.hd as i32));
-                let (os, qs) = (Arg::L(dc as i64), Arg::L(3 * dc as i64));
+                let (bi, si, hi, ki, di) = (
+                    Arg::I(d.b as i32),
+                    Arg::I(d.s as i32),
+                    Arg::I(d.heads as i32),
+                    Arg::I(d.kv as i32),
+                    Arg::I(d.hd as i32),
+                );
+                let (os, qs) = (Arg::L(dc as i64), Arg::L(w as i64));
                 let delta_args = [Arg::P(ac.ctx), Arg::P(dctx.ptr()), Arg::P(delta.ptr()), bi, si, hi, di, os];
-                self.k("attn_bwd_delta_bf16", attn_grid(&d), &delta_args)?;
-                let dqkv = self.ws("the qkv gradient, kept for the weight pass", 2 * d.t * 3 * dc)?;
-                let (q, k, v) = (ac.qkv, ac.qkv + 2 * dc as u64, ac.qkv + 4 * dc as u64);
-                let (dq, dk, dv) = (dqkv.ptr(), dqkv.ptr() + 2 * dc as u64, dqkv.ptr() + 4 * dc as u64);
+                self.k("attn_bwd_delta_bf16", attn_grid(&d, d.heads), &delta_args)?;
+                // [dQ | dK | dV] in one (T, D + 2·Dkv) tensor: the kv gradients of a group's
+                // query heads summed by the dk/dv kernel (one block per kv head).
+                let dqkv = self.ws("the qkv gradient, kept for the weight pass", 2 * d.t * w)?;
+                let (q, k, v) = (ac.qkv, ac.qkv + 2 * dc as u64, ac.qkv + 2 * (dc + dkv) as u64);
+                let (dq, dk, dv) = (dqkv.ptr(), dqkv.ptr() + 2 * dc as u64, dqkv.ptr() + 2 * (dc + dkv) as u64);
                 let scale = Arg::F(1.0 / (d.hd as f32).sqrt());
                 let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(ac.lse), Arg::P(delta.ptr())];
                 let mut dq_args = common.to_vec();
-                dq_args.extend([Arg::P(dq), bi, si, hi, hi, di, qs, qs, os, qs, scale]);
-                self.k("attn_bwd_dq_bf16", attn_grid(&d), &dq_args)?;
+                dq_args.extend([Arg::P(dq), bi, si, hi, ki, di, qs, qs, os, qs, scale]);
+                self.k("attn_bwd_dq_bf16", attn_grid(&d, d.heads), &dq_args)?;
                 let mut dkv_args = common.to_vec();
-                dkv_args.extend([Arg::P(dk), Arg::P(dv), bi, si, hi, hi, di, qs, qs, os, qs, scale]);
-                self.k("attn_bwd_dkdv_bf16", attn_grid(&d), &dkv_args)?;
+                dkv_args.extend([Arg::P(dk), Arg::P(dv), bi, si, hi, ki, di, qs, qs, os, qs, scale]);
+                self.k("attn_bwd_dkdv_bf16", attn_grid(&d, d.kv), &dkv_args)?;
                 self.give(delta);
                 self.give(dctx);
+                // Back through RoPE (the rotation by −θ) to the projection's output gradient.
+                self.rope_qk(dqkv.ptr(), -1.0)?;
                 let part = self.ws("the attention input's gradient", self.partial_dt().1 * th)?;
-                self.dinput_partial(dqkv.ptr(), wq, part.ptr(), d.h, 3 * dc)?;
+                self.dinput_partial(dqkv.ptr(), wq, part.ptr(), d.h, w)?;
                 self.keep(layer, mb, W::DProjOut, keep_out);
                 self.keep(layer, mb, W::DQkv, dqkv);
                 self.put(chunk, mb, W::Dr, dout)?;
@@ -113,8 +134,8 @@ impl<D: Device> GpuRank<D> {
                 let dout = self.kept(layer, mb, W::DFc2Out)?;
                 let dpre = self.kept(layer, mb, W::DFc1Pre)?;
                 self.dweight(ac.fc1_act, dout.ptr(), dw2, d.f, d.h)?;
-                self.dweight(ac.m, dpre.ptr(), dw1, d.h, d.f)?;
-                self.col_sum(dpre.ptr(), db1, d.f)?;
+                self.dweight(ac.m, dpre.ptr(), dw1, d.h, d.fc1_w())?;
+                self.col_sum(dpre.ptr(), db1, d.fc1_w())?;
                 self.give(dout);
                 self.give(dpre);
                 Ok(())
@@ -125,8 +146,8 @@ impl<D: Device> GpuRank<D> {
                 let dout = self.kept(layer, mb, W::DProjOut)?;
                 let dqkv = self.kept(layer, mb, W::DQkv)?;
                 self.dweight(ac.ctx, dout.ptr(), dwp, dc, d.h)?;
-                self.dweight(ac.a, dqkv.ptr(), dwq, d.h, 3 * dc)?;
-                self.col_sum(dqkv.ptr(), dbq, 3 * dc)?;
+                self.dweight(ac.a, dqkv.ptr(), dwq, d.h, w)?;
+                self.col_sum(dqkv.ptr(), dbq, w)?;
                 self.give(dout);
                 self.give(dqkv);
                 Ok(())
@@ -141,9 +162,13 @@ impl<D: Device> GpuRank<D> {
         let th = d.t * d.h;
         let hd = self.head(mb)?;
         let (tgt_ptr, (t_in, t_out)) = (self.tok(mb).1, (d.t as i32, d.v as i32));
+        // The output layer: GPT's tied word table (the head's copy), Llama's own `out_w`;
+        // both (V, h) over the vocabulary shard.
+        let out_kind = if d.llama { ParamKind::OutW } else { ParamKind::Wte };
         match (c.piece, c.phase) {
             (Piece::FinalNorm, Phase::Forward) => {
-                let ((g, _), (b, _)) = (self.pg(chunk, None, ParamKind::LnfW)?, self.pg(chunk, None, ParamKind::LnfB)?);
+                let ((g, _), (b, _)) =
+                    (self.pg(chunk, None, ParamKind::LnfW)?, self.pg_opt(chunk, None, ParamKind::LnfB)?);
                 let r = self.got(chunk, mb, W::R)?;
                 self.gpu.copy(C, hd.r_in, r.ptr(), 2 * th)?;
                 self.ln_fwd(r.ptr(), g, b, hd.hn, hd.mean, hd.rstd)?;
@@ -151,14 +176,14 @@ impl<D: Device> GpuRank<D> {
                 Ok(())
             }
             (Piece::Logits, Phase::Forward) => {
-                let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
+                let (w_out, _) = self.pg(chunk, None, out_kind)?;
                 // logits (T, V) = hn · wteᵀ
                 self.gpu.gemm(
                     d.t,
                     d.v,
                     d.h,
                     super::device::n(hd.hn),
-                    super::device::t(wte),
+                    super::device::t(w_out),
                     hd.logits,
                     super::device::Dt::Bf16,
                     0.0,
@@ -186,7 +211,7 @@ impl<D: Device> GpuRank<D> {
                 Ok(self.gpu.copy(C, losses + 4 * (d.t * mb as usize) as u64, hd.loss, 4 * d.t)?)
             }
             (Piece::Logits, Phase::BackwardInput) => {
-                let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
+                let (w_out, _) = self.pg(chunk, None, out_kind)?;
                 let n = d.t * d.v;
                 let args = [
                     Arg::P(hd.logits),
@@ -200,13 +225,13 @@ impl<D: Device> GpuRank<D> {
                 self.k("xent_grad_bf16", blocks(n), &args)?;
                 let (dt, eb) = self.partial_dt();
                 let part = self.ws("the final norm output's gradient", eb * th)?;
-                // dhn (T, h) = dlogits (T, V) · wte (V, h), a partial sum over vocabulary shards
+                // dhn (T, h) = dlogits (T, V) · w_out (V, h), a partial sum over vocabulary shards
                 self.gpu.gemm(
                     d.t,
                     d.h,
                     d.v,
                     super::device::n(hd.logits),
-                    super::device::n(wte),
+                    super::device::n(w_out),
                     part.ptr(),
                     dt,
                     0.0,
@@ -214,15 +239,15 @@ impl<D: Device> GpuRank<D> {
                 self.put(chunk, mb, W::DPart, part)
             }
             (Piece::Logits, Phase::BackwardWeight) => {
-                let (_, dwte) = self.pg(chunk, None, ParamKind::Wte)?;
-                // dwte (V, h) += dlogitsᵀ · hn
+                let (_, dw_out) = self.pg(chunk, None, out_kind)?;
+                // dw_out (V, h) += dlogitsᵀ · hn
                 self.gpu.gemm(
                     d.v,
                     d.h,
                     d.t,
                     super::device::t(hd.logits),
                     super::device::n(hd.hn),
-                    dwte,
+                    dw_out,
                     super::device::Dt::F32,
                     1.0,
                 )?;
@@ -230,7 +255,7 @@ impl<D: Device> GpuRank<D> {
             }
             (Piece::FinalNorm, Phase::BackwardInput) => {
                 let ((g, dg), (_, db)) =
-                    (self.pg(chunk, None, ParamKind::LnfW)?, self.pg(chunk, None, ParamKind::LnfB)?);
+                    (self.pg(chunk, None, ParamKind::LnfW)?, self.pg_opt(chunk, None, ParamKind::LnfB)?);
                 let dhn = self.got(chunk, mb, W::DPart)?;
                 let dr = self.ws("the residual gradient", 2 * th)?;
                 self.ln_bwd(dhn.ptr(), hd.r_in, g, hd.mean, hd.rstd, dr.ptr(), dg, db)?;

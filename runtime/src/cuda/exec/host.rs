@@ -233,7 +233,7 @@ impl Device for HostDevice {
         }
         st.launches.push(name.to_string());
         if st.data.is_some() {
-            super::host_kernels::run(&mut st, name, cfg.grid_dim.0, args).map_err(err(format!("running {name}")))?;
+            super::host_kernels::run(&mut st, name, cfg.grid_dim, args).map_err(err(format!("running {name}")))?;
         }
         Ok(())
     }

@@ -95,9 +95,21 @@ impl Sh {
     }
 }
 
-pub fn run(st: &mut HostState, kernel: &str, ty: Ty, a: &[Arg]) -> Result<(), String> {
+/// The grid the kernels index by: (query blocks of 8 rows, `heads`, batch) — the kernels
+/// read their head and sequence from blockIdx.y and .z, so another grid computes other rows
+/// (or, for dk/dv over query heads, reads past the tensors).
+fn check_grid(kernel: &str, grid: (u32, u32, u32), sh: &Sh, heads: usize) -> Result<(), String> {
+    let want = (sh.s.div_ceil(8) as u32, heads as u32, sh.b as u32);
+    if grid != want {
+        return Err(format!("{kernel}: launched on grid {grid:?}, its rows need {want:?}"));
+    }
+    Ok(())
+}
+
+pub fn run(st: &mut HostState, kernel: &str, ty: Ty, grid: (u32, u32, u32), a: &[Arg]) -> Result<(), String> {
     if kernel == "attn_bwd_delta" {
         let sh = Sh { b: arg_n(a, 3), s: arg_n(a, 4), hq: arg_n(a, 5), hkv: 1, d: arg_n(a, 6) };
+        check_grid(kernel, grid, &sh, sh.hq)?;
         let os = arg_n(a, 7);
         let (w, n) = (sh.hq * sh.d, sh.tokens());
         let o = load(st, ty, &V { base: arg_p(a, 0), stride: os }, n, w)?;
@@ -128,6 +140,8 @@ pub fn run(st: &mut HostState, kernel: &str, ty: Ty, a: &[Arg]) -> Result<(), St
     if sh.hkv == 0 || !sh.hq.is_multiple_of(sh.hkv) {
         return Err(format!("{kernel}: {} query heads over {} kv heads", sh.hq, sh.hkv));
     }
+    // dk/dv: one block per key/value head (it sums its group's query heads).
+    check_grid(kernel, grid, &sh, if kernel == "attn_bwd_dkdv" { sh.hkv } else { sh.hq })?;
     let n = sh.tokens();
     let (qw, kw) = (sh.hq * sh.d, sh.hkv * sh.d);
     let q = load(st, ty, &V { base: arg_p(a, 0), stride: qs }, n, qw)?;

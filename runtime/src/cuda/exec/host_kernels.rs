@@ -1,4 +1,4 @@
-//! The host stand-in's arithmetic (tests only): each kernel the GPT executor launches, and
+//! The host stand-in's arithmetic (tests only): each kernel the executor launches, and
 //! its GEMM, computed on the stand-in's host copy of device memory with the kernels' own
 //! formulas (`kernels/*.cu`): fp32 arithmetic, bf16 rounded to nearest even on every bf16
 //! store, accumulations into fp32 where the kernel accumulates. Sums run in index order
@@ -6,7 +6,8 @@
 //! whole training step yields real losses without a GPU, and runs of one plan split over
 //! several ranks can be held against the single rank.
 //!
-//! Kernels the GPT executor does not launch (RMSNorm, SwiGLU, RoPE) are refused by name.
+//! The Llama block's kernels too (RMSNorm, SwiGLU, RoPE; grouped-query attention in
+//! `host_attn`). A kernel the executor does not launch is refused by name.
 
 use super::device::{Arg, Ptr};
 use super::host::{HostState, Ty};
@@ -37,12 +38,16 @@ impl A<'_> {
     }
 }
 
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
 fn gelu_u(v: f32) -> f32 {
     0.797_884_6 * (v + 0.044715 * v * v * v)
 }
 
-/// Runs kernel `name` (`grid` blocks) on the stand-in's memory.
-pub fn run(st: &mut HostState, name: &str, grid: u32, args: &[Arg]) -> Res {
+/// Runs kernel `name` (launched on `grid` blocks) on the stand-in's memory.
+pub fn run(st: &mut HostState, name: &str, grid: (u32, u32, u32), args: &[Arg]) -> Res {
     let a = A(args);
     const WHOLE: [&str; 3] = ["cast_f32_bf16", "scale_f32", "accumulate_bf16_f32"];
     let (base, ty) = match (name.strip_suffix("_bf16"), name.strip_suffix("_f32")) {
@@ -71,7 +76,10 @@ pub fn run(st: &mut HostState, name: &str, grid: u32, args: &[Arg]) -> Res {
             let (tokens, seq, h, v0, rows) = (a.i(4), a.i(5), a.i(6), a.i(7), a.i(8));
             let tok = st.u32s(a.p(0), tokens)?;
             let dout = st.rd(ty, a.p(1), tokens * h)?;
-            let (mut dwte, mut dwpe) = (st.rd(Ty::F32, a.p(2), rows * h)?, st.rd(Ty::F32, a.p(3), seq * h)?);
+            // No position table's gradient where it is null (Llama).
+            let has_wpe = a.p(3) != 0;
+            let mut dwte = st.rd(Ty::F32, a.p(2), rows * h)?;
+            let mut dwpe = if has_wpe { st.rd(Ty::F32, a.p(3), seq * h)? } else { vec![0f32; seq * h] };
             for (t, &id) in tok.iter().enumerate() {
                 let row = (id as usize).checked_sub(v0).filter(|&r| r < rows);
                 for c in 0..h {
@@ -83,7 +91,7 @@ pub fn run(st: &mut HostState, name: &str, grid: u32, args: &[Arg]) -> Res {
                 }
             }
             st.wr(Ty::F32, a.p(2), &dwte)?;
-            st.wr(Ty::F32, a.p(3), &dwpe)
+            if has_wpe { st.wr(Ty::F32, a.p(3), &dwpe) } else { Ok(()) }
         }
         "layernorm_fwd" => {
             let (rows, cols, eps) = (a.i(6), a.i(7), a.f(8));
@@ -185,7 +193,108 @@ pub fn run(st: &mut HostState, name: &str, grid: u32, args: &[Arg]) -> Res {
                 .collect();
             st.wr(ty, a.p(2), &dx)
         }
-        "attn_fwd" | "attn_bwd_delta" | "attn_bwd_dq" | "attn_bwd_dkdv" => super::host_attn::run(st, base, ty, args),
+        "rmsnorm_fwd" => {
+            // x g y rstd rows cols eps: rstd = 1/√(Σx²/cols + ε), y = x·rstd·γ.
+            let (rows, cols, eps) = (a.i(4), a.i(5), a.f(6));
+            let x = st.rd(ty, a.p(0), rows * cols)?;
+            let g = st.rd(ty, a.p(1), cols)?;
+            let (mut y, mut rstd) = (vec![0f32; rows * cols], vec![0f32; rows]);
+            for r in 0..rows {
+                let xr = &x[r * cols..(r + 1) * cols];
+                let q: f32 = xr.iter().map(|v| v * v).sum();
+                let rs = 1.0 / (q / cols as f32 + eps).sqrt();
+                for c in 0..cols {
+                    y[r * cols + c] = xr[c] * rs * g[c];
+                }
+                rstd[r] = rs;
+            }
+            st.wr(ty, a.p(2), &y)?;
+            st.wr(Ty::F32, a.p(3), &rstd)
+        }
+        "rmsnorm_bwd_dx" => {
+            // dy x g rstd dx rows cols: dx = rstd·(dy·γ − x̂·mean(dy·γ·x̂)), written.
+            let (rows, cols) = (a.i(5), a.i(6));
+            let (dy, x) = (st.rd(ty, a.p(0), rows * cols)?, st.rd(ty, a.p(1), rows * cols)?);
+            let g = st.rd(ty, a.p(2), cols)?;
+            let rstd = st.rd(Ty::F32, a.p(3), rows)?;
+            let mut dx = vec![0f32; rows * cols];
+            for (r, &rs) in rstd.iter().enumerate() {
+                let o = r * cols;
+                let gx: f32 = (0..cols).map(|c| dy[o + c] * g[c] * x[o + c] * rs).sum();
+                let gxm = gx / cols as f32;
+                for c in 0..cols {
+                    dx[o + c] = rs * (dy[o + c] * g[c] - x[o + c] * rs * gxm);
+                }
+            }
+            st.wr(ty, a.p(4), &dx)
+        }
+        "rmsnorm_bwd_params" => {
+            // dy x rstd dgamma rows cols: dγ[c] += Σ_r dy·x̂ (fp32).
+            let (rows, cols) = (a.i(4), a.i(5));
+            let (dy, x) = (st.rd(ty, a.p(0), rows * cols)?, st.rd(ty, a.p(1), rows * cols)?);
+            let rstd = st.rd(Ty::F32, a.p(2), rows)?;
+            let mut dg = st.rd(Ty::F32, a.p(3), cols)?;
+            for (c, d) in dg.iter_mut().enumerate() {
+                *d += (0..rows).map(|r| dy[r * cols + c] * x[r * cols + c] * rstd[r]).sum::<f32>();
+            }
+            st.wr(Ty::F32, a.p(3), &dg)
+        }
+        "swiglu_fwd" => {
+            // gu (rows, 2f) = [gate | up] → y (rows, f) = SiLU(gate)·up.
+            let (rows, f) = (a.i(2), a.i(3));
+            let gu = st.rd(ty, a.p(0), rows * 2 * f)?;
+            let y: Vec<f32> = (0..rows * f)
+                .map(|i| {
+                    let (r, c) = (i / f, i % f);
+                    let (g, u) = (gu[r * 2 * f + c], gu[r * 2 * f + f + c]);
+                    g * sigmoid(g) * u
+                })
+                .collect();
+            st.wr(ty, a.p(1), &y)
+        }
+        "swiglu_bwd" => {
+            // gu dy dgu rows f: d gate = dy·u·σ(g)(1 + g(1 − σ(g))), d up = dy·SiLU(g).
+            let (rows, f) = (a.i(3), a.i(4));
+            let (gu, dy) = (st.rd(ty, a.p(0), rows * 2 * f)?, st.rd(ty, a.p(1), rows * f)?);
+            let mut dgu = vec![0f32; rows * 2 * f];
+            for (i, &d) in dy.iter().enumerate() {
+                let (r, c) = (i / f, i % f);
+                let (g, u) = (gu[r * 2 * f + c], gu[r * 2 * f + f + c]);
+                let sg = sigmoid(g);
+                dgu[r * 2 * f + c] = d * u * sg * (1.0 + g * (1.0 - sg));
+                dgu[r * 2 * f + f + c] = d * g * sg;
+            }
+            st.wr(ty, a.p(2), &dgu)
+        }
+        "rope" => {
+            // x tokens seq heads d row_stride base sign, in place: the pair (i, i + d/2) of
+            // each head turned by sign·pos·base^(−2i/d), the angle in f64.
+            let (tokens, seq, heads, d, stride) = (a.i(1), a.i(2), a.i(3), a.i(4), a.i(5));
+            let (base, sign) = (f64::from(a.f(6)), a.f(7));
+            if d % 2 != 0 || tokens == 0 || heads * d > stride {
+                return Err(format!("rope: head_dim {d}, {heads} heads in rows of {stride}"));
+            }
+            let half = d / 2;
+            let n = (tokens - 1) * stride + heads * d;
+            let mut x = st.rd(ty, a.p(0), n)?;
+            for t in 0..tokens {
+                let pos = (t % seq) as f64;
+                for i in 0..half {
+                    let ang = pos * base.powf(-2.0 * i as f64 / d as f64);
+                    let (sn, cs) = ((ang.sin() as f32) * sign, ang.cos() as f32);
+                    for h in 0..heads {
+                        let o = t * stride + h * d;
+                        let (u, v) = (x[o + i], x[o + i + half]);
+                        x[o + i] = u * cs - v * sn;
+                        x[o + i + half] = v * cs + u * sn;
+                    }
+                }
+            }
+            st.wr(ty, a.p(0), &x)
+        }
+        "attn_fwd" | "attn_bwd_delta" | "attn_bwd_dq" | "attn_bwd_dkdv" => {
+            super::host_attn::run(st, base, ty, grid, args)
+        }
         "xent_stats" => {
             let (rows, cols, v0) = (a.i(3), a.i(4), a.i(5));
             let x = st.rd(ty, a.p(0), rows * cols)?;
@@ -250,7 +359,7 @@ pub fn run(st: &mut HostState, name: &str, grid: u32, args: &[Arg]) -> Res {
         "sum_squares_partial" => {
             let n = a.i(1);
             let x = st.rd(Ty::F32, a.p(0), n)?;
-            let mut part = vec![0f64; grid as usize];
+            let mut part = vec![0f64; grid.0 as usize];
             part[0] = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
             st.wr_f64(a.p(2), &part)
         }

@@ -10,10 +10,11 @@
 //! - [`device`]: what the executor asks of a GPU (the `Device` trait) and the GPU behind
 //!   it; `host` (tests): a stand-in that checks every launch and address without a GPU,
 //!   and with `host_kernels` / `host_attn` computes every kernel and GEMM on the host, so
-//!   a run yields real losses;
+//!   a run yields real losses (`host_llama_tests`: its Llama kernels against the CPU
+//!   executor's functions);
 //! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
 //!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
-//!   and `backward`: the GPT pieces, head, loss, AdamW and clipping; `comm`: a rank's side
+//!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping; `comm`: a rank's side
 //!   of the gradient norm and of pipeline messages;
 //! - [`shared`]: the shared-GPU communicator's plan of device copies and additions
 //!   (deterministic, two-phase), tested on host memory;
@@ -21,9 +22,12 @@
 //!   `shared` at the plan's rendezvous, pipeline messages as device copies;
 //! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
 //!
-//! Runs GPT, bf16, flash attention, no recompute; one rank, or tp · pp · dp ranks on one
-//! GPU (no sequence parallelism, ZeRO ≤ 1); other plans are refused naming why. Not
-//! built: sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
+//! Runs dense GPT and dense Llama blocks (RMSNorm, SwiGLU with FC1 as [gate | up] per tp
+//! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
+//! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, no
+//! recompute; one rank, or tp · pp · dp ranks on one GPU (no sequence parallelism,
+//! ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused naming why. Not built:
+//! sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
 
 mod backward;
 mod comm;
@@ -34,6 +38,8 @@ mod host;
 mod host_attn;
 #[cfg(test)]
 mod host_kernels;
+#[cfg(test)]
+mod host_llama_tests;
 pub mod layout;
 pub mod multi;
 mod pieces;

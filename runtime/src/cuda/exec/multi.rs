@@ -30,8 +30,11 @@
 //! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
 //! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
 //! (as the single rank's GEMM rounds once), the vocabulary shards' embeddings in bf16
-//! (exact), the loss statistics of the vocabulary shards all-gathered. Sequence
-//! parallelism and ZeRO-2/3 are not built; `check_plan` refuses them.
+//! (exact), the loss statistics of the vocabulary shards all-gathered. Llama plans run
+//! through the same collectives (no tied table: its output layer is its own; each tp rank
+//! holds whole query heads and the key/value heads they read, and [gate_r | up_r]; tests in
+//! `multi/tests_llama.rs`). Sequence parallelism and ZeRO-2/3 are not built; `check_plan`
+//! refuses them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -560,3 +563,5 @@ impl<D: Device> MultiGpu<D> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_llama;

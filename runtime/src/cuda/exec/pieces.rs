@@ -5,6 +5,13 @@
 //! gradients accumulate over microbatches (fp32), and the optimizer is AdamW on fp32
 //! master weights with the bf16 copy written back, after the global-norm clip.
 //!
+//! A Llama block (`Dims::llama`) runs the same pieces with RMSNorm for the norms (no β, no
+//! mean saved), no biases (null addresses, skipped), qkv (T, D + 2·Dkv) turned by RoPE on
+//! q and k in place after the projection (its gradient turned back before the input and
+//! weight GEMMs), attention with kv heads < query heads read by the kernels' own GQA
+//! indexing (dk/dv launched per kv head, summing its group), SwiGLU on FC1's (T, 2F)
+//! [gate | up], no position table, and the head's own `out_w`.
+//!
 //! Saved state lives in the plan's buffers: a layer's activations in its `act L mb` block,
 //! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
 //! pool blocks of their own (the workspace), given back when their consumer is enqueued.
@@ -75,23 +82,28 @@ pub struct Acts {
     pub fc1_act: Ptr,
 }
 
-/// The block of a layer's activations at `base` (0: just its size).
+/// The block of a layer's activations at `base` (0: just its size). A Llama block keeps no
+/// norm means (RMSNorm), a (T, D + 2·Dkv) qkv after RoPE and a (T, 2F) [gate | up] FC1
+/// output.
 pub fn acts(d: &super::rank::Dims, base: Ptr) -> (Acts, u64) {
     let (tk, h, f) = (d.t, d.h, d.f);
     let mut c = Carve { base, at: 0 };
+    let mean = |c: &mut Carve| if d.llama { 0 } else { c.take(4 * tk) };
+    let r_in = c.take(2 * tk * h);
+    let ln1_mean = mean(&mut c);
     let a = Acts {
-        r_in: c.take(2 * tk * h),
-        ln1_mean: c.take(4 * tk),
+        r_in,
+        ln1_mean,
         ln1_rstd: c.take(4 * tk),
         a: c.take(2 * tk * h),
-        qkv: c.take(2 * tk * 3 * h),
-        ctx: c.take(2 * tk * h),
+        qkv: c.take(2 * tk * d.qkv_w()),
+        ctx: c.take(2 * tk * d.q_dim()),
         lse: c.take(4 * d.b * d.heads * d.s),
         r_mid: c.take(2 * tk * h),
-        ln2_mean: c.take(4 * tk),
+        ln2_mean: mean(&mut c),
         ln2_rstd: c.take(4 * tk),
         m: c.take(2 * tk * h),
-        fc1_pre: c.take(2 * tk * f),
+        fc1_pre: c.take(2 * tk * d.fc1_w()),
         fc1_act: c.take(2 * tk * f),
     };
     (a, c.at)
@@ -111,9 +123,10 @@ pub struct HeadActs {
 pub fn head_acts(d: &super::rank::Dims, base: Ptr) -> (HeadActs, u64) {
     let (tk, h) = (d.t, d.h);
     let mut c = Carve { base, at: 0 };
+    let r_in = c.take(2 * tk * h);
     let a = HeadActs {
-        r_in: c.take(2 * tk * h),
-        mean: c.take(4 * tk),
+        r_in,
+        mean: if d.llama { 0 } else { c.take(4 * tk) },
         rstd: c.take(4 * tk),
         hn: c.take(2 * tk * h),
         logits: c.take(2 * tk * d.v),
@@ -150,13 +163,32 @@ impl<D: Device> GpuRank<D> {
         Ok((p.ptr() + 2 * o, g.ptr() + 4 * o))
     }
 
-    /// (parameter, gradient) addresses of every tensor of `layer`, in `LAYER_KINDS` order.
+    /// (parameter, gradient) addresses of every tensor of `layer`, in `LAYER_KINDS` order;
+    /// (0, 0) for a bias or norm β the model does not hold (Llama holds none).
     pub(super) fn layer_ptrs(&self, chunk: u32, layer: u32) -> Res<[(Ptr, Ptr); 12]> {
+        use ParamKind::*;
         let mut out = [(0, 0); 12];
         for (o, k) in out.iter_mut().zip(LAYER_KINDS) {
+            let optional = matches!(k, Ln1B | QkvB | ProjB | Ln2B | Fc1B | Fc2B);
+            if optional && self.offset_of(chunk, Some(layer), k).is_none() {
+                continue;
+            }
             *o = self.pg(chunk, Some(layer), k)?;
         }
         Ok(out)
+    }
+
+    /// Element offset of a tensor, if the chunk holds it.
+    pub(super) fn offset_of(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Option<usize> {
+        self.offsets.get(chunk as usize)?.get(&(layer.map(|l| l as usize), kind)).copied()
+    }
+
+    /// As [`Self::pg`], or (0, 0) (null) for a tensor the chunk does not hold.
+    pub(super) fn pg_opt(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Res<(Ptr, Ptr)> {
+        match self.offset_of(chunk, layer, kind) {
+            Some(_) => self.pg(chunk, layer, kind),
+            None => Ok((0, 0)),
+        }
     }
 
     pub(super) fn plan_buf(&self, key: BufKey) -> Res<Ptr> {
@@ -203,18 +235,37 @@ impl<D: Device> GpuRank<D> {
         (base + 4 * tk * mb as u64, base + 4 * tk * (self.m as u64 + mb as u64))
     }
 
+    /// The block's norm forward: LayerNorm (GPT) or RMSNorm (Llama: no β, no mean saved).
     pub(super) fn ln_fwd(&self, x: Ptr, g: Ptr, b: Ptr, y: Ptr, mean: Ptr, rstd: Ptr) -> Res<()> {
-        let (rows, cols) = (self.dims.t as i32, self.dims.h as i32);
-        let args = [Arg::P(x), Arg::P(g), Arg::P(b), Arg::P(y), Arg::P(mean), Arg::P(rstd), Arg::I(rows), Arg::I(cols)];
-        let mut a = args.to_vec();
-        a.push(Arg::F(crate::kernels::LN_EPS));
-        self.k("layernorm_fwd_bf16", per_row(self.dims.t), &a)
+        let (rows, cols, eps) = (self.dims.t as i32, self.dims.h as i32, crate::kernels::LN_EPS);
+        if self.dims.llama {
+            let args = [Arg::P(x), Arg::P(g), Arg::P(y), Arg::P(rstd), Arg::I(rows), Arg::I(cols), Arg::F(eps)];
+            return self.k("rmsnorm_fwd_bf16", per_row(self.dims.t), &args);
+        }
+        let args = [
+            Arg::P(x),
+            Arg::P(g),
+            Arg::P(b),
+            Arg::P(y),
+            Arg::P(mean),
+            Arg::P(rstd),
+            Arg::I(rows),
+            Arg::I(cols),
+            Arg::F(eps),
+        ];
+        self.k("layernorm_fwd_bf16", per_row(self.dims.t), &args)
     }
 
-    /// dx = LNᵀ(dy) (overwritten), dγ, dβ += (fp32).
+    /// dx = normᵀ(dy) (overwritten), dγ (and LayerNorm's dβ) += (fp32).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ln_bwd(&self, dy: Ptr, x: Ptr, g: Ptr, mean: Ptr, rstd: Ptr, dx: Ptr, dg: Ptr, db: Ptr) -> Res<()> {
         let (rows, cols) = (self.dims.t as i32, self.dims.h as i32);
+        if self.dims.llama {
+            let dx_args = [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
+            self.k("rmsnorm_bwd_dx_bf16", per_row(self.dims.t), &dx_args)?;
+            let p_args = [Arg::P(dy), Arg::P(x), Arg::P(rstd), Arg::P(dg), Arg::I(rows), Arg::I(cols)];
+            return self.k("rmsnorm_bwd_params_bf16", blocks(self.dims.h), &p_args);
+        }
         let dx_args =
             [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(mean), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
         self.k("layernorm_bwd_dx_bf16", per_row(self.dims.t), &dx_args)?;
@@ -223,27 +274,59 @@ impl<D: Device> GpuRank<D> {
         self.k("layernorm_bwd_params_bf16", blocks(self.dims.h), &p_args)
     }
 
+    /// RoPE in place on `heads` heads of every token's row (`stride` elements apart) from
+    /// `x`: forward (sign 1) on q and k, backward (sign −1) on their gradients.
+    pub(super) fn rope(&self, x: Ptr, heads: usize, stride: usize, sign: f32) -> Res<()> {
+        let d = self.dims;
+        let args = [
+            Arg::P(x),
+            Arg::I(d.t as i32),
+            Arg::I(d.s as i32),
+            Arg::I(heads as i32),
+            Arg::I(d.hd as i32),
+            Arg::L(stride as i64),
+            Arg::F(d.rope_base),
+            Arg::F(sign),
+        ];
+        self.k("rope_bf16", blocks(d.t * heads * (d.hd / 2)), &args)
+    }
+
+    /// RoPE over q and k of a (T, D + 2·Dkv) qkv buffer (or its gradient); none for GPT.
+    pub(super) fn rope_qk(&self, qkv: Ptr, sign: f32) -> Res<()> {
+        let d = self.dims;
+        if !d.llama {
+            return Ok(());
+        }
+        self.rope(qkv, d.heads, d.qkv_w(), sign)?;
+        self.rope(qkv + 2 * d.q_dim() as u64, d.kv, d.qkv_w(), sign)
+    }
+
     pub(super) fn add(&self, y: Ptr, x: Ptr, elems: usize) -> Res<()> {
         self.k("add_bf16", blocks(elems), &[Arg::P(y), Arg::P(x), Arg::L(elems as i64)])
     }
 
+    /// y += b per row; nothing for an absent bias (null: Llama).
     fn add_bias(&self, y: Ptr, b: Ptr, cols: usize) -> Res<()> {
+        if b == 0 {
+            return Ok(());
+        }
         let rows = self.dims.t;
         self.k("add_bias_bf16", blocks(rows * cols), &[Arg::P(y), Arg::P(b), Arg::L(rows as i64), Arg::I(cols as i32)])
     }
 
+    /// db += Σ_rows dy; nothing for an absent bias (null: Llama).
     pub(super) fn col_sum(&self, dy: Ptr, db: Ptr, cols: usize) -> Res<()> {
+        if db == 0 {
+            return Ok(());
+        }
         let rows = self.dims.t;
         self.k("col_sum_bf16", blocks(cols), &[Arg::P(dy), Arg::P(db), Arg::L(rows as i64), Arg::I(cols as i32)])
     }
 
-    /// y (T×k→n) = x·W (+ b): bf16 out.
-    fn linear(&self, x: Ptr, w: Ptr, b: Option<Ptr>, y: Ptr, k: usize, nn: usize) -> Res<()> {
+    /// y (T×k→n) = x·W (+ b, unless null): bf16 out.
+    fn linear(&self, x: Ptr, w: Ptr, b: Ptr, y: Ptr, k: usize, nn: usize) -> Res<()> {
         self.gpu.gemm(self.dims.t, nn, k, n(x), n(w), y, Dt::Bf16, 0.0)?;
-        match b {
-            Some(b) => self.add_bias(y, b, nn),
-            None => Ok(()),
-        }
+        self.add_bias(y, b, nn)
     }
 
     /// How a partial sum the tensor-parallel group reduces is stored (element type, bytes):
@@ -284,7 +367,8 @@ impl<D: Device> GpuRank<D> {
     fn embed_fwd(&mut self, chunk: u32, mb: u32) -> Res<()> {
         let d = self.dims;
         let (wte, _) = self.pg(chunk, None, ParamKind::Wte)?;
-        let (wpe, _) = self.pg(chunk, None, ParamKind::Wpe)?;
+        // Llama has no position table (RoPE in the layers): a null one, which the kernel skips.
+        let (wpe, _) = self.pg_opt(chunk, None, ParamKind::Wpe)?;
         let out = self.ws("the embedding's output", 2 * d.t * d.h)?;
         let (inputs, _) = self.tok(mb);
         let args = [
@@ -308,7 +392,7 @@ impl<D: Device> GpuRank<D> {
         let d = self.dims;
         let dr = self.got(chunk, mb, W::Dr)?;
         let (_, dwte) = self.pg(chunk, None, ParamKind::Wte)?;
-        let (_, dwpe) = self.pg(chunk, None, ParamKind::Wpe)?;
+        let (_, dwpe) = self.pg_opt(chunk, None, ParamKind::Wpe)?;
         let (inputs, _) = self.tok(mb);
         let args = [
             Arg::P(inputs),
@@ -341,42 +425,44 @@ impl<D: Device> GpuRank<D> {
         let p = |k| -> Res<Ptr> { Ok(lp[ix(k)].0) };
         match c.piece {
             Piece::AttnIn => {
-                let (g, b) = (p(ParamKind::Ln1W)?, p(ParamKind::Ln1B)?);
+                let (g, b) = (p(ParamKind::Ln1W)?, lp[ix(ParamKind::Ln1B)].0);
                 let r = self.residual_in(chunk, mb)?;
                 self.gpu.copy(C, ac.r_in, r.ptr(), 2 * th)?;
                 self.ln_fwd(r.ptr(), g, b, ac.a, ac.ln1_mean, ac.ln1_rstd)?;
                 self.put(chunk, mb, W::R, r)
             }
             Piece::Attn => {
-                let (wq, bq, wp) = (p(ParamKind::QkvW)?, p(ParamKind::QkvB)?, p(ParamKind::ProjW)?);
-                // This rank's heads: q, k, v of dc = heads · head_dim columns each.
-                let dc = d.heads * d.hd;
-                self.linear(ac.a, wq, Some(bq), ac.qkv, d.h, 3 * dc)?;
-                let (qs, os) = ((3 * dc) as i64, dc as i64);
+                let (wq, bq, wp) = (p(ParamKind::QkvW)?, lp[ix(ParamKind::QkvB)].0, p(ParamKind::ProjW)?);
+                // This rank's heads: [Q | K | V] of D = heads · head_dim and Dkv = kv · head_dim
+                // columns (Dkv = D unless grouped-query attention); RoPE on q and k (Llama).
+                let (dc, dkv, w) = (d.q_dim(), d.kv_dim(), d.qkv_w());
+                self.linear(ac.a, wq, bq, ac.qkv, d.h, w)?;
+                self.rope_qk(ac.qkv, 1.0)?;
+                let (qs, os) = (w as i64, dc as i64);
                 let args = [
                     Arg::P(ac.qkv),
                     Arg::P(ac.qkv + 2 * dc as u64),
-                    Arg::P(ac.qkv + 4 * dc as u64),
+                    Arg::P(ac.qkv + 2 * (dc + dkv) as u64),
                     Arg::P(ac.ctx),
                     Arg::P(ac.lse),
                     Arg::I(d.b as i32),
                     Arg::I(d.s as i32),
                     Arg::I(d.heads as i32),
-                    Arg::I(d.heads as i32),
+                    Arg::I(d.kv as i32),
                     Arg::I(d.hd as i32),
                     Arg::L(qs),
                     Arg::L(qs),
                     Arg::L(os),
                     Arg::F(1.0 / (d.hd as f32).sqrt()),
                 ];
-                self.k("attn_fwd_bf16", attn_grid(&d), &args)?;
+                self.k("attn_fwd_bf16", attn_grid(&d, d.heads), &args)?;
                 let (dt, eb) = self.partial_dt();
                 let out = self.ws("the attention's output", eb * th)?;
                 self.gpu.gemm(d.t, d.h, dc, n(ac.ctx), n(wp), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::MlpIn => {
-                let (bp, g, b) = (p(ParamKind::ProjB)?, p(ParamKind::Ln2W)?, p(ParamKind::Ln2B)?);
+                let (bp, g, b) = (lp[ix(ParamKind::ProjB)].0, p(ParamKind::Ln2W)?, lp[ix(ParamKind::Ln2B)].0);
                 let r = self.got(chunk, mb, W::R)?;
                 let o = self.got(chunk, mb, W::Out)?;
                 self.add(r.ptr(), o.ptr(), th)?;
@@ -387,17 +473,24 @@ impl<D: Device> GpuRank<D> {
                 self.put(chunk, mb, W::R, r)
             }
             Piece::Mlp => {
-                let (w1, b1, w2) = (p(ParamKind::Fc1W)?, p(ParamKind::Fc1B)?, p(ParamKind::Fc2W)?);
-                self.linear(ac.m, w1, Some(b1), ac.fc1_pre, d.h, d.f)?;
+                let (w1, b1, w2) = (p(ParamKind::Fc1W)?, lp[ix(ParamKind::Fc1B)].0, p(ParamKind::Fc2W)?);
+                self.linear(ac.m, w1, b1, ac.fc1_pre, d.h, d.fc1_w())?;
                 let tf = d.t * d.f;
-                self.k("gelu_fwd_bf16", blocks(tf), &[Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(tf as i64)])?;
+                if d.llama {
+                    // act = SiLU(gate) ⊙ up from FC1's [gate | up] row.
+                    let args = [Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(d.t as i64), Arg::I(d.f as i32)];
+                    self.k("swiglu_fwd_bf16", blocks(tf), &args)?;
+                } else {
+                    let args = [Arg::P(ac.fc1_pre), Arg::P(ac.fc1_act), Arg::L(tf as i64)];
+                    self.k("gelu_fwd_bf16", blocks(tf), &args)?;
+                }
                 let (dt, eb) = self.partial_dt();
                 let out = self.ws("the MLP's output", eb * th)?;
                 self.gpu.gemm(d.t, d.h, d.f, n(ac.fc1_act), n(w2), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
             Piece::LayerOut => {
-                let b2 = p(ParamKind::Fc2B)?;
+                let b2 = lp[ix(ParamKind::Fc2B)].0;
                 let r = self.got(chunk, mb, W::R)?;
                 let o = self.got(chunk, mb, W::Out)?;
                 self.add(r.ptr(), o.ptr(), th)?;
@@ -410,10 +503,11 @@ impl<D: Device> GpuRank<D> {
     }
 }
 
-/// The attention kernels' grid: blocks of 8 query rows, per head and sequence.
-pub(super) fn attn_grid(d: &super::rank::Dims) -> cudarc::driver::LaunchConfig {
+/// The attention kernels' grid: blocks of 8 rows, per head and sequence — query heads for
+/// the forward, delta and dq kernels, key/value heads for dk/dv (each block sums its group).
+pub(super) fn attn_grid(d: &super::rank::Dims, heads: usize) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig {
-        grid_dim: (d.s.div_ceil(8) as u32, d.heads as u32, d.b as u32),
+        grid_dim: (d.s.div_ceil(8) as u32, heads as u32, d.b as u32),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     }

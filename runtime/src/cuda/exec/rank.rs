@@ -3,7 +3,7 @@
 //! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
-//! Scope so far: GPT blocks, bf16 storage, flash attention, no recomputation; one rank, or
+//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
 //! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
 //! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
@@ -69,12 +69,37 @@ pub struct Dims {
     /// Tokens of a microbatch, b·s.
     pub t: usize,
     pub h: usize,
+    /// Local query heads and key/value heads (fewer under grouped-query attention).
     pub heads: usize,
+    pub kv: usize,
     pub hd: usize,
     pub f: usize,
     /// Vocabulary rows held, and the first one's id.
     pub v: usize,
     pub v0: usize,
+    /// A Llama block (RMSNorm, SwiGLU, RoPE, no biases, untied output layer), and its
+    /// rotary base.
+    pub llama: bool,
+    pub rope_base: f32,
+}
+
+impl Dims {
+    /// Local query channels D = heads · head_dim.
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.hd
+    }
+    /// Local key (or value) channels Dkv = kv · head_dim.
+    pub fn kv_dim(&self) -> usize {
+        self.kv * self.hd
+    }
+    /// Width of a token's row of the fused QKV projection, [Q | K | V]: D + 2·Dkv.
+    pub fn qkv_w(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+    /// Width of FC1's output: [gate | up] (2F) for SwiGLU, F for GELU.
+    pub fn fc1_w(&self) -> usize {
+        if self.llama { 2 * self.f } else { self.f }
+    }
 }
 
 /// A chunk's persistent device buffers (allocated by the plan's first step).
@@ -167,10 +192,26 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
             p.vpp
         )));
     }
-    if s.model.family != Family::Gpt {
+    if s.model.moe.is_some() {
+        return Err(unsupported(
+            "model.moe: mixture-of-experts layers (router, expert all-to-all, experts) are not built on the GPU; \
+             use a dense model",
+        ));
+    }
+    if s.model.mla.is_some() {
+        return Err(unsupported("model.mla: multi-head latent attention is not built on the GPU; use a dense model"));
+    }
+    if s.model.mtp_layers > 0 {
         return Err(unsupported(format!(
-            "model family {:?}: the executor's pieces are GPT blocks so far (the Llama kernels exist, the pieces do not)",
-            s.model.family
+            "model.mtp_layers = {}: multi-token prediction is not built on the GPU; set it to 0",
+            s.model.mtp_layers
+        )));
+    }
+    if s.model.family == Family::Llama && f64::from(s.model.rope_base as f32) != s.model.rope_base {
+        return Err(unsupported(format!(
+            "model.rope_base = {}: the RoPE kernel takes the base as an fp32, which does not hold this value \
+             exactly; use one that fp32 holds (e.g. 500000 or 10000)",
+            s.model.rope_base
         )));
     }
     if t.storage_dtype() != Dtype::Bf16 {
@@ -247,10 +288,13 @@ impl<D: Device> GpuRank<D> {
             t: micro.tokens(),
             h: d.hidden,
             heads: d.heads,
+            kv: d.kv_heads,
             hd: d.head_dim,
             f: d.ffn,
             v: d.vocab,
             v0: d.vocab_start,
+            llama: d.llama,
+            rope_base: d.rope_base as f32,
         };
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };

@@ -16,7 +16,7 @@ use crate::exec::ExecConfig;
 /// Largest |loss_split − loss_single| allowed at any step, in nats: the CPU equivalence
 /// suite's (`runtime/tests/equivalence.rs`). Pipeline and data parallelism meet it with
 /// room to spare (measured: 0, the same bf16 values throughout).
-const LOSS_TOL_NATS: f64 = 2e-6;
+pub(super) const LOSS_TOL_NATS: f64 = 2e-6;
 
 /// The same under tensor parallelism, where it cannot hold in bf16 past the first step: the
 /// row-parallel partial sums are added in fp32 in another order than the single rank's
@@ -26,7 +26,7 @@ const LOSS_TOL_NATS: f64 = 2e-6;
 /// at step 1, 5.4e-5 at step 2. The bound is this executor's own bf16-vs-fp32 gap (the
 /// single rank against the CPU executor: 1.9e-4 at step 2, `host.rs`); dropping the
 /// tensor-parallel sums lands far outside it (the mutation test below).
-const TP_LOSS_TOL_NATS: f64 = 2e-4;
+pub(super) const TP_LOSS_TOL_NATS: f64 = 2e-4;
 const STEPS: u32 = 3;
 
 fn plan(sets: &[&str]) -> Plan {
