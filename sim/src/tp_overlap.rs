@@ -23,7 +23,7 @@
 //! leaves. Applied to the dense layers' `Attn` and `Mlp` pieces; context-parallel attention
 //! pieces and MoE layers keep their collectives whole.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use strata_models::plan::{CollKind, CollPurpose, Coord, OpKind, Phase, Piece, Plan, TpSite};
 
@@ -75,7 +75,7 @@ pub fn apply(plan: &Plan, used: &[usize], tables: &mut [ProgramTable], model: &C
     let mut memo: BTreeMap<(u8, u64, u64), u64> = BTreeMap::new();
     for (table, &p) in tables.iter_mut().zip(used) {
         let program = &plan.programs[p];
-        let mut costs: HashMap<(Piece, Phase, u32, u32, u32), u32> = HashMap::new();
+        let mut costs: BTreeMap<(Piece, Phase, u32, u32, u32), u32> = BTreeMap::new();
         for op in &program.ops {
             if let OpKind::Compute(c) = &op.kind {
                 costs.insert((c.piece, c.phase, c.mb, c.chunk, c.layer), c.cost);
