@@ -2,7 +2,8 @@
 //! flattened parameters on its own within its prefetch and live-parameter limits and never
 //! gathers persistent parameters; torchtitan's FSDP2 reduces one unit per collective;
 //! DeepSpeed's PipelineEngine reduces gradients only after the pipeline flush and runs its
-//! sends and receives in series with compute.
+//! sends and receives in series with compute; torchtitan with a pipeline accumulates
+//! gradients unsharded and reduce-scatters them once, after each chunk's last backward.
 
 use std::collections::BTreeMap;
 
@@ -402,4 +403,50 @@ fn the_prefetch_queue_stops_at_a_recomputed_modules_backward() {
         assert!(next > compute(layer, Piece::Mlp), "layer {}'s gather before layer {layer}'s MLP backward", layer - 1);
         assert!(next < compute(layer, Piece::Attn), "layer {}'s gather not prefetched", layer - 1);
     }
+}
+
+#[test]
+fn torchtitan_pipelines_reduce_scatter_once_after_each_chunks_last_backward() {
+    for (zero, sched) in
+        [(2u8, "schedule = \"1f1b\""), (2, "schedule = \"interleaved\"\nvpp = 2"), (3, "schedule = \"1f1b\"")]
+    {
+        let s = scenario("torchtitan", "gpt2-350m", 1, 2, 4, zero, sched);
+        let m = s.parallel.microbatches();
+        assert!(m > 1);
+        let plan = lower(&s).unwrap();
+        verify(&plan).unwrap();
+        for (stage, prog) in plan.programs.iter().enumerate() {
+            let buckets = plan.buckets[stage].len();
+            let rs: Vec<(usize, u32, u32)> = prog
+                .ops
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| match &o.kind {
+                    OpKind::Collective(c) => match c.purpose {
+                        CollPurpose::GradBucket { chunk, mb, .. } => Some((i, chunk, mb)),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect();
+            // One per unit per step, from the last microbatch: no sync before it.
+            assert_eq!(rs.len(), buckets, "zero {zero} {sched} stage {stage}");
+            assert!(rs.iter().all(|&(_, _, mb)| mb + 1 == m), "zero {zero} {sched} stage {stage}");
+            // Each after its chunk's last backward compute, and waiting for it.
+            for &(i, chunk, _) in &rs {
+                let last_bwd = prog
+                    .ops
+                    .iter()
+                    .rposition(|o| {
+                        matches!(&o.kind, OpKind::Compute(c) if c.chunk == chunk && c.mb + 1 == m
+                            && matches!(c.phase, Phase::BackwardInput | Phase::BackwardWeight))
+                    })
+                    .unwrap();
+                assert!(i > last_bwd && prog.ops[i].deps.contains(&(last_bwd as OpId)), "zero {zero} {sched} op {i}");
+            }
+        }
+    }
+    // Without a pipeline FSDP2 reduces every microbatch (`fsdp2_reduces_one_unit_per_collective`).
+    let s = scenario("torchtitan", "gpt2-350m", 1, 1, 8, 2, "");
+    assert!(!s.training.framework.accumulates_unsharded(&s));
 }

@@ -325,6 +325,8 @@ fn alloc_free_peak_agrees_with_the_analytic_model_per_framework() {
         ("deepspeed", "gpt3-175b", 8, 8, 4, "1f1b", 1, 1, false),
         ("torchtitan", "llama3-8b", 2, 1, 8, "1f1b", 1, 3, true),
         ("torchtitan", "llama3-70b", 8, 4, 4, "gpipe", 1, 2, true),
+        // Gradients accumulated unsharded per chunk until the step's reduce-scatter.
+        ("torchtitan", "llama3-70b", 8, 4, 4, "interleaved", 2, 2, true),
     ] {
         let text = format!(
             "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = {}\n[parallel]\ntp = {tp}\npp = {pp}\ndp = {dp}\nvpp = {vpp}\nschedule = \"{sched}\"\nglobal_batch = {}\nzero = {zero}\nrecompute = \"selective\"\nsequence_parallel = {sp}\n[training]\nframework = \"{framework}\"\n",

@@ -378,7 +378,21 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                     .as_ref()
                     .map_or_else(|| crate::accounting::params::layer_params(m).per_rank(p.tp), |x| x.largest_unit);
                 let vocab = if first || last { m.vocab as u64 * m.hidden as u64 / p.tp as u64 } else { 0 };
-                transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
+                if s.training.framework.accumulates_unsharded(s) {
+                    // torchtitan with a pipeline accumulates every unit's gradient unsharded
+                    // until the step's one reduce-scatter (`Framework::accumulates_unsharded`),
+                    // allocated by the first backward. A later forward adds its activations on
+                    // top; under GPipe none follows, and the first backward has freed one
+                    // microbatch's activations by the time they are all allocated.
+                    let acc = (psi * layout.grad_reduce.bytes()) as f64;
+                    transient_bytes += if p.schedule == crate::parallel::Schedule::Gpipe {
+                        (acc - layers_per_chunk * per_layer).max(0.0)
+                    } else {
+                        acc
+                    };
+                } else {
+                    transient_bytes += (layer.max(vocab) * layout.grad_reduce.bytes()) as f64;
+                }
             }
             StageMemory {
                 stage: sp.stage,

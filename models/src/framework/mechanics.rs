@@ -21,6 +21,11 @@
 //! - **torchtitan FSDP2** (`fully_shard` per transformer block, embeddings, and
 //!   [norm, output]): one all-gather and one reduce-scatter per unit, whatever
 //!   `grad_bucket_mb` says; resharded after forward under ZeRO-3.
+//! - **torch.distributed.pipelining with FSDP2** (torchtitan with pp > 1): every
+//!   microbatch's backward runs with gradient sync off, and after a chunk's last backward
+//!   each parameter group's `post_backward` reduce-scatters the accumulated (fp32, unsharded)
+//!   gradients: one reduce-scatter per unit per step, not per microbatch
+//!   ([`Framework::accumulates_unsharded`]).
 //! - **DeepSpeed's PipelineEngine** (`runtime/pipe/engine.py`): runs the whole 1F1B
 //!   `TrainSchedule` and only then reduces the data-parallel gradients
 //!   (`_exec_reduce_grads` after the flush), so no gradient reduction overlaps the backward.
@@ -61,10 +66,13 @@ pub enum Mechanic {
     /// Megatron-LM's `--tp-comm-overlap` (`parallel.tp_comm_overlap`): off, every
     /// sequence-parallel collective runs whole, whatever the scenario says.
     TpCommOverlap,
+    /// torch.distributed.pipelining under FSDP2: gradients accumulate unsharded over the
+    /// microbatches and reduce-scatter once, after each model chunk's last backward.
+    FsdpPipeAccumulate,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 9] = [
+    pub const ALL: [Mechanic; 10] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -74,6 +82,7 @@ impl Mechanic {
         Mechanic::Zero3Queue,
         Mechanic::VocabCrossEntropy,
         Mechanic::TpCommOverlap,
+        Mechanic::FsdpPipeAccumulate,
     ];
 
     pub fn key(self) -> &'static str {
@@ -87,6 +96,7 @@ impl Mechanic {
             Mechanic::Zero3Queue => "zero3-queue",
             Mechanic::VocabCrossEntropy => "vocab-ce",
             Mechanic::TpCommOverlap => "tp-overlap",
+            Mechanic::FsdpPipeAccumulate => "fsdp-pipe-accumulate",
         }
     }
 
@@ -186,6 +196,17 @@ impl Framework {
     /// (DeepSpeed's PipelineEngine): no overlap with the backward.
     pub fn reduces_after_flush(self, s: &Scenario) -> bool {
         self == Framework::DeepSpeed && s.parallel.pp > 1 && Mechanic::PipeFlushReduce.on()
+    }
+
+    /// Whether sharded gradients (ZeRO ≥ 2) accumulate unsharded over the microbatches and
+    /// reduce-scatter once per step: torchtitan with a pipeline, where
+    /// torch.distributed.pipelining (`stage.py`, `backward_maybe_with_nosync`) turns FSDP2's
+    /// gradient sync off for every microbatch's backward and, after a model chunk's last
+    /// one, runs every parameter group's `post_backward` (the reduce-scatter) by hand. The
+    /// unsharded accumulators (FSDP2 accumulates in the reduce dtype, fp32) are alive from
+    /// the chunk's first backward to that reduce-scatter.
+    pub fn accumulates_unsharded(self, s: &Scenario) -> bool {
+        self == Framework::Torchtitan && s.parallel.pp > 1 && s.parallel.zero >= 2 && Mechanic::FsdpPipeAccumulate.on()
     }
 
     /// Whether the loss runs Megatron-LM's unfused vocab-parallel cross entropy and its fp32

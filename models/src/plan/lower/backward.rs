@@ -56,6 +56,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         } else if !split {
             self.embed_backward(chunk, mb);
         }
+        if !self.chunk_grad_reduce.is_empty() {
+            let after = self.last_compute.expect("a backward computes");
+            self.flush_chunk_grad_reduce(after);
+        }
     }
 
     pub(super) fn head_backward(&mut self, chunk: u32, mb: u32, split: bool) {

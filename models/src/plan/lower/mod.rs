@@ -246,6 +246,9 @@ struct StageLowering<'p, 'a> {
     gathered_frees: VecDeque<OpId>,
     dp_ops: Vec<OpId>,
     deferred_grad_reduce: Vec<(usize, u32, Vec<OpId>)>,
+    /// torchtitan with a pipeline: the last microbatch's bucket reductions (bucket,
+    /// microbatch, deps, the accumulated full gradient), issued after the chunk's backward.
+    chunk_grad_reduce: Vec<(usize, u32, Vec<OpId>, Option<BufId>)>,
     /// Ops the next compute op must wait for (synchronous ZeRO-2/3 reductions, DeepSpeed's
     /// blocking pipeline sends).
     pending_sync: Vec<OpId>,
@@ -296,6 +299,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             gathered_frees: VecDeque::new(),
             dp_ops: Vec::new(),
             deferred_grad_reduce: Vec::new(),
+            chunk_grad_reduce: Vec::new(),
             pending_sync: Vec::new(),
             deferred_send: None,
             last_p2p: None,

@@ -15,6 +15,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         // What the next compute would have waited for (DeepSpeed's last blocking send): the
         // reductions after the flush and the optimizer wait for it too.
         let pending = std::mem::take(&mut self.pending_sync);
+        // Accumulated gradients whose last unit finished after its chunk's backward (a weight
+        // pass run later): reduced now.
+        self.flush_chunk_grad_reduce(last_compute);
         for (b, mb, deps) in std::mem::take(&mut self.deferred_grad_reduce) {
             let mut d = deps;
             d.push(last_compute);

@@ -110,9 +110,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if self.zero() < 2 {
             return;
         }
+        // Accumulated unsharded over the microbatches (torchtitan with a pipeline): one
+        // buffer per bucket for the whole step, keyed by microbatch 0.
+        let key = if self.s().training.framework.accumulates_unsharded(self.s()) { 0 } else { mb };
         for u in units {
             let Some(&b) = self.unit_bucket.get(&(chunk, *u)) else { continue };
-            if !self.bucket_state[b].full_grad.contains_key(&mb) {
+            if !self.bucket_state[b].full_grad.contains_key(&key) {
                 let bk = &self.buckets()[b];
                 let bytes = bk.params * self.grad_reduce_bytes();
                 let name = format!("grad bucket c{} b{} mb{mb}", bk.chunk, bk.index);
@@ -122,7 +125,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 // peers cannot pile up a buffer per microbatch.
                 let after: Vec<OpId> = self.bucket_state[b].last_reduce.into_iter().collect();
                 let (buf, _) = self.e.alloc(Stream::Compute, &after, BufClass::Grads, bytes, name);
-                self.bucket_state[b].full_grad.insert(mb, buf);
+                self.bucket_state[b].full_grad.insert(key, buf);
             }
         }
     }
@@ -130,6 +133,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     /// A unit's gradient for this microbatch is complete after `op`.
     pub(super) fn unit_done(&mut self, chunk: u32, unit: Unit, mb: u32, op: OpId) {
         let Some(&b) = self.unit_bucket.get(&(chunk, unit)) else { return };
+        // Every schedule runs a chunk's backwards in microbatch order, so m − 1 is the last.
+        let last = mb + 1 == self.s().parallel.microbatches();
+        let accumulate = self.s().training.framework.accumulates_unsharded(self.s());
         let st = &mut self.bucket_state[b];
         let done = st.done.entry(mb).or_default();
         done.push(op);
@@ -138,9 +144,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             return;
         }
         let deps = st.done.remove(&mb).expect("just filled");
+        if accumulate {
+            // torch.distributed.pipelining: no sync until the chunk's last backward is done.
+            if last {
+                let full = st.full_grad.remove(&0);
+                self.chunk_grad_reduce.push((b, mb, deps, full));
+            }
+            return;
+        }
         let full = st.full_grad.remove(&mb);
-        // Every schedule runs a chunk's backwards in microbatch order, so m − 1 is the last.
-        let last = mb + 1 == self.s().parallel.microbatches();
         let zero = self.zero();
         if zero >= 2 || last {
             // DeepSpeed's PipelineEngine reduces after the pipeline flush, whatever the
@@ -155,6 +167,15 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                     self.pending_sync.push(op);
                 }
             }
+        }
+    }
+
+    /// torchtitan with a pipeline: after a chunk's last backward (`after`), the
+    /// reduce-scatters of its accumulated gradients, as `post_backward` issues them.
+    pub(super) fn flush_chunk_grad_reduce(&mut self, after: OpId) {
+        for (b, mb, mut deps, full) in std::mem::take(&mut self.chunk_grad_reduce) {
+            deps.push(after);
+            self.grad_reduce(b, mb, &deps, full);
         }
     }
 
