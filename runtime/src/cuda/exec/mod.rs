@@ -36,6 +36,7 @@ mod host_attn;
 mod host_kernels;
 pub mod layout;
 pub mod multi;
+pub mod nccl;
 mod pieces;
 pub mod pool;
 pub mod rank;
