@@ -281,3 +281,63 @@ fn an_nccl_error_an_async_error_and_a_silent_peer_end_the_step_naming_the_rank()
     assert!(e.contains("rank 1: ") && e.contains("did not finish within"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5) && nr.nccl.aborted);
 }
+
+/// A job of one process.
+struct Alone;
+
+impl crate::cuda::nccl_comm::Bootstrap for Alone {
+    fn rank(&self) -> u32 {
+        0
+    }
+    fn size(&self) -> u32 {
+        1
+    }
+    fn broadcast(&mut self, _: &mut [u8; crate::cuda::nccl_comm::FRAME_BYTES]) -> Result<(), String> {
+        Ok(())
+    }
+    fn all_gather(&mut self, v: &[f64]) -> Result<Vec<f64>, String> {
+        Ok(v.to_vec())
+    }
+}
+
+#[test]
+fn one_rank_through_the_nccl_loop_trains_as_the_single_rank_does() {
+    use crate::cuda::exec::train::train_on;
+    use crate::cuda::exec::train_nccl::train_ranked;
+    let sets: Vec<String> = [
+        "cluster.preset=\"dgx-h200\"",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=1",
+        "parallel.tp=1",
+        "parallel.pp=1",
+        "parallel.dp=1",
+        "parallel.micro_batch=1",
+        "parallel.global_batch=2",
+        "model.seq_len=16",
+        "training.dtype=\"bf16\"",
+        "training.flash_attention=true",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let text = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
+    let p = Arc::new(strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap());
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let corpus = Arc::new(corpus);
+    let opts = crate::train::TrainOptions {
+        steps: 2,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: ExecConfig::default(),
+        faults: Vec::new(),
+    };
+    let mk = || {
+        GpuRank::for_rank(p.clone(), 0, HostDevice::computing(80 << 30), corpus.clone(), ExecConfig::default()).unwrap()
+    };
+    let (single, _) = train_on(p.clone(), mk(), &opts, None).unwrap_or_else(|e| panic!("{e}"));
+    let nr = NcclRank::new(mk(), Recorder::default(), Duration::from_secs(5));
+    let (nccl, _) = train_ranked(p.clone(), nr, &mut Alone, &opts, None).unwrap_or_else(|e| panic!("{e}"));
+    let l = |r: &crate::train::TrainResult| r.steps.iter().map(|s| (s.loss, s.grad_norm)).collect::<Vec<_>>();
+    assert_eq!(l(&single), l(&nccl));
+    assert!(l(&nccl).iter().all(|(x, _)| x.is_finite()) && l(&nccl).len() == 2);
+}
