@@ -46,10 +46,12 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
-    /// build with `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, every rank
-    /// on that GPU — any tp · pp · dp without sequence parallelism, ZeRO ≤ 1 — e.g.
-    /// scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (a build with
+    /// `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, any tp · pp · dp
+    /// without sequence parallelism, ZeRO ≤ 1 — e.g. scenarios/gpt2-124m-1xh200.toml —
+    /// every rank on GPU 0; or, launched as `mpirun -n N strata train --backend cuda …` by
+    /// a build with `--features cuda,mpi`, one process per GPU through NCCL, N = tp · pp ·
+    /// dp; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
