@@ -326,7 +326,7 @@ impl Device for Gpu {
                 CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
                 e => {
                     let e = cudarc::driver::DriverError(e);
-                    return Err(fail(format!("querying stream {}", s.key()))(&e).into());
+                    return Err(fail(format!("querying stream {}", s.key()))(&e));
                 }
             }
         }

@@ -19,11 +19,16 @@
 //!   (deterministic, two-phase), tested on host memory;
 //! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
 //!   `shared` at the plan's rendezvous, pipeline messages as device copies;
-//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
+//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`);
+//! - [`nccl`]: one rank per process, its collectives and pipeline messages as NCCL calls
+//!   behind a trait (tested with a recording fake); [`nccl_gpu`]: cudarc's NCCL behind
+//!   it; [`train_nccl`]: a one-process-per-GPU run (`mpirun -n N strata train --backend
+//!   cuda`, bootstrapped over MPI).
 //!
-//! Runs GPT, bf16, flash attention, no recompute; one rank, or tp · pp · dp ranks on one
-//! GPU (no sequence parallelism, ZeRO ≤ 1); other plans are refused naming why. Not
-//! built: sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
+//! Runs GPT, bf16, flash attention, no recompute; one rank, tp · pp · dp ranks on one GPU,
+//! or one per GPU through NCCL (no sequence parallelism, ZeRO ≤ 1); other plans are
+//! refused naming why. Not built: sequence parallelism, ZeRO-2/3 on the GPU, one process
+//! driving all GPUs of a node.
 
 mod backward;
 mod comm;

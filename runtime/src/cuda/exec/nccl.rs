@@ -213,7 +213,7 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
     fn shared_collective(&self, k: usize) -> Option<CollectiveOp> {
         let r = &self.rank;
         match &r.plan.program(r.rank).ops[r.entry_op(k) as usize].kind {
-            OpKind::Collective(c) if r.plan.grid.group(r.rank, c.group).len() > 1 => Some(c.clone()),
+            OpKind::Collective(c) if r.plan.grid.group(r.rank, c.group).len() > 1 => Some(*c),
             _ => None,
         }
     }
