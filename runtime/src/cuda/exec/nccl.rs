@@ -4,7 +4,8 @@
 //! GPU (the tests' fake) and the same driver runs on cudarc's NCCL (`nccl_gpu`).
 //!
 //! The rank enqueues its whole schedule in order, as a single rank does (`GpuRank::step`),
-//! without waiting for its peers: NCCL calls are asynchronous on the plan's streams, and
+//! without waiting for its peers — but for the gradient norm, which it reads back and so
+//! enqueues after everything that does not depend on it ([`NcclRank::host_order`]): NCCL calls are asynchronous on the plan's streams, and
 //! NCCL matches the k-th call on a communicator with the k-th of every other member, which
 //! is the plan's own rendezvous rule (the k-th collective on a group meets the k-th; the
 //! shared-GPU driver `multi` applies it with `Rendezvous`). Communicators: one per plan
@@ -187,6 +188,9 @@ pub struct NcclRank<D: Device, N: Nccl<D>> {
     /// A mutation for the tests: the first two collectives of a step are issued swapped.
     #[cfg(test)]
     pub(super) swap_first_two: bool,
+    /// A mutation for the tests: the schedule's own order (the norm not deferred).
+    #[cfg(test)]
+    pub(super) schedule_order: bool,
 }
 
 fn internal(why: String) -> GpuExecError {
@@ -201,6 +205,8 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
             timeout,
             #[cfg(test)]
             swap_first_two: false,
+            #[cfg(test)]
+            schedule_order: false,
         }
     }
 
@@ -218,35 +224,76 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
         }
     }
 
-    /// One step: every entry of the schedule enqueued in order, then the wait for its end
-    /// under the watchdog; the rank's own report.
+    /// The order the host enqueues the schedule's entries in: the schedule's, except that
+    /// the gradient norm — where the host blocks, to read the world's sum back — comes
+    /// after every later entry that does not depend on it (those on other streams whose
+    /// dependencies are enqueued). Otherwise a rank could block there before enqueuing
+    /// an op a peer waits on before its own norm: the last stage's last gradient send
+    /// comes after its norm in its schedule (found by the tests' check).
+    pub fn host_order(&self) -> Vec<usize> {
+        let (r, n) = (&self.rank, self.rank.entries());
+        let prog = r.plan.program(r.rank);
+        let norm = (0..n).find(|&k| {
+            matches!(&prog.ops[r.entry_op(k) as usize].kind,
+                OpKind::Collective(c) if c.purpose == CollPurpose::GradNorm && r.plan.grid.group(r.rank, c.group).len() > 1)
+        });
+        #[cfg(test)]
+        if self.schedule_order {
+            return (0..n).collect();
+        }
+        let Some(g) = norm else { return (0..n).collect() };
+        let mut done = vec![false; prog.ops.len()];
+        let mut held = [false; 4];
+        let (mut order, mut later) = ((0..g).collect::<Vec<_>>(), vec![g]);
+        for k in 0..g {
+            done[r.entry_op(k) as usize] = true;
+        }
+        if let Some(s) = r.entry_stream(g) {
+            held[s.index()] = true;
+        }
+        for k in g + 1..n {
+            let op = &prog.ops[r.entry_op(k) as usize];
+            let stream_held = r.entry_stream(k).is_some_and(|s| held[s.index()]);
+            if stream_held || !op.deps.iter().all(|d| done[*d as usize]) {
+                if let Some(s) = r.entry_stream(k) {
+                    held[s.index()] = true;
+                }
+                later.push(k);
+            } else {
+                done[r.entry_op(k) as usize] = true;
+                order.push(k);
+            }
+        }
+        order.extend(later);
+        order
+    }
+
+    /// One step: every entry of the schedule enqueued in [`Self::host_order`], then the
+    /// wait for its end under the watchdog; the rank's own report.
     pub fn step(&mut self, step: u32) -> Res<StepReport> {
         let mut run = self.rank.begin(step)?;
         let n = self.rank.entries();
-        #[cfg(test)]
-        let mut order: Vec<usize> = (0..n).collect();
+        #[allow(unused_mut)]
+        let mut order = self.host_order();
         #[cfg(test)]
         if self.swap_first_two {
-            let colls: Vec<usize> = (0..n).filter(|&k| self.shared_collective(k).is_some()).take(2).collect();
+            let colls: Vec<usize> = (0..n).filter(|&i| self.shared_collective(order[i]).is_some()).take(2).collect();
             if let [a, b] = colls[..] {
                 order.swap(a, b);
             }
         }
         let mut i = 0;
         while i < n {
-            #[cfg(test)]
             let k = order[i];
-            #[cfg(not(test))]
-            let k = i;
             if let Some(c) = self.shared_collective(k) {
                 self.collective(&mut run, k, &c)?;
                 i += 1;
             } else if self.is_p2p(k) {
                 let mut j = i;
-                while j < n && self.is_p2p(j) {
+                while j < n && self.is_p2p(order[j]) {
                     j += 1;
                 }
-                self.p2p(&mut run, i..j)?;
+                self.p2p(&mut run, &order[i..j])?;
                 i = j;
             } else {
                 self.rank.enqueue(&mut run, k)?;
@@ -289,13 +336,13 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
     }
 
     /// Entries `ks` (consecutive sends and receives) as one NCCL group.
-    fn p2p(&mut self, run: &mut StepRun<D::Event>, ks: std::ops::Range<usize>) -> Res<()> {
+    fn p2p(&mut self, run: &mut StepRun<D::Event>, ks: &[usize]) -> Res<()> {
         let plan = self.rank.plan.clone();
         let me = self.rank.rank;
         let count = self.rank.msg_bytes() / 2;
         let mut opened = Vec::with_capacity(ks.len());
         self.call(Stream::Compute, Call::GroupStart)?;
-        for k in ks {
+        for &k in ks {
             let s = self.rank.open(run, k)?.ok_or_else(|| internal("a pipeline message on no stream".into()))?;
             let op = &plan.program(me).ops[self.rank.entry_op(k) as usize];
             match &op.kind {

@@ -80,10 +80,15 @@ fn rank_of(p: &Arc<Plan>, r: u32, nccl: Recorder) -> NcclRank<HostDevice, Record
 
 /// Every rank's call log for one step; `swap` swaps the first two collectives of that rank.
 fn logs(p: &Arc<Plan>, swap: Option<u32>) -> Vec<Vec<(OpId, Call)>> {
+    logs_in(p, swap, false)
+}
+
+fn logs_in(p: &Arc<Plan>, swap: Option<u32>, schedule_order: bool) -> Vec<Vec<(OpId, Call)>> {
     (0..p.grid.ranks())
         .map(|r| {
             let mut nr = rank_of(p, r, Recorder { rank: r, ..Recorder::default() });
             nr.swap_first_two = swap == Some(r);
+            nr.schedule_order = schedule_order;
             nr.step(0).unwrap_or_else(|e| panic!("rank {r}: {e}"));
             nr.nccl.log
         })
@@ -175,6 +180,34 @@ fn check(p: &Plan, logs: &[Vec<(OpId, Call)>]) -> Result<(), String> {
             }
         }
     }
+    // The host blocks at the gradient norm (its sum is read back): every call a rank made
+    // before it must meet a peer's call made before the peer's, or the job would stall
+    // there. Per communicator and per message direction, the counts before it agree.
+    let norm_at =
+        |m: u32| logs[m as usize].iter().position(|(_, c)| matches!(c, Call::AllReduce { dt: NcclDt::F64, .. }));
+    let before = |m: u32, f: &dyn Fn(&Call) -> bool| {
+        let end = norm_at(m).unwrap_or(logs[m as usize].len());
+        logs[m as usize][..end].iter().filter(|(_, c)| f(c)).count()
+    };
+    for kind in super::GROUP_KINDS {
+        for r in 0..n {
+            let members = p.grid.group(r, kind);
+            let on = |c: &Call| c.comm() == Some(CommKey::Group(kind));
+            let counts: Vec<usize> = members.iter().map(|&m| before(m, &on)).collect();
+            if counts.iter().any(|&c| c != counts[0]) {
+                return Err(format!("{kind:?} group {members:?}: {counts:?} calls before each one's gradient norm"));
+            }
+        }
+    }
+    for a in 0..n {
+        for b in 0..n {
+            let sends = before(a, &|c| matches!(c, Call::Send { peer, .. } if *peer == b));
+            let recvs = before(b, &|c| matches!(c, Call::Recv { peer, .. } if *peer == a));
+            if sends != recvs {
+                return Err(format!("rank {a} → {b}: {sends} sends but {recvs} receives before the gradient norms"));
+            }
+        }
+    }
     // The plan: every collective on a group of two or more and every message is served,
     // with the plan's elements (all-gathers: per member × members) and message bytes.
     for (r, log) in logs.iter().enumerate() {
@@ -258,6 +291,15 @@ fn two_collectives_swapped_on_one_rank_fail_the_check() {
     let e = check(&p, &logs(&p, Some(5))).expect_err("a swapped rank must not pass");
     eprintln!("the swapped rank: {e}");
     assert!(e.contains("rank 5"), "{e}");
+}
+
+#[test]
+fn enqueuing_the_gradient_norm_in_schedule_order_would_stall_the_pipeline() {
+    // The last stage's last gradient send comes after its norm in its schedule: a host
+    // blocked at the norm would never send it, and stage 0 waits for it before its own.
+    let p = Arc::new(plan(0));
+    let e = check(&p, &logs_in(&p, None, true)).expect_err("the schedule's order blocks");
+    assert!(e.contains("sends but") && e.contains("receives before the gradient norms"), "{e}");
 }
 
 #[test]
