@@ -5,7 +5,7 @@
 //! cluster is sized to N ranks unless `--ranks` says otherwise, and N must equal
 //! tp · pp · dp. Rank 0 prints the loss per step (the job's, gathered) and writes `--out`
 //! with its own rank's trace and memory; a failing rank prints an error naming itself and
-//! the launcher ends the job. Needs a build with `--features cuda,mpi`; a build without MPI
+//! ends the job (`MPI_Abort`: exit 2 for bad input, 1 for a failed run), so no peer waits. Needs a build with `--features cuda,mpi`; a build without MPI
 //! says so (exit 2).
 
 use std::sync::Arc;
@@ -47,10 +47,19 @@ pub fn run(args: &Args, plan: Arc<Plan>, corpus: Corpus, opts: &TrainOptions, wo
     };
     let timeout = Duration::from_secs(args.timeout.max(1));
     let run = train_nccl(plan.clone(), Arc::new(corpus), &mut boot, opts, timeout, Some(&mut progress));
-    let (result, gpu) = run.map_err(|e| match e {
-        TrainError::Setup(_) | TrainError::Checkpoint(_) => anyhow::anyhow!("rank {rank}: {e}"),
-        other => anyhow::Error::new(RunFailure(other.to_string())),
-    })?;
+    let (result, gpu) = match run {
+        Ok(r) => r,
+        Err(e) => {
+            // This rank ends the job: returning would leave its peers waiting in MPI (or
+            // NCCL) forever. Bad input exits 2, a failed run 1, as everywhere.
+            let code = match e {
+                TrainError::Setup(_) | TrainError::Checkpoint(_) => 2,
+                _ => 1,
+            };
+            eprintln!("error: rank {rank}: {e}");
+            boot.abort(code)
+        }
+    };
     if rank != 0 {
         return Ok(());
     }

@@ -214,6 +214,13 @@ impl MpiBootstrap {
     pub fn world() -> MpiBootstrap {
         MpiBootstrap { world: mpi::topology::SimpleCommunicator::world() }
     }
+
+    /// Ends the whole job with exit `code` (`MPI_Abort`): a rank that fails must not just
+    /// return, or its peers wait for it in MPI's collectives forever.
+    pub fn abort(&self, code: i32) -> ! {
+        use mpi::topology::Communicator;
+        self.world.abort(code)
+    }
 }
 
 #[cfg(feature = "mpi")]
