@@ -93,7 +93,9 @@ pub struct Args {
     /// rank, measured and predicted) and plan.json (the plan the trace refers to).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Stop the job when no rank made progress for this many seconds (a dead peer).
+    /// Stop the job when no rank made progress for this many seconds (a dead peer). Under
+    /// `mpirun … --backend cuda`: the longest a rank waits for a step's NCCL work (or for
+    /// its peers at the gradient norm) before it ends the job naming itself.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
     /// Restart a failed attempt up to N times, every rank from the newest complete
