@@ -384,3 +384,36 @@ fn one_rank_through_the_nccl_loop_trains_as_the_single_rank_does() {
     assert_eq!(l(&single), l(&nccl));
     assert!(l(&nccl).iter().all(|(x, _)| x.is_finite()) && l(&nccl).len() == 2);
 }
+
+#[test]
+fn the_host_order_keeps_every_stream_and_dependency_of_the_schedule() {
+    for zero in [0, 1] {
+        let p = Arc::new(plan(zero));
+        let mut moved = 0;
+        for r in 0..p.grid.ranks() {
+            let nr = rank_of(&p, r, Recorder::default());
+            let order = nr.host_order();
+            let sched = &nr.rank.sched.order;
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..sched.len()).collect::<Vec<_>>(), "rank {r}: a permutation of the schedule");
+            let mut at = vec![usize::MAX; p.program(r).ops.len()];
+            for (i, &k) in order.iter().enumerate() {
+                at[sched[k].op as usize] = i;
+            }
+            let mut last_on = [None::<usize>; 4];
+            for (i, &k) in order.iter().enumerate() {
+                let op = &p.program(r).ops[sched[k].op as usize];
+                for d in op.deps.iter().chain(&sched[k].waits) {
+                    assert!(at[*d as usize] < i, "rank {r}: entry {k} enqueued before its dependency #{d}");
+                }
+                if let Some(s) = sched[k].stream {
+                    assert!(last_on[s.index()].is_none_or(|l| l < k), "rank {r}: stream {s:?} out of schedule order");
+                    last_on[s.index()] = Some(k);
+                }
+            }
+            moved += order.iter().enumerate().filter(|(i, k)| *i != **k).count();
+        }
+        assert!(moved > 0, "ZeRO-{zero}: the norm is deferred somewhere");
+    }
+}
