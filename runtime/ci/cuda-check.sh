@@ -22,6 +22,8 @@ expect 2 "libnvrtc" -- env LD_LIBRARY_PATH= "$bin" kernels
 LD_LIBRARY_PATH="$nvrtc" expect 2 "no GPU found" -- "$bin" kernels --check
 expect 2 "no GPU found" -- "$bin" train scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" train scenarios/tiny-llama-1xh200.toml --backend cuda
+# Started by mpirun as rank 3 of 8 (one process per GPU through NCCL): still no GPU, first.
+expect 2 "no GPU found" -- env OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_RANK=3 "$bin" train scenarios/tiny-gpt-1xh200.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" compare scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda --out "$out/gpu.toml"
@@ -30,4 +32,4 @@ expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backen
 expect 2 "no GPU found" -- "$bin" probe --out "$out/probe.toml"
 grep -q '^gpu = "cpu"' "$out/probe.toml" || { cat "$out/probe.toml"; fail "probe's file does not describe the CPU host"; }
 expect 0 "busbw" -- "$bin" collbench --cluster "$out/probe.toml" --ranks 2
-echo "cuda-check: 12 of 12 passed"
+echo "cuda-check: 13 of 13 passed"

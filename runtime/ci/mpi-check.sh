@@ -13,7 +13,9 @@
 # 5. a job whose rank 2 is killed at step 5, under strata-mpi-restart --restarts 1, is
 #    relaunched from the step-3 checkpoint and gives the uninterrupted job's losses bit
 #    for bit;
-# 6. a rank that panics ends the 4-process job with an error naming it within 30 s.
+# 6. a rank that panics ends the 4-process job with an error naming it within 30 s;
+# 7. the NCCL bootstrap (features cuda,mpi) carries rank 0's id to all 4 ranks, and a
+#    corrupt frame ends the job with exit 2 naming the rank, without a hang.
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
@@ -106,4 +108,20 @@ if ! grep -q "error on rank 0: rank 2 (TP(2)-PP(2)-DP(1)-rank(2)) failed" <<<"$o
   echo "FAILED: rank 0 did not name rank 2"
   exit 1
 fi
-echo "MPI checks: 7 passed, 0 failed"
+echo "== the NCCL bootstrap over MPI (features cuda,mpi; no GPU needed): rank 0's id reaches all"
+cargo build --release -p strata-runtime --features cuda,mpi --example nccl_bootstrap
+NB=target/release/examples/nccl_bootstrap
+out=$(timeout 60 mpirun -np 4 "$NB" 2>&1)
+grep -q "4 of 4 ranks hold rank 0's NCCL id" <<<"$out" || { echo "$out"; echo "FAILED: the id did not reach every rank"; exit 1; }
+
+echo "== a corrupt id frame ends the job naming the rank, exit 2, no hang"
+set +e
+out=$(timeout 60 mpirun -np 4 "$NB" --corrupt 2 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 2 ] || ! grep -q "rank 2: the NCCL id frame is corrupt" <<<"$out"; then
+  echo "$out"
+  echo "FAILED: expected exit 2 naming rank 2 (exit status $status; 124 is a hang)"
+  exit 1
+fi
+echo "MPI checks: 9 passed, 0 failed"

@@ -27,5 +27,7 @@ pub mod trace;
 pub mod train;
 #[cfg(feature = "cuda")]
 pub mod train_cuda;
+#[cfg(feature = "cuda")]
+pub mod train_nccl;
 pub mod verify;
 pub mod whatif;

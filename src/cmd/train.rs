@@ -46,10 +46,12 @@ use crate::common::{self, RunFailure, ScenarioArgs};
 pub struct Args {
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (one GPU of a
-    /// build with `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, every rank
-    /// on that GPU — any tp · pp · dp without sequence parallelism, ZeRO ≤ 1 — e.g.
-    /// scenarios/gpt2-124m-1xh200.toml; otherwise it says what is missing).
+    /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (a build with
+    /// `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, any tp · pp · dp
+    /// without sequence parallelism, ZeRO ≤ 1 — e.g. scenarios/gpt2-124m-1xh200.toml —
+    /// every rank on GPU 0; or, launched as `mpirun -n N strata train --backend cuda …` by
+    /// a build with `--features cuda,mpi`, one process per GPU through NCCL, N = tp · pp ·
+    /// dp; otherwise it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
@@ -91,7 +93,9 @@ pub struct Args {
     /// rank, measured and predicted) and plan.json (the plan the trace refers to).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Stop the job when no rank made progress for this many seconds (a dead peer).
+    /// Stop the job when no rank made progress for this many seconds (a dead peer). Under
+    /// `mpirun … --backend cuda`: the longest a rank waits for a step's NCCL work (or for
+    /// its peers at the gradient norm) before it ends the job naming itself.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
     /// Restart a failed attempt up to N times, every rank from the newest complete

@@ -4,7 +4,9 @@
 //! the CPU path) — with the CPU path's outputs: the loss curve, the measured trace of the
 //! last step from CUDA events, memory.json (measured per rank: its device pool's high-water
 //! mark plus the CUDA context; predicted: the plan's live buffers). Checkpoints, restarts
-//! and injected faults are the CPU executor's: refused here, exit 2.
+//! and injected faults are the CPU executor's: refused here, exit 2. Started by `mpirun -n
+//! N` (N > 1), each process trains one rank on its own GPU through NCCL instead
+//! (`train_nccl`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +33,9 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
             );
         }
     }
+    let world = super::train_nccl::mpi_world(|k| std::env::var(k).ok()).filter(|&n| n > 1);
     let mut s = args.scenario.load()?;
-    if let Some(n) = args.ranks.filter(|n| u64::from(*n) != s.parallel.ranks()) {
+    if let Some(n) = args.ranks.or(world).filter(|n| u64::from(*n) != s.parallel.ranks()) {
         let mut sized = args.scenario.clone();
         sized.overrides.extend(super::train::size_cluster(&s, n, &args.scenario.overrides)?);
         s = sized.load()?;
@@ -47,6 +50,24 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     verify(&plan).context("the plan of this scenario does not verify")?;
     strata_runtime::cuda::exec::rank::check_plan(&plan).map_err(anyhow::Error::new)?;
     let (corpus, data_name, entropy) = super::train::load_corpus(args.data.as_deref(), &s)?;
+    let rank0 = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).map_or(true, |r| r == "0");
+    if let Some(n) = world {
+        if !args.json && rank0 {
+            println!(
+                "Training {} on {n} GPUs, one process each through NCCL (tp {} · pp {} · dp {}), {steps} steps of {} \
+                 tokens; data {data_name}",
+                s.name,
+                s.parallel.tp,
+                s.parallel.pp,
+                s.parallel.dp,
+                s.tokens_per_step()
+            );
+        }
+        let exec =
+            ExecConfig { recv_timeout: Duration::from_secs(args.timeout.max(1)), trace_step: steps.checked_sub(1) };
+        let opts = TrainOptions { steps, data_name, checkpoint: None, exec, faults: Vec::new() };
+        return super::train_nccl::run(&args, Arc::new(plan), corpus, &opts, n);
+    }
     if !args.json {
         println!(
             "Training {} on GPU {ordinal} ({} rank{}: tp {} · pp {} · dp {}), {steps} steps of {} tokens; data {data_name}{}",

@@ -6,10 +6,11 @@
 //! the rank instead of a hang (`ncclCommGetAsyncError` polled until the op is done or the
 //! timeout passes).
 //!
-//! Not built yet: the communicator itself in the executor (creating the NCCL comms with
-//! these ids and splits, enqueueing the plan's collectives and p2p on them) and the MPI
-//! bootstrap that broadcasts the frame; the executor runs multi-rank plans on one GPU
-//! through the shared-GPU communicator (`exec::multi`).
+//! The bootstrap is [`bootstrap_id`] over any [`Bootstrap`] transport (MPI's, with the
+//! `mpi` feature: `exec::nccl_gpu::MpiBootstrap`; a fake in the tests), and each process
+//! picks its GPU from the launcher's local rank ([`local_rank`]). The communicators built
+//! from these and the calls on them are `exec::nccl` (the driver) and `exec::nccl_gpu`
+//! (cudarc's NCCL).
 
 use std::time::{Duration, Instant};
 
@@ -134,10 +135,143 @@ pub fn watch(
     }
 }
 
+/// What the processes of a job share before NCCL exists: who they are, rank 0's bytes
+/// broadcast to all, and a small all-gather (the step's losses).
+pub trait Bootstrap {
+    fn rank(&self) -> u32;
+    fn size(&self) -> u32;
+    /// Rank 0's `buf` into every rank's.
+    fn broadcast(&mut self, buf: &mut [u8; FRAME_BYTES]) -> Result<(), String>;
+    /// Every rank's `v` (all of the same length), in rank order.
+    fn all_gather(&mut self, v: &[f64]) -> Result<Vec<f64>, String>;
+}
+
+/// NCCL's unique id on every rank: rank 0 makes it (`make_id`, `ncclGetUniqueId`) and
+/// broadcasts its frame; every rank checks the frame it got (a corrupt one, or one from a
+/// job of another size, is an error naming the rank — NCCL's init would hang on it).
+pub fn bootstrap_id(
+    t: &mut dyn Bootstrap,
+    make_id: impl FnOnce() -> Result<[u8; ID_BYTES], String>,
+) -> Result<[u8; ID_BYTES], String> {
+    let (rank, world) = (t.rank(), t.size());
+    let mut frame = [0u8; FRAME_BYTES];
+    if rank == 0 {
+        frame = encode_id(&make_id().map_err(|e| format!("rank 0: making NCCL's unique id: {e}"))?, world);
+    }
+    t.broadcast(&mut frame).map_err(|e| format!("rank {rank}: broadcasting NCCL's unique id: {e}"))?;
+    decode_id(&frame, world, rank)
+}
+
+/// The launcher's rank of this process on its node (which GPU it drives): Open MPI's,
+/// MPICH's, Slurm's or torchrun's variable, the first set; `None` if none is.
+pub fn local_rank(env: impl Fn(&str) -> Option<String>) -> Result<Option<u32>, String> {
+    for var in ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"] {
+        if let Some(v) = env(var) {
+            return v.trim().parse().map(Some).map_err(|_| {
+                format!("{var}={v:?} is not a local rank (a whole number); the launcher sets it, unset it to use the job rank")
+            });
+        }
+    }
+    Ok(None)
+}
+
+/// The GPU a process drives: its local rank (else its job rank) on a node of `gpus`.
+pub fn pick_gpu(rank: u32, local: Option<u32>, gpus: usize) -> Result<usize, String> {
+    let l = local.unwrap_or(rank) as usize;
+    if l < gpus {
+        Ok(l)
+    } else {
+        Err(format!(
+            "rank {rank}: local rank {l} but this node has {gpus} GPU(s); launch at most {gpus} processes per node \
+             (mpirun -n N --map-by ppr:{gpus}:node)"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
     use strata_models::Scenario;
+
+    /// A job's processes in one: rank 0's broadcast lands in a shared slot that the
+    /// others read; `flip` damages the frame on its way to one rank.
+    struct Fake {
+        rank: u32,
+        size: u32,
+        slot: Rc<RefCell<Option<[u8; FRAME_BYTES]>>>,
+        flip: Option<(u32, usize)>,
+    }
+
+    impl Bootstrap for Fake {
+        fn rank(&self) -> u32 {
+            self.rank
+        }
+        fn size(&self) -> u32 {
+            self.size
+        }
+        fn broadcast(&mut self, buf: &mut [u8; FRAME_BYTES]) -> Result<(), String> {
+            if self.rank == 0 {
+                *self.slot.borrow_mut() = Some(*buf);
+            } else {
+                *buf = self.slot.borrow().ok_or("rank 0 has not broadcast")?;
+                if let Some((r, at)) = self.flip
+                    && r == self.rank
+                {
+                    buf[at] ^= 0x40;
+                }
+            }
+            Ok(())
+        }
+        fn all_gather(&mut self, _: &[f64]) -> Result<Vec<f64>, String> {
+            Err("not used".into())
+        }
+    }
+
+    #[test]
+    fn the_id_reaches_every_rank_and_a_corrupt_frame_is_refused_naming_the_rank() {
+        let slot = Rc::new(RefCell::new(None));
+        let mut made = 0;
+        let mut ids = Vec::new();
+        for rank in 0..4 {
+            let mut t = Fake { rank, size: 4, slot: slot.clone(), flip: Some((2, 77)) };
+            ids.push(bootstrap_id(&mut t, || {
+                made += 1;
+                Ok(id())
+            }));
+        }
+        assert_eq!(made, 1, "only rank 0 makes the id");
+        assert_eq!((&ids[0], &ids[1], &ids[3]), (&Ok(id()), &Ok(id()), &Ok(id())));
+        assert_eq!(ids[2], Err("rank 2: the NCCL id frame is corrupt (checksum mismatch)".to_string()));
+        // A rank of a launch of another size.
+        let mut t = Fake { rank: 1, size: 8, slot, flip: None };
+        assert!(
+            bootstrap_id(&mut t, || Ok(id())).unwrap_err().contains("rank 0 started a job of 4 ranks, this one has 8")
+        );
+        // Rank 0 cannot make an id (no NCCL): its error says so.
+        let mut t = Fake { rank: 0, size: 2, slot: Rc::new(RefCell::new(None)), flip: None };
+        assert_eq!(
+            bootstrap_id(&mut t, || Err("no libnccl.so".into())),
+            Err("rank 0: making NCCL's unique id: no libnccl.so".into())
+        );
+    }
+
+    #[test]
+    fn the_local_rank_comes_from_the_launcher_and_picks_the_gpu() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|p| p.0 == k).map(|p| p.1.to_string())
+        };
+        assert_eq!(local_rank(env(&[("SLURM_LOCALID", "3"), ("LOCAL_RANK", "1")])), Ok(Some(3)));
+        assert_eq!(local_rank(env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "2"), ("SLURM_LOCALID", "0")])), Ok(Some(2)));
+        assert_eq!(local_rank(env(&[])), Ok(None));
+        assert!(
+            local_rank(env(&[("LOCAL_RANK", "x")])).unwrap_err().starts_with("LOCAL_RANK=\"x\" is not a local rank")
+        );
+        assert_eq!(pick_gpu(9, Some(1), 8), Ok(1));
+        assert_eq!(pick_gpu(3, None, 8), Ok(3));
+        assert!(pick_gpu(9, Some(8), 8).unwrap_err().starts_with("rank 9: local rank 8 but this node has 8 GPU(s)"));
+    }
 
     fn id() -> [u8; ID_BYTES] {
         std::array::from_fn(|i| (i * 7 + 3) as u8)

@@ -164,6 +164,9 @@ pub trait Device {
     fn wait(&self, s: Stream, e: &Self::Event) -> Res<()>;
     fn elapsed_ms(&self, from: &Self::Event, to: &Self::Event) -> Res<f32>;
     fn sync_all(&self) -> Res<()>;
+    /// Whether every plan stream has finished its work, without waiting (the NCCL
+    /// driver's watchdog polls it).
+    fn idle(&self) -> Res<bool>;
 }
 
 impl Device for Gpu {
@@ -312,6 +315,22 @@ impl Device for Gpu {
             self.stream(s).synchronize().map_err(|e| fail(format!("finishing stream {}", s.key()))(&e))?;
         }
         Ok(())
+    }
+
+    fn idle(&self) -> Res<bool> {
+        use cudarc::driver::sys::{CUresult, cuStreamQuery};
+        for s in Stream::ALL {
+            // SAFETY: the stream is alive (this GPU holds it).
+            match unsafe { cuStreamQuery(self.stream(s).cu_stream()) } {
+                CUresult::CUDA_SUCCESS => {}
+                CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                e => {
+                    let e = cudarc::driver::DriverError(e);
+                    return Err(fail(format!("querying stream {}", s.key()))(&e));
+                }
+            }
+        }
+        Ok(true)
     }
 }
 

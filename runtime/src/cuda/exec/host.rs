@@ -31,6 +31,8 @@ pub struct HostState {
     pub gemms: u64,
     /// Every block's bytes (start → bytes), when the stand-in computes.
     data: Option<BTreeMap<Ptr, Vec<u8>>>,
+    /// The streams never finish (a peer that never answers, for the NCCL watchdog).
+    pub stuck: bool,
 }
 
 /// An element type in device memory.
@@ -307,6 +309,10 @@ impl Device for HostDevice {
     }
     fn sync_all(&self) -> Res<()> {
         Ok(())
+    }
+    /// Everything runs when enqueued, unless the stand-in is `stuck`.
+    fn idle(&self) -> Res<bool> {
+        Ok(!self.state.borrow().stuck)
     }
 }
 

@@ -20,14 +20,19 @@
 //!   (deterministic, two-phase), tested on host memory;
 //! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
 //!   `shared` at the plan's rendezvous, pipeline messages as device copies;
-//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`).
+//! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`);
+//! - [`nccl`]: one rank per process, its collectives and pipeline messages as NCCL calls
+//!   behind a trait (tested with a recording fake); [`nccl_gpu`]: cudarc's NCCL behind
+//!   it; [`train_nccl`]: a one-process-per-GPU run (`mpirun -n N strata train --backend
+//!   cuda`, bootstrapped over MPI).
 //!
 //! Runs dense GPT and dense Llama blocks (RMSNorm, SwiGLU with FC1 as [gate | up] per tp
 //! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
 //! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, no
-//! recompute; one rank, or tp · pp · dp ranks on one GPU (no sequence parallelism,
-//! ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused naming why. Not built:
-//! sequence parallelism, ZeRO-2/3 on the GPU, NCCL.
+//! recompute; one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
+//! sequence parallelism, ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused
+//! naming why. Not built: sequence parallelism, ZeRO-2/3 on the GPU, one process driving
+//! all GPUs of a node.
 
 mod backward;
 mod comm;
@@ -42,6 +47,8 @@ mod host_kernels;
 mod host_llama_tests;
 pub mod layout;
 pub mod multi;
+pub mod nccl;
+pub mod nccl_gpu;
 mod pieces;
 pub mod pool;
 pub mod rank;
@@ -49,3 +56,4 @@ pub mod schedule;
 pub mod shared;
 pub mod step;
 pub mod train;
+pub mod train_nccl;
