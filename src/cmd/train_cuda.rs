@@ -16,7 +16,7 @@ use strata_models::hardware::GpuKind;
 use strata_models::plan::{lower, verify};
 use strata_runtime::cuda::exec::train::train_cuda;
 use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{StepRecord, TrainError, TrainOptions, write_outputs};
+use strata_runtime::train::{StepRecord, TrainError, TrainOptions, TrainResult, write_outputs};
 
 use super::train::{Args, progress_bar, summary};
 use crate::common::{self, RunFailure};
@@ -104,11 +104,7 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
         other => anyhow::Error::new(RunFailure(other.to_string())),
     })?;
     if let Some(dir) = &args.out {
-        write_outputs(dir, &plan, &result)
-            .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
-        if let Some(trace) = &result.trace {
-            common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(&plan, trace))?;
-        }
+        write_run(dir, &plan, &result)?;
     }
     if args.json {
         return common::print_json(&serde_json::json!({
@@ -117,5 +113,16 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     }
     println!("GPU {ordinal}: {gpu}");
     summary(&result, args.out.as_deref());
+    Ok(())
+}
+
+/// A GPU run's outputs under `dir`: the records (`write_outputs`) and the CUDA-event trace
+/// as a Chrome trace, when there is one.
+pub fn write_run(dir: &std::path::Path, plan: &strata_models::plan::Plan, result: &TrainResult) -> anyhow::Result<()> {
+    write_outputs(dir, plan, result)
+        .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
+    if let Some(trace) = &result.trace {
+        common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(plan, trace))?;
+    }
     Ok(())
 }

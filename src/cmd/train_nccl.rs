@@ -29,9 +29,9 @@ pub fn run(args: &Args, plan: Arc<Plan>, corpus: Corpus, opts: &TrainOptions, wo
     use strata_runtime::cuda::exec::nccl_gpu::MpiBootstrap;
     use strata_runtime::cuda::exec::train_nccl::train_nccl;
     use strata_runtime::cuda::nccl_comm::Bootstrap;
-    use strata_runtime::train::{StepRecord, TrainError, write_outputs};
+    use strata_runtime::train::{StepRecord, TrainError};
 
-    use crate::common::{self, RunFailure};
+    use crate::common;
 
     let _universe = strata_runtime::comm::mpi::init().map_err(|e| anyhow::anyhow!("starting MPI: {e}"))?;
     let mut boot = MpiBootstrap::world();
@@ -64,11 +64,7 @@ pub fn run(args: &Args, plan: Arc<Plan>, corpus: Corpus, opts: &TrainOptions, wo
         return Ok(());
     }
     if let Some(dir) = &args.out {
-        write_outputs(dir, &plan, &result)
-            .map_err(|e| RunFailure(format!("writing the outputs to {}: {e}", dir.display())))?;
-        if let Some(trace) = &result.trace {
-            common::write_file(&dir.join("trace.json"), strata_reports::chrome_trace_json(&plan, trace))?;
-        }
+        super::train_cuda::write_run(dir, &plan, &result)?;
     }
     if args.json {
         return common::print_json(&serde_json::json!({

@@ -84,6 +84,24 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// A rank's dimensions from its shard's, for microbatches of `batch` sequences of `seq`.
+    pub fn new(d: &crate::shard::ShardDims, batch: usize, seq: usize) -> Dims {
+        Dims {
+            b: batch,
+            s: seq,
+            t: batch * seq,
+            h: d.hidden,
+            heads: d.heads,
+            kv: d.kv_heads,
+            hd: d.head_dim,
+            f: d.ffn,
+            v: d.vocab,
+            v0: d.vocab_start,
+            llama: d.llama,
+            rope_base: d.rope_base as f32,
+        }
+    }
+
     /// Local query channels D = heads · head_dim.
     pub fn q_dim(&self) -> usize {
         self.heads * self.hd
@@ -282,20 +300,7 @@ impl<D: Device> GpuRank<D> {
         let d = chunks[0].layout.dims();
         let (p, t) = (&s.parallel, &s.training);
         let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
-        let dims = Dims {
-            b: micro.batch,
-            s: micro.seq,
-            t: micro.tokens(),
-            h: d.hidden,
-            heads: d.heads,
-            kv: d.kv_heads,
-            hd: d.head_dim,
-            f: d.ffn,
-            v: d.vocab,
-            v0: d.vocab_start,
-            llama: d.llama,
-            rope_base: d.rope_base as f32,
-        };
+        let dims = Dims::new(d, micro.batch, micro.seq);
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
         let offsets =

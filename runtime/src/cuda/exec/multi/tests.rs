@@ -27,9 +27,11 @@ pub(super) const LOSS_TOL_NATS: f64 = 2e-6;
 /// single rank against the CPU executor: 1.9e-4 at step 2, `host.rs`); dropping the
 /// tensor-parallel sums lands far outside it (the mutation test below).
 pub(super) const TP_LOSS_TOL_NATS: f64 = 2e-4;
-const STEPS: u32 = 3;
+pub(super) const STEPS: u32 = 3;
 
-fn plan(sets: &[&str]) -> Plan {
+/// `text`'s scenario on H200s (bf16, flash attention, short sequences), one GPU of the
+/// cluster per rank, with `sets` laid over it.
+pub(super) fn plan_of(text: &str, sets: &[&str]) -> Plan {
     let base = [
         "cluster.preset=\"dgx-h200\"",
         "cluster.nodes=1",
@@ -49,8 +51,21 @@ fn plan(sets: &[&str]) -> Plan {
         |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
     let gpus = format!("cluster.gpus_per_node={}", dim("tp") * dim("pp") * dim("dp"));
     let sets: Vec<String> = base.iter().chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
-    let text = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
     strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
+}
+
+fn plan(sets: &[&str]) -> Plan {
+    plan_of(include_str!("../../../../../scenarios/tiny-gpt-cpu.toml"), sets)
+}
+
+pub(super) fn opts() -> crate::train::TrainOptions {
+    crate::train::TrainOptions {
+        steps: STEPS,
+        data_name: "synthetic".into(),
+        checkpoint: None,
+        exec: ExecConfig::default(),
+        faults: Vec::new(),
+    }
 }
 
 fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
@@ -61,18 +76,11 @@ fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
     let mut multi =
         MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default()).unwrap_or_else(|e| panic!("{e}"));
     multi.drop_sums = drop_sums;
-    let opts = crate::train::TrainOptions {
-        steps: STEPS,
-        data_name: "synthetic".into(),
-        checkpoint: None,
-        exec: ExecConfig::default(),
-        faults: Vec::new(),
-    };
-    let (r, _) = train_multi(p, multi, &opts, None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+    let (r, _) = train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
     r.steps.iter().map(|s| s.loss).collect()
 }
 
-fn worst(a: &[f64], b: &[f64]) -> f64 {
+pub(super) fn worst(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 

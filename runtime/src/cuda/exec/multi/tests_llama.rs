@@ -15,13 +15,11 @@ use strata_models::Scenario;
 use strata_models::plan::Plan;
 
 use super::MultiGpu;
-use super::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS};
+use super::tests::{LOSS_TOL_NATS, STEPS, TP_LOSS_TOL_NATS, opts, plan_of, worst};
 use crate::cuda::exec::host::HostDevice;
 use crate::cuda::exec::rank::{GpuExecError, GpuRank, check_plan};
 use crate::cuda::exec::train::{train_multi, train_on};
 use crate::exec::ExecConfig;
-
-const STEPS: u32 = 3;
 
 /// The GPU rank's losses against the CPU executor's, relative: the GPT test's bound
 /// (`host.rs`: bf16 storage moves the curve by rounding only). Measured: 3.5e-5.
@@ -37,41 +35,9 @@ const FIRST_REL_TOL: f64 = 2e-5;
 
 const TEXT: &str = include_str!("../../../../../scenarios/tiny-llama-cpu.toml");
 
-fn ranks_of(sets: &[&str]) -> u32 {
-    let dim =
-        |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
-    dim("tp") * dim("pp") * dim("dp")
-}
-
 /// The tiny Llama on H200s (bf16, flash attention), one GPU per rank, short sequences.
 fn plan(sets: &[&str]) -> Plan {
-    let base = [
-        "cluster.preset=\"dgx-h200\"",
-        "cluster.nodes=1",
-        "cluster.nics_per_node=1",
-        "parallel.tp=1",
-        "parallel.pp=1",
-        "parallel.dp=1",
-        "parallel.zero=0",
-        "parallel.micro_batch=1",
-        "parallel.global_batch=8",
-        "model.seq_len=16",
-        "training.dtype=\"bf16\"",
-        "training.flash_attention=true",
-    ];
-    let gpus = format!("cluster.gpus_per_node={}", ranks_of(sets));
-    let sets: Vec<String> = base.iter().chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
-    strata_models::plan::lower(&Scenario::from_toml(TEXT, "tiny-llama", "tiny-llama", &sets).unwrap()).unwrap()
-}
-
-fn opts() -> crate::train::TrainOptions {
-    crate::train::TrainOptions {
-        steps: STEPS,
-        data_name: "synthetic".into(),
-        checkpoint: None,
-        exec: ExecConfig::default(),
-        faults: Vec::new(),
-    }
+    plan_of(TEXT, sets)
 }
 
 fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
@@ -99,10 +65,6 @@ fn cpu_losses() -> Vec<f64> {
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let r = crate::train::train_threads(p, Arc::new(corpus), &opts(), None).unwrap_or_else(|e| panic!("{e}"));
     r.steps.iter().map(|s| s.loss).collect()
-}
-
-fn worst(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
 #[test]
@@ -189,20 +151,7 @@ fn a_llama_layers_saved_activations_fit_their_block_and_are_compared_with_the_pl
     let p = plan(&["model.seq_len=64", "parallel.micro_batch=2"]);
     let c = &crate::cuda::exec::layout::rank_state(&p, 0).unwrap()[0];
     let d = c.layout.dims();
-    let dims = crate::cuda::exec::rank::Dims {
-        b: 2,
-        s: 64,
-        t: 128,
-        h: d.hidden,
-        heads: d.heads,
-        kv: d.kv_heads,
-        hd: d.head_dim,
-        f: d.ffn,
-        v: d.vocab,
-        v0: 0,
-        llama: true,
-        rope_base: d.rope_base as f32,
-    };
+    let dims = crate::cuda::exec::rank::Dims::new(d, 2, 64);
     let (a, bytes) = crate::cuda::exec::pieces::acts(&dims, 0);
     assert!(a.fc1_act + 2 * (dims.t * dims.f) as u64 <= bytes);
     assert_eq!((a.ln1_mean, a.ln2_mean), (0, 0), "RMSNorm keeps no means");

@@ -70,20 +70,7 @@ fn saved_activations_fit_their_blocks_and_are_compared_with_the_plan() {
     let p = plan("gpt2", GPT2, &[]);
     let c = &rank_state(&p, 0).unwrap()[0];
     let d = c.layout.dims();
-    let dims = Dims {
-        b: 8,
-        s: 1024,
-        t: 8192,
-        h: d.hidden,
-        heads: d.heads,
-        kv: d.kv_heads,
-        hd: d.head_dim,
-        f: d.ffn,
-        v: d.vocab,
-        v0: 0,
-        llama: false,
-        rope_base: 0.0,
-    };
+    let dims = Dims::new(d, 8, 1024);
     let (a, bytes) = super::super::pieces::acts(&dims, 0);
     // The last tensor ends inside the block; offsets are 256-byte aligned.
     assert!(a.fc1_act + 2 * (dims.t * dims.f) as u64 <= bytes);
