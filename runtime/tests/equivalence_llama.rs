@@ -26,6 +26,8 @@ mod common;
 
 use std::sync::Arc;
 
+use common::max_diff;
+
 use strata_runtime::train::train_threads;
 
 /// As in `equivalence.rs`.
@@ -65,13 +67,6 @@ fn with_llama<'a>(split: &[&'a str]) -> Vec<&'a str> {
 
 fn losses(split: &[&str], steps: u32) -> Vec<f64> {
     common::train(&with_llama(split), &common::options(steps)).unwrap_or_else(|e| panic!("{split:?}: {e}")).losses()
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
 #[test]

@@ -18,14 +18,10 @@
 //! block instead of the r-th t-th of gate and of up (dense and shared experts alike) moves
 //! ep2-tp2-sp by 5.2e-5 at step 0 and 3.1e-3 by step 15.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
+use common::*;
 use strata_models::Scenario;
-use strata_models::plan::{lower, verify};
-use strata_runtime::data::{Corpus, MarkovSource};
-use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{TrainOptions, train_threads};
 
 /// As in `equivalence.rs`: the largest |loss_split − loss_single| allowed at any step.
 const LOSS_TOL_NATS: f64 = 2e-6;
@@ -37,7 +33,10 @@ const STEPS: u32 = 20;
 /// heads, seq 64) with one SwiGLU shared expert of width 64 and no auxiliary loss, global
 /// batch 16 of 2.
 fn scenario(split: &[&str]) -> Scenario {
-    let text = r#"
+    common::scenario_from(TEXT, split)
+}
+
+const TEXT: &str = r#"
 name = "tiny-llama-moe-test"
 [model]
 preset = "tiny-moe"
@@ -56,36 +55,6 @@ steps = 20
 seed = 0
 lr = 1e-3
 "#;
-    let mut o: Vec<String> = split.iter().map(|s| s.to_string()).collect();
-    let get = |k: &str| {
-        split.iter().find_map(|o| o.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse::<u32>().unwrap())
-    };
-    if !split.iter().any(|o| o.starts_with("parallel.dp=")) {
-        o.push("parallel.dp=1".into());
-    }
-    o.push(format!("cluster.gpus_per_node={}", get("tp") * get("pp") * get("dp")));
-    Scenario::from_toml(text, "test", "test", &o).unwrap_or_else(|e| panic!("{split:?}: {e}"))
-}
-
-fn corpus() -> Arc<Corpus> {
-    Arc::new(MarkovSource::new(256, 3, 7).unwrap().corpus(200_000, 8))
-}
-
-fn options(steps: u32) -> TrainOptions {
-    TrainOptions {
-        steps,
-        data_name: "markov(V=256, seed=8)".into(),
-        checkpoint: None,
-        exec: ExecConfig { recv_timeout: Duration::from_secs(60), trace_step: None },
-        faults: Vec::new(),
-    }
-}
-
-fn losses(s: &Scenario, steps: u32) -> Vec<f64> {
-    let plan = lower(s).unwrap_or_else(|e| panic!("{}: {e}", s.name));
-    verify(&plan).expect("the plan verifies");
-    train_threads(Arc::new(plan), corpus(), &options(steps), None).unwrap_or_else(|e| panic!("{e}")).losses()
-}
 
 const SPLITS: &[(&str, &[&str])] = &[
     ("ep2-dp2", &["parallel.ep=2", "parallel.dp=2"]),
@@ -94,13 +63,6 @@ const SPLITS: &[(&str, &[&str])] = &[
     ("ep2-dp2-pp2-1f1b", &["parallel.ep=2", "parallel.dp=2", "parallel.pp=2", "parallel.schedule=1f1b"]),
     ("ep2-tp2-sp", &["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
 ];
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
-}
 
 #[test]
 fn every_llama_moe_split_gives_the_single_rank_loss_curve() {
@@ -128,25 +90,9 @@ fn every_llama_moe_split_gives_the_single_rank_loss_curve() {
 /// `runtime::moe`'s MLP through a group of one): the same bits, and the model learns.
 #[test]
 fn one_rank_llama_moe_plan_equals_the_reference_trainer() {
-    use strata_runtime::micro::Micro;
-    use strata_runtime::optim::AdamWConfig;
-    use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
     let s = scenario(&[]);
     let interp = losses(&s, 5);
-    let cfg = TrainConfig {
-        seed: s.training.seed,
-        micro: Micro { batch: 2, seq: 64 },
-        microbatches: 8,
-        adamw: AdamWConfig {
-            lr: s.training.lr as f32,
-            weight_decay: s.training.weight_decay as f32,
-            ..AdamWConfig::default()
-        },
-        grad_clip: s.training.grad_clip as f32,
-        recompute: s.parallel.recompute,
-    };
-    let mut reference = ReferenceTrainer::new(&s.model, cfg).unwrap();
-    let want = reference.train(&corpus(), 5).unwrap();
+    let want = common::reference_losses(&s, 5);
     assert!(want[4] < want[0] - 0.05, "the reference does not learn: {want:?}");
     for (step, (a, b)) in interp.iter().zip(&want).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "step {step}: interpreter {a} vs reference {b}");

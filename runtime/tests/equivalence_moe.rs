@@ -24,14 +24,11 @@
 //! `LOSS_TOL_NATS` over the steps before the near-tie, and to `FLIP_TOL_NATS` — 18× below
 //! that bug — over all 20.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
+use common::*;
 use strata_models::Scenario;
-use strata_models::plan::{lower, verify};
-use strata_runtime::data::{Corpus, MarkovSource};
-use strata_runtime::exec::ExecConfig;
-use strata_runtime::train::{TrainOptions, train_threads};
+use strata_runtime::train::train_threads;
 
 /// As in `equivalence.rs`: the largest |loss_split − loss_single| allowed at any step.
 const LOSS_TOL_NATS: f64 = 2e-6;
@@ -47,7 +44,10 @@ const FLIP_TOL_NATS: f64 = 3e-4;
 /// The tiny MoE GPT (4 MoE layers of 8 experts of width 64, top-2, one shared expert of
 /// width 64, hidden 64, seq 64) without the auxiliary loss, global batch 16 of 2.
 fn scenario(split: &[&str]) -> Scenario {
-    let text = r#"
+    common::scenario_from(TEXT, split)
+}
+
+const TEXT: &str = r#"
 name = "tiny-moe-gpt-test"
 [model]
 preset = "tiny-moe-gpt"
@@ -64,36 +64,6 @@ steps = 20
 seed = 0
 lr = 1e-3
 "#;
-    let mut o: Vec<String> = split.iter().map(|s| s.to_string()).collect();
-    let get = |k: &str| {
-        split.iter().find_map(|o| o.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse::<u32>().unwrap())
-    };
-    if !split.iter().any(|o| o.starts_with("parallel.dp=")) {
-        o.push("parallel.dp=1".into());
-    }
-    o.push(format!("cluster.gpus_per_node={}", get("tp") * get("pp") * get("dp")));
-    Scenario::from_toml(text, "test", "test", &o).unwrap_or_else(|e| panic!("{split:?}: {e}"))
-}
-
-fn corpus() -> Arc<Corpus> {
-    Arc::new(MarkovSource::new(256, 3, 7).unwrap().corpus(200_000, 8))
-}
-
-fn options(steps: u32) -> TrainOptions {
-    TrainOptions {
-        steps,
-        data_name: "markov(V=256, seed=8)".into(),
-        checkpoint: None,
-        exec: ExecConfig { recv_timeout: Duration::from_secs(60), trace_step: None },
-        faults: Vec::new(),
-    }
-}
-
-fn losses(s: &Scenario, steps: u32) -> Vec<f64> {
-    let plan = lower(s).unwrap_or_else(|e| panic!("{}: {e}", s.name));
-    verify(&plan).expect("the plan verifies");
-    train_threads(Arc::new(plan), corpus(), &options(steps), None).unwrap_or_else(|e| panic!("{e}")).losses()
-}
 
 const SPLITS: &[(&str, &[&str])] = &[
     ("ep2-dp2", &["parallel.ep=2", "parallel.dp=2"]),
@@ -158,13 +128,6 @@ const SPLITS: &[(&str, &[&str])] = &[
     ("ep2-dp4-zero1-clip", &["parallel.ep=2", "parallel.dp=4", "parallel.zero=1", "training.grad_clip=0.05"]),
 ];
 
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
-}
-
 #[test]
 fn every_ep_split_gives_the_single_rank_loss_curve() {
     let only = std::env::var("MOE_SPLIT").ok();
@@ -208,25 +171,9 @@ fn every_ep_split_gives_the_single_rank_loss_curve() {
 /// `runtime::moe`'s MLP chained through a group of one): the same bits.
 #[test]
 fn one_rank_moe_plan_equals_the_reference_trainer() {
-    use strata_runtime::micro::Micro;
-    use strata_runtime::optim::AdamWConfig;
-    use strata_runtime::reference::{ReferenceTrainer, TrainConfig};
     let s = scenario(&[]);
     let interp = losses(&s, 5);
-    let cfg = TrainConfig {
-        seed: s.training.seed,
-        micro: Micro { batch: 2, seq: 64 },
-        microbatches: 8,
-        adamw: AdamWConfig {
-            lr: s.training.lr as f32,
-            weight_decay: s.training.weight_decay as f32,
-            ..AdamWConfig::default()
-        },
-        grad_clip: s.training.grad_clip as f32,
-        recompute: s.parallel.recompute,
-    };
-    let mut reference = ReferenceTrainer::new(&s.model, cfg).unwrap();
-    let want = reference.train(&corpus(), 5).unwrap();
+    let want = common::reference_losses(&s, 5);
     assert!(want[4] < want[0] - 0.05, "the reference does not learn: {want:?}");
     for (step, (a, b)) in interp.iter().zip(&want).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "step {step}: interpreter {a} vs reference {b}");
@@ -241,7 +188,7 @@ fn capacity_factor_and_aux_loss_are_refused_by_name() {
         ("model.moe.aux_loss_coeff=0.01", "model.moe.aux_loss_coeff = 0.01"),
     ] {
         let s = scenario(&["parallel.ep=2", "parallel.dp=2", set]);
-        let plan = Arc::new(lower(&s).unwrap());
+        let plan = plan(&s);
         let Err(e) = train_threads(plan, corpus(), &options(1), None) else { panic!("{set}: trained") };
         let e = e.to_string();
         assert!(e.contains(want), "{set}: {e}");
@@ -265,7 +212,7 @@ fn a_resumed_moe_run_is_bit_identical_to_an_uninterrupted_one() {
             overwrite: false,
             allow_changed: Vec::new(),
         });
-        let plan = Arc::new(lower(&s).unwrap());
+        let plan = plan(&s);
         train_threads(plan, corpus(), &o, None).unwrap_or_else(|e| panic!("{e}"))
     };
     let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -1,5 +1,5 @@
-//! Shared helpers of the runtime's end-to-end tests: the tiny GPT scenario under a split,
-//! lowered and trained on threads.
+//! Shared helpers of the runtime's end-to-end tests: a tiny scenario under a split, lowered
+//! and trained on threads, the reference trainer's losses, and loss-curve distances.
 
 #![allow(dead_code)] // each test binary uses a subset
 
@@ -15,7 +15,10 @@ use strata_runtime::train::{TrainError, TrainOptions, TrainResult, train_threads
 /// The tiny GPT (4 layers, hidden 64, 4 heads, vocab 256, seq 64) on CPU ranks; `split`
 /// are `--set` overrides such as `parallel.tp=2`. Global batch 16 of micro-batches of 2.
 pub fn scenario(split: &[&str]) -> Scenario {
-    let text = r#"
+    scenario_from(TINY_GPT, split)
+}
+
+const TINY_GPT: &str = r#"
 name = "tiny-gpt-test"
 [model]
 preset = "tiny-gpt"
@@ -30,6 +33,10 @@ steps = 20
 seed = 0
 lr = 1e-3
 "#;
+
+/// The scenario `text` (a tiny model on `cpu-local`) under `split`, on a cluster of exactly
+/// as many CPU "GPUs" as the split has ranks.
+pub fn scenario_from(text: &str, split: &[&str]) -> Scenario {
     let mut overrides: Vec<String> = split.iter().map(|s| s.to_string()).collect();
     if !split.iter().any(|o| o.starts_with("parallel.dp=")) {
         overrides.push("parallel.dp=1".into());
@@ -46,7 +53,7 @@ lr = 1e-3
         get("tp") * get("cp") * get("pp") * get("dp")
     });
     overrides.push(format!("cluster.gpus_per_node={ranks}"));
-    Scenario::from_toml(text, "test", "test", &overrides).expect("a valid test scenario")
+    Scenario::from_toml(text, "test", "test", &overrides).unwrap_or_else(|e| panic!("{split:?}: {e}"))
 }
 
 pub fn plan(s: &Scenario) -> Arc<Plan> {
@@ -95,4 +102,17 @@ pub fn reference_losses(s: &Scenario, steps: usize) -> Vec<f64> {
     };
     let mut reference = ReferenceTrainer::new(&s.model, cfg).expect("the reference trainer takes the model");
     reference.train(&corpus(), steps).expect("the reference trainer runs")
+}
+
+/// The losses of `steps` steps of `s` on threads, on [`corpus`].
+pub fn losses(s: &Scenario, steps: u32) -> Vec<f64> {
+    train_threads(plan(s), corpus(), &options(steps), None).unwrap_or_else(|e| panic!("{}: {e}", s.name)).losses()
+}
+
+/// The largest difference between two loss curves (infinite if their lengths differ).
+pub fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
