@@ -4,21 +4,14 @@
 //! heads exit 2 naming the key.
 
 mod support;
-use support::{fails, s, strata, tmp_in};
+use support::{fails, strata, tmp_in, trains_and_learns};
 
 const SCENARIO: &str = "scenarios/tiny-llama-cpu.toml";
 
 #[test]
 fn the_shipped_tiny_llama_scenario_trains_and_writes_its_outputs() {
     let dir = tmp_in("llama", "train");
-    let out = strata(&["train", SCENARIO, "--steps", "4", "--out", s(&dir)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let loss = std::fs::read_to_string(dir.join("loss.csv")).unwrap();
-    let losses: Vec<f64> =
-        loss.lines().skip(1).map(|l| l.split(',').nth(1).and_then(|v| v.parse().ok()).unwrap()).collect();
-    assert_eq!(losses.len(), 4, "{loss}");
-    // A fresh model predicts ln 256 ≈ 5.55 nats per byte, and learns.
-    assert!((losses[0] - 256f64.ln()).abs() < 0.1 && losses[3] < losses[0], "{losses:?}");
+    trains_and_learns(SCENARIO, &dir);
     for f in ["trace.json", "memory.json", "plan.json"] {
         assert!(dir.join(f).exists(), "missing {f}");
     }

@@ -33,27 +33,15 @@ const STEPS: u32 = 20;
 /// heads, seq 64) with one SwiGLU shared expert of width 64 and no auxiliary loss, global
 /// batch 16 of 2.
 fn scenario(split: &[&str]) -> Scenario {
-    common::scenario_from(TEXT, split)
+    common::scenario_of("tiny-llama-moe-test", MODEL, split)
 }
 
-const TEXT: &str = r#"
-name = "tiny-llama-moe-test"
-[model]
+const MODEL: &str = r#"
 preset = "tiny-moe"
 [model.moe]
 aux_loss_coeff = 0.0
 shared_experts = 1
 shared_ffn_hidden = 64
-[cluster]
-preset = "cpu-local"
-[parallel]
-micro_batch = 2
-global_batch = 16
-[training]
-dtype = "fp32"
-steps = 20
-seed = 0
-lr = 1e-3
 "#;
 
 const SPLITS: &[(&str, &[&str])] = &[

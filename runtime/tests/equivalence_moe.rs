@@ -44,25 +44,13 @@ const FLIP_TOL_NATS: f64 = 3e-4;
 /// The tiny MoE GPT (4 MoE layers of 8 experts of width 64, top-2, one shared expert of
 /// width 64, hidden 64, seq 64) without the auxiliary loss, global batch 16 of 2.
 fn scenario(split: &[&str]) -> Scenario {
-    common::scenario_from(TEXT, split)
+    common::scenario_of("tiny-moe-gpt-test", MODEL, split)
 }
 
-const TEXT: &str = r#"
-name = "tiny-moe-gpt-test"
-[model]
+const MODEL: &str = r#"
 preset = "tiny-moe-gpt"
 [model.moe]
 aux_loss_coeff = 0.0
-[cluster]
-preset = "cpu-local"
-[parallel]
-micro_batch = 2
-global_batch = 16
-[training]
-dtype = "fp32"
-steps = 20
-seed = 0
-lr = 1e-3
 "#;
 
 const SPLITS: &[(&str, &[&str])] = &[

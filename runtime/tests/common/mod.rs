@@ -15,13 +15,20 @@ use strata_runtime::train::{TrainError, TrainOptions, TrainResult, train_threads
 /// The tiny GPT (4 layers, hidden 64, 4 heads, vocab 256, seq 64) on CPU ranks; `split`
 /// are `--set` overrides such as `parallel.tp=2`. Global batch 16 of micro-batches of 2.
 pub fn scenario(split: &[&str]) -> Scenario {
-    scenario_from(TINY_GPT, split)
+    scenario_of("tiny-gpt-test", TINY_GPT, split)
 }
 
-const TINY_GPT: &str = r#"
-name = "tiny-gpt-test"
-[model]
-preset = "tiny-gpt"
+/// Scenario `name` with the `[model]` table's keys `model` (sub-tables may follow) on
+/// [`RUN`]'s cluster, batch and training, under `split` ([`scenario_from`]).
+pub fn scenario_of(name: &str, model: &str, split: &[&str]) -> Scenario {
+    scenario_from(&format!("name = \"{name}\"\n[model]\n{model}\n{RUN}"), split)
+}
+
+const TINY_GPT: &str = "preset = \"tiny-gpt\"";
+
+/// Every test scenario's cluster, batch and training: CPU ranks, global batch 16 of
+/// micro-batches of 2, fp32, seed 0, lr 1e-3.
+const RUN: &str = r#"
 [cluster]
 preset = "cpu-local"
 [parallel]
