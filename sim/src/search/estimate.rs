@@ -40,7 +40,7 @@ use strata_models::accounting::states::scenario_layout;
 use strata_models::parallel::Recompute;
 use strata_models::plan::cost::{optimizer_cost, piece_cost};
 use strata_models::plan::schedule::PassTimes;
-use strata_models::plan::{CollKind, Phase, Piece};
+use strata_models::plan::{CollKind, Phase, Piece, TpSite};
 
 use crate::compute::ComputeModel;
 use crate::net::closed_form::ClosedFormNetwork;
@@ -135,32 +135,29 @@ impl Estimator {
         } else {
             (self.comm_s(tp_kind(CollKind::AllReduce), p.tp, 1, tensor), 0.0)
         };
-        // `--tp-comm-overlap`: each overlapped collective costs what its GEMM leaves
-        // (`crate::tp_overlap`); the others stay whole.
+        // `--tp-comm-overlap`: each collective Transformer Engine overlaps costs what its GEMM
+        // leaves (`crate::tp_overlap`); the others, and all without the flag, stay whole.
         let overlap = s.tp_comm_overlap() && p.tp > 1;
         let slowdown = self.tp_slowdown;
-        let site = |this: &Estimator, piece: Piece, phase: Phase, first: bool, comm: f64| {
-            if !overlap {
+        let site = |this: &Estimator, site: TpSite, piece: Piece, phase: Phase, comm: f64| {
+            let Some(first) = crate::tp_overlap::overlapped_gemm(site, piece, phase).filter(|_| overlap) else {
                 return comm;
-            }
+            };
             let c = piece_cost(m, p, train, flash, piece, phase);
             let g = if first { c.gemms.first() } else { c.gemms.last() };
             crate::tp_overlap::exposed_s(comm, g.map_or(0.0, |g| this.compute.gemm_s(g)), p.tp, slowdown)
         };
-        let tp_fwd = if overlap {
-            [Piece::Attn, Piece::Mlp]
-                .iter()
-                .map(|&x| site(self, x, Phase::Forward, true, gather) + site(self, x, Phase::Forward, false, reduce))
-                .sum()
-        } else {
-            2.0 * (reduce + gather)
-        };
-        let bwd_gather = if overlap {
-            site(self, Piece::Attn, Phase::BackwardInput, true, gather)
-                + site(self, Piece::Mlp, Phase::BackwardInput, true, gather)
-        } else {
-            2.0 * gather
-        };
+        let tp_fwd: f64 = [Piece::Attn, Piece::Mlp]
+            .iter()
+            .map(|&x| {
+                site(self, TpSite::Gather, x, Phase::Forward, gather)
+                    + site(self, TpSite::Reduce, x, Phase::Forward, reduce)
+            })
+            .sum();
+        let bwd_gather: f64 = [Piece::Attn, Piece::Mlp]
+            .iter()
+            .map(|&x| site(self, TpSite::Gather, x, Phase::BackwardInput, gather))
+            .sum();
         let layer_f: f64 = [Piece::AttnIn, Piece::Attn, Piece::MlpIn, Piece::Mlp, Piece::LayerOut]
             .iter()
             .map(|x| piece(self, *x, Phase::Forward))
