@@ -106,6 +106,28 @@ impl ChunkState {
         out
     }
 
+    /// Where flat element `flat` sits under ZeRO-2/3's per-bucket buffers: (the bucket's
+    /// position in `buckets`, the element's position in the bucket's concatenation of its
+    /// units — the layout of its full-gradient and gathered-parameter buffers).
+    pub fn locate(&self, flat: usize) -> Option<(usize, usize)> {
+        for (i, b) in self.buckets.iter().enumerate() {
+            let mut at = 0;
+            for (_, r) in &b.units {
+                if r.contains(&flat) {
+                    return Some((i, at + flat - r.start));
+                }
+                at += r.len();
+            }
+        }
+        None
+    }
+
+    /// First element of bucket `i`'s owned part in the owned (sharded) buffers: the owned
+    /// parts of the buckets before it, in bucket order (`owned_runs`' master order).
+    pub fn shard_offset(&self, i: usize) -> usize {
+        self.buckets[..i].iter().map(|b| b.owned.len()).sum()
+    }
+
     /// The flat range of `unit` in the chunk's full buffers.
     pub fn unit_range(&self, unit: Unit) -> Option<std::ops::Range<usize>> {
         self.buckets.iter().flat_map(|b| b.units.iter()).find(|(u, _)| *u == unit).map(|(_, r)| r.clone())
