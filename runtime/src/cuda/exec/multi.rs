@@ -494,14 +494,18 @@ impl<D: Device> MultiGpu<D> {
         for &a in members {
             full.push(self.op_buf(a, at, 1)?);
             let ch = &self.ranks[a].chunks[chunk as usize];
-            let bi = ch.buckets.iter().position(|b| b.index == bucket).ok_or_else(|| {
-                internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}"))
-            })?;
+            let bi = ch
+                .buckets
+                .iter()
+                .position(|b| b.index == bucket)
+                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
             let owned = ch.buckets[bi].owned.clone();
             parts.push(vec![(owned.start as u64, owned.len())]);
-            let g = self.ranks[a].bufs[chunk as usize].grads.as_ref().map(Tensor::ptr).ok_or_else(|| {
-                internal(format!("rank {a}'s gradient shard of chunk {chunk} is not allocated"))
-            })?;
+            let g = self.ranks[a].bufs[chunk as usize]
+                .grads
+                .as_ref()
+                .map(Tensor::ptr)
+                .ok_or_else(|| internal(format!("rank {a}'s gradient shard of chunk {chunk} is not allocated")))?;
             shard.push((g + 4 * ch.shard_offset(bi) as u64, owned));
         }
         let mut scratch = Vec::with_capacity(members.len());
@@ -542,13 +546,17 @@ impl<D: Device> MultiGpu<D> {
         for (&a, &s) in members.iter().zip(streams) {
             let dst = self.op_buf(a, at, 0)?;
             let ch = &self.ranks[a].chunks[chunk as usize];
-            let bi = ch.buckets.iter().position(|b| b.index == bucket).ok_or_else(|| {
-                internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}"))
-            })?;
+            let bi = ch
+                .buckets
+                .iter()
+                .position(|b| b.index == bucket)
+                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
             let owned = ch.buckets[bi].owned.clone();
-            let p = self.ranks[a].bufs[chunk as usize].params.as_ref().map(Tensor::ptr).ok_or_else(|| {
-                internal(format!("rank {a}'s parameter shard of chunk {chunk} is not allocated"))
-            })?;
+            let p = self.ranks[a].bufs[chunk as usize]
+                .params
+                .as_ref()
+                .map(Tensor::ptr)
+                .ok_or_else(|| internal(format!("rank {a}'s parameter shard of chunk {chunk} is not allocated")))?;
             let src = p + 2 * ch.shard_offset(bi) as u64;
             if !owned.is_empty() {
                 self.ranks[a].gpu.copy(s, dst + 2 * owned.start as u64, src, 2 * owned.len())?;

@@ -540,10 +540,12 @@ impl<D: Device> GpuRank<D> {
 impl<D: Device> GpuRank<D> {
     /// Bucket `bucket` (the plan's index) of chunk `chunk`.
     pub(super) fn bucket_of(&self, chunk: u32, bucket: u32) -> Res<&crate::exec::units::BucketInfo> {
-        self.chunks
-            .get(chunk as usize)
-            .and_then(|c| c.buckets.iter().find(|b| b.index == bucket))
-            .ok_or_else(|| unsupported(format!("the plan names bucket {bucket} of chunk {chunk}, which rank {} does not hold", self.rank)))
+        self.chunks.get(chunk as usize).and_then(|c| c.buckets.iter().find(|b| b.index == bucket)).ok_or_else(|| {
+            unsupported(format!(
+                "the plan names bucket {bucket} of chunk {chunk}, which rank {} does not hold",
+                self.rank
+            ))
+        })
     }
 
     /// The block of a plan buffer, filled where the buffer starts with a value: the

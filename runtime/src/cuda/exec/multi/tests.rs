@@ -126,7 +126,10 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
         other => panic!("{sets:?}: {other:?}"),
     };
     assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
-    assert!(why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""]).contains("tied word table"));
+    assert!(
+        why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""])
+            .contains("tied word table")
+    );
     assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
 }
