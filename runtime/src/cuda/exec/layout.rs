@@ -3,7 +3,9 @@
 //! (`accounting::states`: 2 + 2 + 12 bytes per parameter) — bf16 parameters, bf16
 //! gradients, and the optimizer's fp32 master weights with Adam's two fp32 moments, each
 //! cut by ZeRO's stage (parameters under ZeRO-3, gradients under ZeRO-2, the optimizer
-//! under ZeRO-1) to the part of each bucket this data-parallel rank owns.
+//! under ZeRO-1) to the part of each bucket this data-parallel rank owns — a sharded buffer
+//! holds the owned parts in the masters' order (`owned_runs`, `shard_offset`); a bucket's
+//! full-gradient and gathered buffers hold its units concatenated (`locate`).
 //!
 //! The bytes per parameter are the plan's own (`scenario_layout`), so the device buffers
 //! and the plan's persistent `Alloc`s agree for any storage dtype; the executor's pieces

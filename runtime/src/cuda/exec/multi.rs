@@ -25,7 +25,10 @@
 //!
 //! Runs what the single-rank pieces run, under pipeline and data parallelism: gradient
 //! buckets all-reduced (ZeRO-0) or reduce-scattered into each replica's owned part and the
-//! updated parameters all-gathered (ZeRO-1, uneven shards crossing units), the tied word
+//! updated parameters all-gathered (ZeRO-1/2, uneven shards crossing units); under
+//! ZeRO-2/3 each microbatch's full-gradient bucket buffers (the plan's) reduce-scattered in
+//! place and each owner's part added into its gradient shard, and ZeRO-3's gathered buffers
+//! filled by each owner copying in its shard's part and an in-place all-gather; the tied word
 //! table's gradients all-reduced between the first and last stage, pipeline messages.
 //! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
 //! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
@@ -33,8 +36,7 @@
 //! (exact), the loss statistics of the vocabulary shards all-gathered. Llama plans run
 //! through the same collectives (no tied table: its output layer is its own; each tp rank
 //! holds whole query heads and the key/value heads they read, and [gate_r | up_r]; tests in
-//! `multi/tests_llama.rs`). Sequence parallelism and ZeRO-2/3 are not built; `check_plan`
-//! refuses them.
+//! `multi/tests_llama.rs`). Sequence parallelism is not built; `check_plan` refuses it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -5,8 +5,10 @@
 //!
 //! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
-//! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
+//! parallelism, cp = 1, no interleaving; ZeRO-0 to 3, ZeRO-2/3's gradients through the
+//! plan's full-gradient buckets and ZeRO-3's parameters through its gathered buffers) through
+//! the multi-rank driver (`multi`) or NCCL (`nccl`), which run the ops that need peers.
+//! Other plans are refused at construction with the reason.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced

@@ -1,6 +1,7 @@
 //! The multi-rank driver on the computing host stand-in: tensor-, pipeline- and
-//! data-parallel splits of the tiny GPT (ZeRO-0 and ZeRO-1) train as the single rank does,
-//! and a communicator that forgets to add does not.
+//! data-parallel splits of the tiny GPT (ZeRO-0 to 3) train as the single rank does, the
+//! measured peaks move with the ZeRO stage as the plan's do, and a communicator that forgets
+//! to add does not.
 
 use std::sync::Arc;
 
