@@ -33,8 +33,8 @@
 //! sequence parallelism); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
 //! accumulate each microbatch's gradients into the plan's full-gradient bucket buffers,
 //! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
-//! each unit from the plan's gathered buffers (not with a tied word table across pipeline
-//! stages, nor torchtitan's unsharded accumulation: refused); other plans (MoE, MLA, MTP
+//! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
+//! under a pipeline: refused); other plans (MoE, MLA, MTP
 //! among them) are refused naming why. Not built: sequence parallelism, one process
 //! driving all GPUs of a node.
 

@@ -316,8 +316,9 @@ impl<D: Device> MultiGpu<D> {
                 let parts = self.owned_parts(&members, chunk, bucket)?;
                 self.sharded(&members, &streams, chunk, &parts, false)?;
             }
-            CollPurpose::TiedEmbeddingGrad if zero == 1 => {
-                // The owned part of the word table on each end of the pipeline.
+            CollPurpose::TiedEmbeddingGrad if zero >= 1 => {
+                // The owned part of the word table on each end of the pipeline (ZeRO-2/3: at
+                // its place in the gradient shard).
                 let ranges = members
                     .iter()
                     .map(|&a| {
@@ -328,7 +329,7 @@ impl<D: Device> MultiGpu<D> {
                                 .owned_runs()
                                 .into_iter()
                                 .filter(|r| r.flat >= word.start && r.flat < word.end)
-                                .map(|r| r.flat..r.flat + r.len)
+                                .map(|r| if zero >= 2 { r.master..r.master + r.len } else { r.flat..r.flat + r.len })
                                 .collect();
                             return Ok((ci as u32, rs));
                         }

@@ -385,7 +385,7 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                 let ranges: Vec<_> = b.units.iter().map(|(_, r)| r.clone()).collect();
                 self.all_reduce_f32(s, comm, g, &ranges)?;
             }
-            CollPurpose::TiedEmbeddingGrad if zero <= 1 => {
+            CollPurpose::TiedEmbeddingGrad => {
                 let (chunk, word) = (0..self.rank.chunks.len())
                     .find_map(|ci| self.rank.chunks[ci].unit_range(Unit::WordEmbedding).map(|r| (ci as u32, r)))
                     .ok_or_else(|| internal(format!("rank {} holds no word table", self.rank.rank)))?;
@@ -396,7 +396,8 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                         .owned_runs()
                         .into_iter()
                         .filter(|r| r.flat >= word.start && r.flat < word.end)
-                        .map(|r| r.flat..r.flat + r.len)
+                        // ZeRO-2/3: at its place in the gradient shard.
+                        .map(|r| if zero >= 2 { r.master..r.master + r.len } else { r.flat..r.flat + r.len })
                         .collect()
                 };
                 let g = self.grads(chunk)?;

@@ -164,17 +164,28 @@ impl<D: Device> GpuRank<D> {
         if zero < 2 {
             return Ok((p.ptr() + 2 * o as u64, g.ptr() + 4 * o as u64));
         }
-        // ZeRO-2/3: the gradient accumulates in the bucket's full-gradient buffer of this
-        // microbatch (null outside the backward that the plan gives one to: the host
-        // stand-in refuses a write through it); ZeRO-3 reads the bucket's gathered copy.
+        // ZeRO-2/3: a backward's gradient accumulates in the bucket's full-gradient buffer of
+        // its microbatch (null outside the backward); ZeRO-3 reads the bucket's gathered copy.
         // A tensor never crosses a unit, so it is contiguous in both.
         let ch = &self.chunks[chunk as usize];
         let (bi, at) = ch.locate(o).ok_or_else(|| {
             GpuExecError::Unsupported(format!("{kind:?} of layer {layer:?} is in no bucket of chunk {chunk}"))
         })?;
         let bucket = ch.buckets[bi].index;
-        let grads = self.bucket_buf(|k| matches!(k, BufKey::GradBucket { chunk: c, bucket: b, mb } if c == chunk && b == bucket && mb == self.grad_mb));
-        let grad = grads.map_or(0, |t| t + 4 * at as u64);
+        let grad = match self.grad_mb {
+            None => 0,
+            Some(m) => {
+                let full = self.bucket_buf(|k| {
+                    matches!(k, BufKey::GradBucket { chunk: c, bucket: b, mb } if c == chunk && b == bucket && mb == m)
+                });
+                full.ok_or_else(|| {
+                    GpuExecError::Unsupported(format!(
+                        "ZeRO-{zero}: the backward of microbatch {m} writes {kind:?} of layer {layer:?} (bucket \
+                         {bucket} of chunk {chunk}) while the plan holds no full-gradient buffer for it"
+                    ))
+                })? + 4 * at as u64
+            }
+        };
         if zero < 3 {
             return Ok((p.ptr() + 2 * o as u64, grad));
         }
@@ -382,7 +393,7 @@ impl<D: Device> GpuRank<D> {
 
     pub(super) fn compute(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb) = (c.chunk, c.mb);
-        self.grad_mb = mb;
+        self.grad_mb = matches!(c.phase, Phase::BackwardInput | Phase::BackwardWeight).then_some(mb);
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),

@@ -153,9 +153,10 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) offsets: Vec<BTreeMap<(Option<usize>, crate::params::ParamKind), usize>>,
     pub(super) bufs: Vec<ChunkBufs>,
     pub(super) live: BTreeMap<BufId, Live>,
-    /// The microbatch of the compute op being enqueued: ZeRO-2/3 write its gradients into
-    /// the plan's full-gradient bucket buffers of that microbatch.
-    pub(super) grad_mb: u32,
+    /// The microbatch of the backward compute op being enqueued (`None` for any other op):
+    /// ZeRO-2/3 write its gradients into the plan's full-gradient bucket buffers of that
+    /// microbatch.
+    pub(super) grad_mb: Option<u32>,
     /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
     pub(super) flight: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
     /// Output gradients kept from a backward-input pass for its weight pass, by (layer, mb, what).
@@ -255,13 +256,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
             s.model.head_dim()
         )));
     }
-    if p.zero > 1 && s.model.tied_embeddings() && p.pp > 1 {
-        return Err(unsupported(format!(
-            "parallel.zero = {} with a tied word table across {} pipeline stages: the tied-gradient all-reduce of \
-             ZeRO-2/3's sharded gradients is not built on the GPU; use zero = 1, pp = 1 or an untied model",
-            p.zero, p.pp
-        )));
-    }
     if p.zero > 1 && s.training.framework.accumulates_unsharded(s) {
         return Err(unsupported(format!(
             "parallel.zero = {} with gradients accumulated unsharded over the microbatches (torchtitan with a \
@@ -326,7 +320,7 @@ impl<D: Device> GpuRank<D> {
             pool,
             sched,
             live: BTreeMap::new(),
-            grad_mb: 0,
+            grad_mb: None,
             flight: BTreeMap::new(),
             kept: BTreeMap::new(),
             tokens: None,

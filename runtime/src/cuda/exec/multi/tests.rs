@@ -128,8 +128,8 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
     };
     assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
     assert!(
-        why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""])
-            .contains("tied word table")
+        why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"torchtitan\""])
+            .contains("unsharded")
     );
     assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
@@ -202,6 +202,20 @@ fn zero_2_and_3_match_the_single_rank_and_hold_less() {
         assert_eq!(w[0].0 > w[1].0, w[0].1 > w[1].1, "measured and predicted peaks move together: {peaks:?}");
     }
     assert!(peaks[2].0 < peaks[0].0 && peaks[2].1 < peaks[0].1, "ZeRO-3 holds less than ZeRO-1: {peaks:?}");
+}
+
+/// ZeRO-2/3 across two pipeline stages: the tied word table's gradient summed between the
+/// first stage's table and the last stage's copy at their places in the gradient shards.
+#[test]
+fn zero_2_and_3_across_pipeline_stages_sum_the_tied_table_in_the_shards() {
+    let single = &losses(&[], false)[..];
+    for zero in ["parallel.zero=2", "parallel.zero=3"] {
+        let sets = ["parallel.pp=2", "parallel.dp=2", zero, "training.framework=\"strata\""];
+        let split = losses(&sets, false);
+        let d = worst(&split, single);
+        eprintln!("{sets:?}: {split:?}, worst {d:.3e} nats");
+        assert!(d <= LOSS_TOL_NATS, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
+    }
 }
 
 #[test]

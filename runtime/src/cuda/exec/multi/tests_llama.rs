@@ -165,7 +165,7 @@ fn a_llama_layers_saved_activations_fit_their_block_and_are_compared_with_the_pl
     assert!((0.9..1.1).contains(&ratio), "executor {bytes} B, plan {predicted} B");
 }
 
-/// The tiny Llama (untied: ZeRO-2/3 run across pipeline stages) under pp2·dp2 ZeRO-3 with
+/// The tiny Llama (its own output layer, no tied table) under pp2·dp2 ZeRO-3 with
 /// the plan's prefetching gathers (`overlap_param_gather`: the next unit's gather issued
 /// during this one's backward) and tp2·dp2 ZeRO-2: the single rank's losses.
 #[test]

@@ -293,7 +293,8 @@ fn every_ranks_nccl_calls_match_its_peers_and_the_plan() {
 /// A ZeRO-3 rank (tp 2 · dp 4, uneven shards): each microbatch's full-gradient buckets
 /// reduced to their four owners' parts, each unit's parameters broadcast by their owners
 /// into the plan's gathered buffers before its forward and again before its backward — one
-/// call per owner in one NCCL group, matching the peers' and the plan's elements.
+/// call per owner in one NCCL group, matching the peers' and the plan's elements; and a
+/// tp2·pp2·dp2 ZeRO-3 plan's calls, its tied word table's sum among them.
 #[test]
 fn a_zero_3_ranks_nccl_calls_are_the_plans_gathers_and_reduce_scatters() {
     let p = Arc::new(plan_with(3, &["parallel.pp=1", "parallel.dp=4", "training.framework=\"strata\""]));
@@ -330,6 +331,13 @@ fn a_zero_3_ranks_nccl_calls_are_the_plans_gathers_and_reduce_scatters() {
     assert!(reduces.iter().all(|(_, c)| matches!(c, Call::Reduce { dt: NcclDt::F32, root, .. } if *root < 4)));
     // ZeRO-3 gathers per unit, not per bucket after the step.
     assert!(logs[0].iter().all(|(op, _)| !matches!(purpose(*op), Some(CollPurpose::ParamBucket { .. }))));
+    // And tp2·pp2·dp2 ZeRO-3: the tied word table's sum across the pipeline on the shards.
+    let p = Arc::new(plan_with(3, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"strata\""]));
+    check_plan(&p).unwrap();
+    let all = super::tests::logs(&p, None);
+    check(&p, &all).unwrap_or_else(|e| panic!("tp2·pp2·dp2 ZeRO-3: {e}"));
+    let tied = |c: &Call| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Embedding), .. });
+    assert!(all.iter().flatten().any(|(_, c)| tied(c)), "the tied word table's all-reduce");
 }
 
 #[test]
