@@ -48,7 +48,7 @@ pub struct Args {
     pub scenario: ScenarioArgs,
     /// Where the plan runs: cpu (CPU ranks, threads of this process) or cuda (a build with
     /// `--features cuda`: a GPT plan of a GPU cluster scenario, bf16, any tp · pp · dp
-    /// without sequence parallelism, ZeRO ≤ 1 — e.g. scenarios/gpt2-124m-1xh200.toml —
+    /// without sequence parallelism, ZeRO-0 to 3 — e.g. scenarios/gpt2-124m-1xh200.toml —
     /// every rank on GPU 0; or, launched as `mpirun -n N strata train --backend cuda …` by
     /// a build with `--features cuda,mpi`, one process per GPU through NCCL, N = tp · pp ·
     /// dp; otherwise it says what is missing).

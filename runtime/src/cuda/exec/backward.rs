@@ -286,6 +286,7 @@ impl<D: Device> GpuRank<D> {
             let k = self.adam_steps.min(i32::MAX as u64) as i32;
             let cfg = self.adamw;
             let (bc1, bc2) = (1.0 - cfg.beta1.powi(k), 1.0 - cfg.beta2.powi(k));
+            let zero = self.plan.scenario.parallel.zero;
             for c in 0..self.bufs.len() {
                 let b = &self.bufs[c];
                 let (Some(p), Some(g), Some(o)) = (b.params.as_ref(), b.grads.as_ref(), b.opt.as_ref()) else {
@@ -298,13 +299,20 @@ impl<D: Device> GpuRank<D> {
                 // gradient is the table's, so both copies stay equal.
                 for run in self.chunks[c].owned_runs() {
                     let (off, mo, n) = (run.flat as u64, run.master as u64, run.len);
+                    // ZeRO-2 holds the owned gradients, ZeRO-3 the owned parameters too,
+                    // in the masters' order.
+                    let (goff, poff) = match zero {
+                        0 | 1 => (off, off),
+                        2 => (mo, off),
+                        _ => (mo, mo),
+                    };
                     let wd = if run.decays { cfg.weight_decay } else { 0.0 };
                     let args = [
                         Arg::P(master + 4 * mo),
-                        Arg::P(g.ptr() + 4 * off),
+                        Arg::P(g.ptr() + 4 * goff),
                         Arg::P(m + 4 * mo),
                         Arg::P(v + 4 * mo),
-                        Arg::P(p.ptr() + 2 * off),
+                        Arg::P(p.ptr() + 2 * poff),
                         Arg::L(n as i64),
                         Arg::F(cfg.lr),
                         Arg::F(cfg.beta1),
@@ -321,7 +329,7 @@ impl<D: Device> GpuRank<D> {
         }
         for c in 0..self.bufs.len() {
             if let Some(g) = self.bufs[c].grads.as_ref() {
-                self.gpu.zero(C, g.ptr(), 4 * self.chunks[c].len)?;
+                self.gpu.zero(C, g.ptr(), 4 * self.chunks[c].grad_elems())?;
             }
         }
         Ok(())

@@ -27,6 +27,8 @@ impl<D: Device> GpuRank<D> {
         let partial = self.take("the gradient norm's partial sums", 8 * PARTS as u64)?;
         let total = self.take("the gradient norm", 8)?;
         let mut sum = 0.0f64;
+        // ZeRO-2/3 hold the owned gradients only, in the masters' order.
+        let sharded = self.plan.scenario.parallel.zero >= 2;
         for c in 0..self.bufs.len() {
             let Some(g) = self.bufs[c].grads.as_ref().map(Tensor::ptr) else { continue };
             // The owned runs but the tied copy, merged where contiguous, in offset order.
@@ -34,7 +36,7 @@ impl<D: Device> GpuRank<D> {
                 .owned_runs()
                 .into_iter()
                 .filter(|r| !r.tied_copy && (tp0 || !r.replicated))
-                .map(|r| (r.flat, r.flat + r.len))
+                .map(|r| if sharded { (r.master, r.master + r.len) } else { (r.flat, r.flat + r.len) })
                 .collect();
             owned.sort_unstable();
             let mut runs: Vec<(usize, usize)> = Vec::new();

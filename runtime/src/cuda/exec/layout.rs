@@ -3,7 +3,9 @@
 //! (`accounting::states`: 2 + 2 + 12 bytes per parameter) — bf16 parameters, bf16
 //! gradients, and the optimizer's fp32 master weights with Adam's two fp32 moments, each
 //! cut by ZeRO's stage (parameters under ZeRO-3, gradients under ZeRO-2, the optimizer
-//! under ZeRO-1) to the part of each bucket this data-parallel rank owns.
+//! under ZeRO-1) to the part of each bucket this data-parallel rank owns — a sharded buffer
+//! holds the owned parts in the masters' order (`owned_runs`, `shard_offset`); a bucket's
+//! full-gradient and gathered buffers hold its units concatenated (`locate`).
 //!
 //! The bytes per parameter are the plan's own (`scenario_layout`), so the device buffers
 //! and the plan's persistent `Alloc`s agree for any storage dtype; the executor's pieces
@@ -104,6 +106,28 @@ impl ChunkState {
             }
         }
         out
+    }
+
+    /// Where flat element `flat` sits under ZeRO-2/3's per-bucket buffers: (the bucket's
+    /// position in `buckets`, the element's position in the bucket's concatenation of its
+    /// units — the layout of its full-gradient and gathered-parameter buffers).
+    pub fn locate(&self, flat: usize) -> Option<(usize, usize)> {
+        for (i, b) in self.buckets.iter().enumerate() {
+            let mut at = 0;
+            for (_, r) in &b.units {
+                if r.contains(&flat) {
+                    return Some((i, at + flat - r.start));
+                }
+                at += r.len();
+            }
+        }
+        None
+    }
+
+    /// First element of bucket `i`'s owned part in the owned (sharded) buffers: the owned
+    /// parts of the buckets before it, in bucket order (`owned_runs`' master order).
+    pub fn shard_offset(&self, i: usize) -> usize {
+        self.buckets[..i].iter().map(|b| b.owned.len()).sum()
     }
 
     /// The flat range of `unit` in the chunk's full buffers.

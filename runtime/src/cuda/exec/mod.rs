@@ -30,9 +30,13 @@
 //! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
 //! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, no
 //! recompute; one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
-//! sequence parallelism, ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused
-//! naming why. Not built: sequence parallelism, ZeRO-2/3 on the GPU, one process driving
-//! all GPUs of a node.
+//! sequence parallelism); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
+//! accumulate each microbatch's gradients into the plan's full-gradient bucket buffers,
+//! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
+//! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
+//! under a pipeline: refused); other plans (MoE, MLA, MTP
+//! among them) are refused naming why. Not built: sequence parallelism, one process
+//! driving all GPUs of a node.
 
 mod backward;
 mod comm;

@@ -25,7 +25,10 @@
 //!
 //! Runs what the single-rank pieces run, under pipeline and data parallelism: gradient
 //! buckets all-reduced (ZeRO-0) or reduce-scattered into each replica's owned part and the
-//! updated parameters all-gathered (ZeRO-1, uneven shards crossing units), the tied word
+//! updated parameters all-gathered (ZeRO-1/2, uneven shards crossing units); under
+//! ZeRO-2/3 each microbatch's full-gradient bucket buffers (the plan's) reduce-scattered in
+//! place and each owner's part added into its gradient shard, and ZeRO-3's gathered buffers
+//! filled by each owner copying in its shard's part and an in-place all-gather; the tied word
 //! table's gradients all-reduced between the first and last stage, pipeline messages.
 //! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
 //! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
@@ -33,8 +36,7 @@
 //! (exact), the loss statistics of the vocabulary shards all-gathered. Llama plans run
 //! through the same collectives (no tied table: its output layer is its own; each tp rank
 //! holds whole query heads and the key/value heads they read, and [gate_r | up_r]; tests in
-//! `multi/tests_llama.rs`). Sequence parallelism and ZeRO-2/3 are not built; `check_plan`
-//! refuses them.
+//! `multi/tests_llama.rs`). Sequence parallelism is not built; `check_plan` refuses it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -304,12 +306,19 @@ impl<D: Device> MultiGpu<D> {
                 let parts = self.owned_parts(&members, chunk, bucket)?;
                 self.sharded(&members, &streams, chunk, &parts, true)?;
             }
-            CollPurpose::ParamBucket { chunk, bucket } if zero == 1 && c.kind == CollKind::AllGather => {
+            CollPurpose::GradBucket { chunk, bucket, .. } if zero >= 2 && c.kind == CollKind::ReduceScatter => {
+                self.reduce_scatter_bucket(&members, &streams, at, chunk, bucket)?;
+            }
+            CollPurpose::ParamGather { chunk, bucket, .. } if zero >= 3 && c.kind == CollKind::AllGather => {
+                self.gather_bucket(&members, &streams, at, chunk, bucket)?;
+            }
+            CollPurpose::ParamBucket { chunk, bucket } if (1..=2).contains(&zero) && c.kind == CollKind::AllGather => {
                 let parts = self.owned_parts(&members, chunk, bucket)?;
                 self.sharded(&members, &streams, chunk, &parts, false)?;
             }
-            CollPurpose::TiedEmbeddingGrad if zero == 1 => {
-                // The owned part of the word table on each end of the pipeline.
+            CollPurpose::TiedEmbeddingGrad if zero >= 1 => {
+                // The owned part of the word table on each end of the pipeline (ZeRO-2/3: at
+                // its place in the gradient shard).
                 let ranges = members
                     .iter()
                     .map(|&a| {
@@ -320,7 +329,7 @@ impl<D: Device> MultiGpu<D> {
                                 .owned_runs()
                                 .into_iter()
                                 .filter(|r| r.flat >= word.start && r.flat < word.end)
-                                .map(|r| r.flat..r.flat + r.len)
+                                .map(|r| if zero >= 2 { r.master..r.master + r.len } else { r.flat..r.flat + r.len })
                                 .collect();
                             return Ok((ci as u32, rs));
                         }
@@ -454,6 +463,120 @@ impl<D: Device> MultiGpu<D> {
             self.ranks[a].give(stats);
             self.ranks[a].give(scratch);
             self.ranks[a].put(chunk, mb, W::Stats, all)?;
+        }
+        Ok(())
+    }
+
+    /// The block of buffer `which` (its position in the op's buffers) of member `a`'s op at
+    /// its entry `at[a]`.
+    fn op_buf(&self, a: usize, at: &BTreeMap<usize, usize>, which: usize) -> Res<Ptr> {
+        let id = self.ranks[a].entry_op(at[&a]);
+        let op = &self.plan.program(a as u32).ops[id as usize];
+        op.bufs
+            .get(which)
+            .and_then(|b| self.ranks[a].live.get(b))
+            .and_then(|l| l.tensor.as_ref())
+            .map(Tensor::ptr)
+            .ok_or_else(|| internal(format!("rank {a}'s op #{id} names no live buffer at position {which}")))
+    }
+
+    /// ZeRO-2/3: the members' full-gradient buffers of one bucket and microbatch (the op's
+    /// second buffer) reduce-scattered in place, each member's owned part then added into
+    /// its gradient shard (which accumulates over the microbatches).
+    fn reduce_scatter_bucket(
+        &mut self,
+        members: &[usize],
+        streams: &[Stream],
+        at: &BTreeMap<usize, usize>,
+        chunk: u32,
+        bucket: u32,
+    ) -> Res<()> {
+        let mut full = Vec::with_capacity(members.len());
+        let mut parts = Vec::with_capacity(members.len());
+        let mut shard = Vec::with_capacity(members.len());
+        for &a in members {
+            full.push(self.op_buf(a, at, 1)?);
+            let ch = &self.ranks[a].chunks[chunk as usize];
+            let bi = ch
+                .buckets
+                .iter()
+                .position(|b| b.index == bucket)
+                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+            let owned = ch.buckets[bi].owned.clone();
+            parts.push(vec![(owned.start as u64, owned.len())]);
+            let g = self.ranks[a].bufs[chunk as usize]
+                .grads
+                .as_ref()
+                .map(Tensor::ptr)
+                .ok_or_else(|| internal(format!("rank {a}'s gradient shard of chunk {chunk} is not allocated")))?;
+            shard.push((g + 4 * ch.shard_offset(bi) as u64, owned));
+        }
+        let mut scratch = Vec::with_capacity(members.len());
+        for (i, &a) in members.iter().enumerate() {
+            let elems = super::shared::parts_scratch(true, &parts, i).max(1);
+            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 4 * elems as u64)?);
+        }
+        let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
+        let steps = super::shared::plan_parts(true, &full, &full, &ptrs, &parts, 4);
+        self.run_steps(members, streams, &steps, "add_f32", 4)?;
+        for (i, (&a, &s)) in members.iter().zip(streams).enumerate() {
+            let (dst, owned) = &shard[i];
+            let n = owned.len();
+            if n > 0 {
+                let args = [Arg::P(*dst), Arg::P(full[i] + 4 * owned.start as u64), Arg::L(n as i64)];
+                self.ranks[a].gpu.launch(s, "add_f32", blocks(n), &args)?;
+            }
+        }
+        for (&a, t) in members.iter().zip(scratch) {
+            self.ranks[a].give(t);
+        }
+        Ok(())
+    }
+
+    /// ZeRO-3: each member's owned part of one bucket's bf16 parameters (from its shard)
+    /// copied into its place in the op's gathered buffer, then all-gathered in place, so
+    /// every member holds the whole bucket.
+    fn gather_bucket(
+        &mut self,
+        members: &[usize],
+        streams: &[Stream],
+        at: &BTreeMap<usize, usize>,
+        chunk: u32,
+        bucket: u32,
+    ) -> Res<()> {
+        let mut gathered = Vec::with_capacity(members.len());
+        let mut parts = Vec::with_capacity(members.len());
+        for (&a, &s) in members.iter().zip(streams) {
+            let dst = self.op_buf(a, at, 0)?;
+            let ch = &self.ranks[a].chunks[chunk as usize];
+            let bi = ch
+                .buckets
+                .iter()
+                .position(|b| b.index == bucket)
+                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+            let owned = ch.buckets[bi].owned.clone();
+            let p = self.ranks[a].bufs[chunk as usize]
+                .params
+                .as_ref()
+                .map(Tensor::ptr)
+                .ok_or_else(|| internal(format!("rank {a}'s parameter shard of chunk {chunk} is not allocated")))?;
+            let src = p + 2 * ch.shard_offset(bi) as u64;
+            if !owned.is_empty() {
+                self.ranks[a].gpu.copy(s, dst + 2 * owned.start as u64, src, 2 * owned.len())?;
+            }
+            gathered.push(dst);
+            parts.push(vec![(owned.start as u64, owned.len())]);
+        }
+        let mut scratch = Vec::with_capacity(members.len());
+        for (i, &a) in members.iter().enumerate() {
+            let elems = super::shared::parts_scratch(false, &parts, i).max(1);
+            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 2 * elems as u64)?);
+        }
+        let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
+        let steps = super::shared::plan_parts(false, &gathered, &gathered, &ptrs, &parts, 2);
+        self.run_steps(members, streams, &steps, "add_f32", 2)?;
+        for (&a, t) in members.iter().zip(scratch) {
+            self.ranks[a].give(t);
         }
         Ok(())
     }

@@ -21,7 +21,10 @@
 //! each owner's part and the owners' parameters broadcast back (one `ncclReduce` /
 //! `ncclBroadcast` per owned piece: the shards are uneven and cross units, which NCCL's
 //! reduce-scatter and all-gather, equal counts per rank, cannot express); the tied word
-//! table's gradients; the tensor-parallel partial sums (fp32, then rounded to bf16 once)
+//! table's gradients; under ZeRO-2/3 each microbatch's full-gradient bucket reduced to
+//! each owner's part in place (one `ncclReduce` per member's contiguous part of the bucket)
+//! and added into the owner's gradient shard, and (ZeRO-3) a unit's gathered parameters
+//! assembled by each owner copying in its shard's part and broadcasting it; the tensor-parallel partial sums (fp32, then rounded to bf16 once)
 //! and embeddings (bf16); the vocabulary shards' loss statistics all-gathered in tp order;
 //! the gradient norm's Σ g² all-reduced in f64. Numerics: NCCL's ring and tree sums do not
 //! add in rank order, so sums over more than two ranks may differ from the shared-GPU
@@ -382,7 +385,7 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                 let ranges: Vec<_> = b.units.iter().map(|(_, r)| r.clone()).collect();
                 self.all_reduce_f32(s, comm, g, &ranges)?;
             }
-            CollPurpose::TiedEmbeddingGrad if zero <= 1 => {
+            CollPurpose::TiedEmbeddingGrad => {
                 let (chunk, word) = (0..self.rank.chunks.len())
                     .find_map(|ci| self.rank.chunks[ci].unit_range(Unit::WordEmbedding).map(|r| (ci as u32, r)))
                     .ok_or_else(|| internal(format!("rank {} holds no word table", self.rank.rank)))?;
@@ -393,7 +396,8 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                         .owned_runs()
                         .into_iter()
                         .filter(|r| r.flat >= word.start && r.flat < word.end)
-                        .map(|r| r.flat..r.flat + r.len)
+                        // ZeRO-2/3: at its place in the gradient shard.
+                        .map(|r| if zero >= 2 { r.master..r.master + r.len } else { r.flat..r.flat + r.len })
                         .collect()
                 };
                 let g = self.grads(chunk)?;
@@ -402,7 +406,35 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
             CollPurpose::GradBucket { chunk, bucket, .. } if zero == 1 && c.kind == CollKind::ReduceScatter => {
                 self.sharded(s, comm, c.group, chunk, bucket, true)?;
             }
-            CollPurpose::ParamBucket { chunk, bucket } if zero == 1 && c.kind == CollKind::AllGather => {
+            CollPurpose::GradBucket { chunk, bucket, .. } if zero >= 2 && c.kind == CollKind::ReduceScatter => {
+                let full = self.op_buf(k, 1)?;
+                self.bucket_parts(s, comm, c.group, chunk, bucket, full, true)?;
+                // The owned part, summed, accumulates into the gradient shard.
+                let ch = &self.rank.chunks[chunk as usize];
+                let bi = ch.buckets.iter().position(|b| b.index == bucket).expect("checked by bucket_parts");
+                let (owned, at) = (ch.buckets[bi].owned.clone(), ch.shard_offset(bi));
+                if !owned.is_empty() {
+                    let dst = self.grads(chunk)? + 4 * at as u64;
+                    let args = [Arg::P(dst), Arg::P(full + 4 * owned.start as u64), Arg::L(owned.len() as i64)];
+                    self.rank.gpu.launch(s, "add_f32", blocks(owned.len()), &args)?;
+                }
+            }
+            CollPurpose::ParamGather { chunk, bucket, .. } if zero >= 3 && c.kind == CollKind::AllGather => {
+                let gathered = self.op_buf(k, 0)?;
+                let ch = &self.rank.chunks[chunk as usize];
+                let bi = ch.buckets.iter().position(|b| b.index == bucket).ok_or_else(|| {
+                    internal(format!("rank {} has no bucket {bucket} in chunk {chunk}", self.rank.rank))
+                })?;
+                let (owned, at) = (ch.buckets[bi].owned.clone(), ch.shard_offset(bi));
+                let shard = self.rank.bufs[chunk as usize].params.as_ref().map(Tensor::ptr).ok_or_else(|| {
+                    internal(format!("rank {}'s parameter shard of chunk {chunk} is not allocated", self.rank.rank))
+                })?;
+                if !owned.is_empty() {
+                    self.rank.gpu.copy(s, gathered + 2 * owned.start as u64, shard + 2 * at as u64, 2 * owned.len())?;
+                }
+                self.bucket_parts(s, comm, c.group, chunk, bucket, gathered, false)?;
+            }
+            CollPurpose::ParamBucket { chunk, bucket } if (1..=2).contains(&zero) && c.kind == CollKind::AllGather => {
                 self.sharded(s, comm, c.group, chunk, bucket, false)?;
             }
             CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. } if c.kind == CollKind::AllReduce => {
@@ -431,6 +463,64 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
             }
         }
         self.rank.close(run, k)
+    }
+
+    /// The block of buffer `which` (its position in the op's buffers) of entry `k`'s op.
+    fn op_buf(&self, k: usize, which: usize) -> Res<Ptr> {
+        let id = self.rank.entry_op(k);
+        let op = &self.rank.plan.program(self.rank.rank).ops[id as usize];
+        op.bufs
+            .get(which)
+            .and_then(|b| self.rank.live.get(b))
+            .and_then(|l| l.tensor.as_ref())
+            .map(Tensor::ptr)
+            .ok_or_else(|| internal(format!("rank {}'s op #{id} names no live buffer at {which}", self.rank.rank)))
+    }
+
+    /// ZeRO-2/3 over the data-parallel group, on a bucket-shaped buffer at `base` (the
+    /// bucket's units concatenated, the same layout on every member): `sum` reduces each
+    /// member's part of the fp32 full gradients to it, in place; otherwise each owner
+    /// broadcasts its part of the bf16 gathered parameters. One call per member, in one
+    /// NCCL group (the parts are uneven, which NCCL's reduce-scatter and all-gather cannot
+    /// express); the parts are `ZeroShard::split`'s, checked against this rank's own.
+    #[allow(clippy::too_many_arguments)]
+    fn bucket_parts(
+        &mut self,
+        s: Stream,
+        comm: CommKey,
+        group: GroupKind,
+        chunk: u32,
+        bucket: u32,
+        base: Ptr,
+        sum: bool,
+    ) -> Res<()> {
+        let members = self.rank.plan.grid.group(self.rank.rank, group);
+        let me = members.iter().position(|&m| m == self.rank.rank).unwrap_or(0);
+        let b = self.bucket(chunk, bucket)?.clone();
+        let (eb, dt) = if sum { (4u64, NcclDt::F32) } else { (2, NcclDt::Bf16) };
+        self.call(s, Call::GroupStart)?;
+        for j in 0..members.len() {
+            let part = ZeroShard::split(b.len, j, members.len())?.range();
+            if j == me && part != b.owned {
+                return Err(internal(format!(
+                    "rank {}: bucket {bucket} of chunk {chunk} owns {:?}, the shard rule says {part:?}",
+                    self.rank.rank, b.owned
+                )));
+            }
+            if part.is_empty() {
+                continue;
+            }
+            let (buf, count, root) = (base + eb * part.start as u64, part.len(), j as u32);
+            self.call(
+                s,
+                if sum {
+                    Call::Reduce { comm, buf, count, dt, root }
+                } else {
+                    Call::Broadcast { comm, buf, count, dt, root }
+                },
+            )?;
+        }
+        self.call(s, Call::GroupEnd)
     }
 
     fn grads(&self, chunk: u32) -> Res<Ptr> {

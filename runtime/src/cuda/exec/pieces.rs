@@ -153,14 +153,54 @@ impl<D: Device> GpuRank<D> {
 
     /// (bf16 parameter, fp32 gradient) addresses of a tensor.
     pub(super) fn pg(&self, chunk: u32, layer: Option<u32>, kind: ParamKind) -> Res<(Ptr, Ptr)> {
-        let o = self.off(chunk, layer, kind)? as u64;
+        let o = self.off(chunk, layer, kind)?;
         let b = &self.bufs[chunk as usize];
         let (Some(p), Some(g)) = (b.params.as_ref(), b.grads.as_ref()) else {
             return Err(GpuExecError::Unsupported(format!(
                 "chunk {chunk}'s parameters are used before the plan allocates them"
             )));
         };
-        Ok((p.ptr() + 2 * o, g.ptr() + 4 * o))
+        let zero = self.plan.scenario.parallel.zero;
+        if zero < 2 {
+            return Ok((p.ptr() + 2 * o as u64, g.ptr() + 4 * o as u64));
+        }
+        // ZeRO-2/3: a backward's gradient accumulates in the bucket's full-gradient buffer of
+        // its microbatch (null outside the backward); ZeRO-3 reads the bucket's gathered copy.
+        // A tensor never crosses a unit, so it is contiguous in both.
+        let ch = &self.chunks[chunk as usize];
+        let (bi, at) = ch.locate(o).ok_or_else(|| {
+            GpuExecError::Unsupported(format!("{kind:?} of layer {layer:?} is in no bucket of chunk {chunk}"))
+        })?;
+        let bucket = ch.buckets[bi].index;
+        let grad = match self.grad_mb {
+            None => 0,
+            Some(m) => {
+                let full = self.bucket_buf(|k| {
+                    matches!(k, BufKey::GradBucket { chunk: c, bucket: b, mb } if c == chunk && b == bucket && mb == m)
+                });
+                full.ok_or_else(|| {
+                    GpuExecError::Unsupported(format!(
+                        "ZeRO-{zero}: the backward of microbatch {m} writes {kind:?} of layer {layer:?} (bucket \
+                         {bucket} of chunk {chunk}) while the plan holds no full-gradient buffer for it"
+                    ))
+                })? + 4 * at as u64
+            }
+        };
+        if zero < 3 {
+            return Ok((p.ptr() + 2 * o as u64, grad));
+        }
+        // Null where the plan gathers no copy for this op (the embedding's backward writes its
+        // gradient and reads no parameter): the host stand-in refuses a read through it.
+        let gathered =
+            self.bucket_buf(|k| matches!(k, BufKey::Gathered { chunk: c, bucket: b, .. } if c == chunk && b == bucket));
+        let param = gathered.map_or(0, |p| p + 2 * at as u64);
+        Ok((param, grad))
+    }
+
+    /// The block of the live plan buffer whose key `pick` accepts (any of them: every
+    /// gathered copy of a bucket holds the same parameters within a step).
+    fn bucket_buf(&self, pick: impl Fn(BufKey) -> bool) -> Option<Ptr> {
+        self.live.values().filter(|l| pick(l.key)).find_map(|l| l.tensor.as_ref().map(Tensor::ptr))
     }
 
     /// (parameter, gradient) addresses of every tensor of `layer`, in `LAYER_KINDS` order;
@@ -353,6 +393,7 @@ impl<D: Device> GpuRank<D> {
 
     pub(super) fn compute(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb) = (c.chunk, c.mb);
+        self.grad_mb = matches!(c.phase, Phase::BackwardInput | Phase::BackwardWeight).then_some(mb);
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),

@@ -5,8 +5,10 @@
 //!
 //! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
-//! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
+//! parallelism, cp = 1, no interleaving; ZeRO-0 to 3, ZeRO-2/3's gradients through the
+//! plan's full-gradient buckets and ZeRO-3's parameters through its gathered buffers) through
+//! the multi-rank driver (`multi`) or NCCL (`nccl`), which run the ops that need peers.
+//! Other plans are refused at construction with the reason.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced
@@ -151,6 +153,10 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) offsets: Vec<BTreeMap<(Option<usize>, crate::params::ParamKind), usize>>,
     pub(super) bufs: Vec<ChunkBufs>,
     pub(super) live: BTreeMap<BufId, Live>,
+    /// The microbatch of the backward compute op being enqueued (`None` for any other op):
+    /// ZeRO-2/3 write its gradients into the plan's full-gradient bucket buffers of that
+    /// microbatch.
+    pub(super) grad_mb: Option<u32>,
     /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
     pub(super) flight: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
     /// Output gradients kept from a backward-input pass for its weight pass, by (layer, mb, what).
@@ -250,9 +256,10 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
             s.model.head_dim()
         )));
     }
-    if p.zero > 1 {
+    if p.zero > 1 && s.training.framework.accumulates_unsharded(s) {
         return Err(unsupported(format!(
-            "parallel.zero = {}: ZeRO-2/3 buffers are not implemented on the GPU yet (ZeRO-0 and ZeRO-1 are)",
+            "parallel.zero = {} with gradients accumulated unsharded over the microbatches (torchtitan with a \
+             pipeline): not built on the GPU; use another training.framework",
             p.zero
         )));
     }
@@ -313,6 +320,7 @@ impl<D: Device> GpuRank<D> {
             pool,
             sched,
             live: BTreeMap::new(),
+            grad_mb: None,
             flight: BTreeMap::new(),
             kept: BTreeMap::new(),
             tokens: None,
@@ -526,6 +534,16 @@ impl<D: Device> GpuRank<D> {
 }
 
 impl<D: Device> GpuRank<D> {
+    /// Bucket `bucket` (the plan's index) of chunk `chunk`.
+    pub(super) fn bucket_of(&self, chunk: u32, bucket: u32) -> Res<&crate::exec::units::BucketInfo> {
+        self.chunks.get(chunk as usize).and_then(|c| c.buckets.iter().find(|b| b.index == bucket)).ok_or_else(|| {
+            unsupported(format!(
+                "the plan names bucket {bucket} of chunk {chunk}, which rank {} does not hold",
+                self.rank
+            ))
+        })
+    }
+
     /// The block of a plan buffer, filled where the buffer starts with a value: the
     /// persistent states from the seeded initial parameters (the CPU executor's), zeroed
     /// gradients and moments — these live in `bufs`, for the whole run. Activation and head
@@ -535,7 +553,19 @@ impl<D: Device> GpuRank<D> {
         Ok(match key {
             BufKey::Params { chunk } => {
                 let c = &self.chunks[chunk as usize];
-                let init: Vec<half::bf16> = c.layout.init(seed).into_iter().map(half::bf16::from_f32).collect();
+                let full = c.layout.init(seed);
+                // ZeRO-3 holds the owned runs only, in the masters' order.
+                let init: Vec<half::bf16> = if c.param_elems() < c.len {
+                    let mut shard = vec![half::bf16::ZERO; c.owned];
+                    for r in c.owned_runs() {
+                        for (d, &x) in shard[r.master..r.master + r.len].iter_mut().zip(&full[r.flat..r.flat + r.len]) {
+                            *d = half::bf16::from_f32(x);
+                        }
+                    }
+                    shard
+                } else {
+                    full.into_iter().map(half::bf16::from_f32).collect()
+                };
                 let t = self.take(name, c.device_bytes(key).unwrap_or_default())?;
                 self.gpu.upload(t.ptr(), &init)?;
                 self.bufs[chunk as usize].params = Some(t);
@@ -543,7 +573,7 @@ impl<D: Device> GpuRank<D> {
             }
             BufKey::Grads { chunk } => {
                 let c = &self.chunks[chunk as usize];
-                let (len, bytes) = (c.len, c.device_bytes(key).unwrap_or_default());
+                let (len, bytes) = (c.grad_elems(), c.device_bytes(key).unwrap_or_default());
                 let t = self.take(name, bytes)?;
                 self.gpu.zero(Stream::Compute, t.ptr(), 4 * len)?;
                 self.bufs[chunk as usize].grads = Some(t);
@@ -565,6 +595,19 @@ impl<D: Device> GpuRank<D> {
             }
             BufKey::Act { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
             BufKey::Head { .. } => Some(self.take(name, super::pieces::head_acts(&self.dims, 0).1)?),
+            // ZeRO-2/3: a bucket's full fp32 gradients of one microbatch (its units
+            // concatenated in bucket order), zeroed, for the kernels to accumulate into until
+            // the bucket's reduce-scatter; ZeRO-3: a bucket's gathered bf16 parameters.
+            BufKey::GradBucket { chunk, bucket, .. } => {
+                let len = self.bucket_of(chunk, bucket)?.len;
+                let t = self.take(name, 4 * len as u64)?;
+                self.gpu.zero(self.cur.1, t.ptr(), 4 * len)?;
+                Some(t)
+            }
+            BufKey::Gathered { chunk, bucket, .. } => {
+                let len = self.bucket_of(chunk, bucket)?.len;
+                Some(self.take(name, 2 * len as u64)?)
+            }
             // The embedding saves nothing (no dropout).
             BufKey::Embed { .. } => None,
             // A pipeline message: one (T, h) bf16 tensor (`multi` moves it).

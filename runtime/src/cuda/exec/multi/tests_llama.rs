@@ -164,3 +164,22 @@ fn a_llama_layers_saved_activations_fit_their_block_and_are_compared_with_the_pl
     eprintln!("executor {bytes} B, plan {predicted} B, ratio {ratio:.3}");
     assert!((0.9..1.1).contains(&ratio), "executor {bytes} B, plan {predicted} B");
 }
+
+/// The tiny Llama (its own output layer, no tied table) under pp2·dp2 ZeRO-3 with
+/// the plan's prefetching gathers (`overlap_param_gather`: the next unit's gather issued
+/// during this one's backward) and tp2·dp2 ZeRO-2: the single rank's losses.
+#[test]
+fn the_tiny_llama_trains_under_zero_2_and_3_as_the_single_rank_does() {
+    let single = losses(&[], false);
+    for sets in [
+        &["parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.overlap_param_gather=true"][..],
+        &["parallel.tp=2", "parallel.dp=2", "parallel.zero=2"],
+    ] {
+        let sets: Vec<&str> = sets.iter().copied().chain(["training.framework=\"strata\""]).collect();
+        let split = losses(&sets, false);
+        let d = worst(&split, &single);
+        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats");
+        let tol = if sets.iter().any(|s| s.starts_with("parallel.tp=")) { TP_LOSS_TOL_NATS } else { LOSS_TOL_NATS };
+        assert!(d <= tol, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
+    }
+}

@@ -1,4 +1,5 @@
-//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1)
+//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1) and
+//! of a tp2·dp4 ZeRO-3 plan
 //! runs a step on the host stand-in against a fake NCCL that records its calls, and the
 //! logs are checked as NCCL would match them — every member's calls on each communicator
 //! in the same order serving the same plan op with the same counts, every send paired with
@@ -49,14 +50,17 @@ impl<D: Device> Nccl<D> for Recorder {
 }
 
 fn plan(zero: u32) -> Plan {
+    plan_with(zero, &["parallel.pp=2", "parallel.dp=2"])
+}
+
+/// The tiny GPT at tp = 2 on eight GPUs, `dims` laying out pp and dp.
+fn plan_with(zero: u32, dims: &[&str]) -> Plan {
     let sets: Vec<String> = [
         "cluster.preset=\"dgx-h200\"",
         "cluster.nodes=1",
         "cluster.nics_per_node=1",
         "cluster.gpus_per_node=8",
         "parallel.tp=2",
-        "parallel.pp=2",
-        "parallel.dp=2",
         "parallel.micro_batch=1",
         "parallel.global_batch=8",
         "model.seq_len=16",
@@ -64,6 +68,7 @@ fn plan(zero: u32) -> Plan {
         "training.flash_attention=true",
     ]
     .iter()
+    .chain(dims)
     .map(|s| s.to_string())
     .chain([format!("parallel.zero={zero}")])
     .collect();
@@ -283,6 +288,56 @@ fn every_ranks_nccl_calls_match_its_peers_and_the_plan() {
             assert_eq!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })), 0);
         }
     }
+}
+
+/// A ZeRO-3 rank (tp 2 · dp 4, uneven shards): each microbatch's full-gradient buckets
+/// reduced to their four owners' parts, each unit's parameters broadcast by their owners
+/// into the plan's gathered buffers before its forward and again before its backward — one
+/// call per owner in one NCCL group, matching the peers' and the plan's elements; and a
+/// tp2·pp2·dp2 ZeRO-3 plan's calls, its tied word table's sum among them.
+#[test]
+fn a_zero_3_ranks_nccl_calls_are_the_plans_gathers_and_reduce_scatters() {
+    let p = Arc::new(plan_with(3, &["parallel.pp=1", "parallel.dp=4", "training.framework=\"strata\""]));
+    check_plan(&p).unwrap();
+    let logs = logs(&p, None);
+    check(&p, &logs).unwrap_or_else(|e| panic!("ZeRO-3: {e}"));
+    let ops = &p.program(0).ops;
+    let purpose = |op: OpId| match &ops[op as usize].kind {
+        OpKind::Collective(c) => Some(c.purpose),
+        _ => None,
+    };
+    let on_dp = |c: &Call| c.comm() == Some(CommKey::Group(GroupKind::Dp));
+    let gathers = logs[0]
+        .iter()
+        .filter(|(op, c)| on_dp(c) && matches!(purpose(*op), Some(CollPurpose::ParamGather { .. })))
+        .collect::<Vec<_>>();
+    let reduces = logs[0]
+        .iter()
+        .filter(|(op, c)| on_dp(c) && matches!(purpose(*op), Some(CollPurpose::GradBucket { .. })))
+        .collect::<Vec<_>>();
+    let plan_gathers = ops
+        .iter()
+        .filter(|o| matches!(&o.kind, OpKind::Collective(c) if matches!(c.purpose, CollPurpose::ParamGather { .. })))
+        .count();
+    let plan_reduces = ops
+        .iter()
+        .filter(|o| matches!(&o.kind, OpKind::Collective(c) if matches!(c.purpose, CollPurpose::GradBucket { .. })))
+        .count();
+    assert!(plan_gathers > 0 && plan_reduces > 0);
+    // Four owners each: one broadcast (gathers) or reduce (gradients) per owner, roots 0..4.
+    assert_eq!(gathers.len(), 4 * plan_gathers, "{gathers:?}");
+    assert_eq!(reduces.len(), 4 * plan_reduces, "{reduces:?}");
+    assert!(gathers.iter().all(|(_, c)| matches!(c, Call::Broadcast { dt: NcclDt::Bf16, root, .. } if *root < 4)));
+    assert!(reduces.iter().all(|(_, c)| matches!(c, Call::Reduce { dt: NcclDt::F32, root, .. } if *root < 4)));
+    // ZeRO-3 gathers per unit, not per bucket after the step.
+    assert!(logs[0].iter().all(|(op, _)| !matches!(purpose(*op), Some(CollPurpose::ParamBucket { .. }))));
+    // And tp2·pp2·dp2 ZeRO-3: the tied word table's sum across the pipeline on the shards.
+    let p = Arc::new(plan_with(3, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"strata\""]));
+    check_plan(&p).unwrap();
+    let all = super::tests::logs(&p, None);
+    check(&p, &all).unwrap_or_else(|e| panic!("tp2·pp2·dp2 ZeRO-3: {e}"));
+    let tied = |c: &Call| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Embedding), .. });
+    assert!(all.iter().flatten().any(|(_, c)| tied(c)), "the tied word table's all-reduce");
 }
 
 #[test]
