@@ -11,7 +11,7 @@
 //!   it; `host` (tests): a stand-in that checks every launch and address without a GPU,
 //!   and with `host_kernels` / `host_attn` computes every kernel and GEMM on the host, so
 //!   a run yields real losses (`host_llama_tests`: its Llama kernels against the CPU
-//!   executor's functions);
+//!   executor's functions; `host_recompute_tests`: full and selective recomputation);
 //! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
 //!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
 //!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping; `comm`: a rank's side
@@ -28,8 +28,11 @@
 //!
 //! Runs dense GPT and dense Llama blocks (RMSNorm, SwiGLU with FC1 as [gate | up] per tp
 //! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
-//! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, no
-//! recompute; one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
+//! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, full
+//! or selective recomputation (full: a layer's forward pieces again from its saved input
+//! into the plan's `recompute L mb` block; selective, which the plan lowers with flash
+//! attention to no op and no saved statistics: the attention backward recomputes its
+//! log-sum-exp); one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
 //! sequence parallelism, ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused
 //! naming why. Not built: sequence parallelism, ZeRO-2/3 on the GPU, one process driving
 //! all GPUs of a node.
@@ -45,6 +48,8 @@ mod host_attn;
 mod host_kernels;
 #[cfg(test)]
 mod host_llama_tests;
+#[cfg(test)]
+mod host_recompute_tests;
 pub mod layout;
 pub mod multi;
 pub mod nccl;

@@ -3,7 +3,8 @@
 //! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
-//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
+//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, full or
+//! selective activation recomputation (`pieces::saved_acts`); one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
 //! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
 //! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
@@ -153,6 +154,11 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) live: BTreeMap<BufId, Live>,
     /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
     pub(super) flight: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
+    /// Full recomputation: a layer's forward activations between its `AttnIn` and its
+    /// `LayerOut` (the plan's `act L mb` keeps only the input), by (layer, mb).
+    pub(super) fwd_ws: BTreeMap<(u32, u32), Tensor>,
+    /// The plan's recomputation (which activations `act L mb` keeps).
+    pub(super) recompute: Recompute,
     /// Output gradients kept from a backward-input pass for its weight pass, by (layer, mb, what).
     pub(super) kept: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
     /// The step's token ids (inputs, then targets, m·T each) and per-token losses (m·T).
@@ -240,9 +246,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
             "training.flash_attention = false: the executor's attention is the fused flash-style kernel",
         ));
     }
-    if p.recompute != Recompute::None {
-        return Err(unsupported(format!("parallel.recompute = {:?}: not implemented on the GPU yet", p.recompute)));
-    }
     // The attention kernels keep a row of head_dim in registers, 8 per lane (`MAXD`).
     if s.model.head_dim() > 256 {
         return Err(unsupported(format!(
@@ -315,6 +318,8 @@ impl<D: Device> GpuRank<D> {
             live: BTreeMap::new(),
             flight: BTreeMap::new(),
             kept: BTreeMap::new(),
+            fwd_ws: BTreeMap::new(),
+            recompute: p.recompute,
             tokens: None,
             losses: None,
             ends,
@@ -430,7 +435,13 @@ impl<D: Device> GpuRank<D> {
         }
         let left: Vec<String> =
             self.live.values().filter(|l| !l.key.persistent()).map(|l| format!("{:?}", l.key)).collect();
-        let flight: Vec<String> = self.flight.keys().chain(self.kept.keys()).map(|k| format!("{k:?}")).collect();
+        let flight: Vec<String> = self
+            .flight
+            .keys()
+            .chain(self.kept.keys())
+            .map(|k| format!("{k:?}"))
+            .chain(self.fwd_ws.keys().map(|(l, mb)| format!("forward activations of L{l} mb{mb}")))
+            .collect();
         if !left.is_empty() || !flight.is_empty() {
             return Err(RuntimeError::BadSetting(format!(
                 "after the step, buffers still live: {left:?}; tensors between pieces: {flight:?}"
@@ -563,7 +574,9 @@ impl<D: Device> GpuRank<D> {
                 self.bufs[chunk as usize].opt = Some(t);
                 None
             }
-            BufKey::Act { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
+            BufKey::Act { .. } => Some(self.take(name, super::pieces::saved_acts(&self.dims, 0, self.recompute).1)?),
+            // Full recomputation's working set: every tensor the backward reads.
+            BufKey::Recompute { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
             BufKey::Head { .. } => Some(self.take(name, super::pieces::head_acts(&self.dims, 0).1)?),
             // The embedding saves nothing (no dropout).
             BufKey::Embed { .. } => None,
