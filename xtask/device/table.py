@@ -84,6 +84,14 @@ if gc and mr:
     rows.append(("tp2·pp2·dp2 on one GPU vs single rank", f"max |Δ| {abs(g - c_):.2e} at step {k} ({g:.6f} vs {c_:.6f}; {len(pairs)} steps; host stand-in bound 2e-4 under tp)"))
 else:
     rows.append(("tp2·pp2·dp2 on one GPU vs single rank", "not run: " + (first_line("tiny-tp2pp2dp2") or first_line("tiny-cuda"))))
+for run, what in [("tiny-recompute-full", "full recomputation vs none"), ("tiny-pp2vpp2", "pp2·vpp2 (interleaved) vs single rank")]:
+    r = load(run)
+    if gc and r:
+        pairs = list(zip([st["loss"] for st in r["steps"]], [st["loss"] for st in gc["steps"]]))
+        k, (g, c_) = max(enumerate(pairs), key=lambda kv: abs(kv[1][0] - kv[1][1]))
+        rows.append((what, f"max |Δ| {abs(g - c_):.2e} at step {k} ({g:.6f} vs {c_:.6f}; {len(pairs)} steps; host stand-in: 0)"))
+    else:
+        rows.append((what, "not run: " + (first_line(run) or first_line("tiny-cuda"))))
 lg, lc = load("tiny-llama-cuda"), load("tiny-llama-cpu")
 if lg and lc:
     pairs = list(zip([st["loss"] for st in lg["steps"]], [st["loss"] for st in lc["steps"]]))

@@ -33,7 +33,9 @@
 //! into the plan's `recompute L mb` block; selective, which the plan lowers with flash
 //! attention to no op and no saved statistics: the attention backward recomputes its
 //! log-sum-exp); one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
-//! sequence parallelism, ZeRO ≤ 1); other plans (MoE, MLA, MTP among them) are refused
+//! sequence parallelism, ZeRO ≤ 1; interleaved 1F1B with `vpp` model chunks per rank, each
+//! its own layers, parameters, gradients and optimizer state, pipeline messages keyed by
+//! virtual stage — `multi/tests_vpp.rs`); other plans (MoE, MLA, MTP among them) are refused
 //! naming why. Not built: sequence parallelism, ZeRO-2/3 on the GPU, one process driving
 //! all GPUs of a node.
 

@@ -6,7 +6,8 @@
 //! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, full or
 //! selective activation recomputation (`pieces::saved_acts`); one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1, no interleaving, ZeRO ≤ 1) through the multi-rank driver
+//! parallelism, cp = 1, ZeRO ≤ 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
+//! states in `bufs`) through the multi-rank driver
 //! (`multi`), which runs the ops that need peers. Other plans are refused at construction with the reason; NCCL is not built.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
@@ -209,12 +210,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     }
     if p.cp > 1 {
         return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
-    }
-    if p.vpp > 1 {
-        return Err(unsupported(format!(
-            "parallel.vpp = {}: interleaved pipeline chunks are not built on the GPU yet",
-            p.vpp
-        )));
     }
     if s.model.moe.is_some() {
         return Err(unsupported(

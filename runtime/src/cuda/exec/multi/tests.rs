@@ -127,7 +127,8 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
     };
     assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
     assert!(why(&["parallel.dp=2", "parallel.zero=2", "training.framework=\"strata\""]).contains("ZeRO-2/3"));
-    assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
+    // Interleaved chunks run (`tests_vpp.rs`).
+    check_plan(&plan(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""])).unwrap();
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
 }
 
