@@ -14,8 +14,9 @@
 //!   executor's functions; `host_recompute_tests`: full and selective recomputation);
 //! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
 //!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
-//!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping; `comm`: a rank's side
-//!   of the gradient norm and of pipeline messages;
+//!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping (`saved`:
+//!   the blocks of their saved state); `comm`: a rank's side of the gradient norm and of
+//!   pipeline messages;
 //! - [`shared`]: the shared-GPU communicator's plan of device copies and additions
 //!   (deterministic, two-phase), tested on host memory;
 //! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
@@ -59,6 +60,7 @@ pub mod nccl_gpu;
 mod pieces;
 pub mod pool;
 pub mod rank;
+mod saved;
 pub mod schedule;
 pub mod shared;
 pub mod step;
