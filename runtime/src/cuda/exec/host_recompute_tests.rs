@@ -29,6 +29,10 @@ const TP_LOSS_TOL_NATS: f64 = 2e-4;
 
 /// The tiny GPT on H200s (bf16, flash attention, 16-token sequences), one GPU per rank.
 fn plan(sets: &[&str], cpu: bool) -> Plan {
+    plan_of(include_str!("../../../../scenarios/tiny-gpt-cpu.toml"), sets, cpu)
+}
+
+fn plan_of(text: &str, sets: &[&str], cpu: bool) -> Plan {
     let dim =
         |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
     let gpus = format!("cluster.gpus_per_node={}", dim("tp") * dim("pp") * dim("dp"));
@@ -50,7 +54,6 @@ fn plan(sets: &[&str], cpu: bool) -> Plan {
     ];
     let sets: Vec<String> =
         cluster.iter().chain(&base).chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
-    let text = include_str!("../../../../scenarios/tiny-gpt-cpu.toml");
     strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
 }
 
@@ -66,7 +69,12 @@ fn opts() -> crate::train::TrainOptions {
 
 /// A GPU-executor run: its losses, and per rank (measured peak, the plan's predicted peak).
 fn gpu_run(sets: &[&str]) -> (Vec<f64>, Vec<(u64, u64)>) {
-    let p = Arc::new(plan(sets, false));
+    gpu_run_plan(plan(sets, false))
+}
+
+fn gpu_run_plan(p: Plan) -> (Vec<f64>, Vec<(u64, u64)>) {
+    let p = Arc::new(p);
+    let sets = [p.scenario.name.clone()];
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let first = HostDevice::computing(80 << 30);
     let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
@@ -150,5 +158,19 @@ fn full_recomputation_matches_under_pipeline_and_tensor_parallelism() {
         let d = worst(&rc, &plain);
         eprintln!("{split:?}: full {rc:?}, none {plain:?}, worst {d:.3e} nats");
         assert!(d <= tol, "{split:?}: full recomputation {rc:?} against {plain:?}");
+    }
+}
+
+#[test]
+fn the_llama_pieces_recompute_to_the_same_losses() {
+    // RoPE on the recomputed qkv, RMSNorm, SwiGLU and grouped-query attention again.
+    let text = include_str!("../../../../scenarios/tiny-llama-cpu.toml");
+    let (none, _) = gpu_run_plan(plan_of(text, &[], false));
+    for rc in ["\"selective\"", "\"full\""] {
+        let set = format!("parallel.recompute={rc}");
+        let (got, _) = gpu_run_plan(plan_of(text, &[&set], false));
+        let d = worst(&got, &none);
+        eprintln!("tiny Llama {rc}: {got:?} (none {none:?}), worst {d:.3e} nats");
+        assert!(d <= LOSS_TOL_NATS, "tiny Llama {rc}: {got:?} against no recomputation's {none:?}");
     }
 }

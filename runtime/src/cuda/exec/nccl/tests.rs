@@ -49,6 +49,11 @@ impl<D: Device> Nccl<D> for Recorder {
 }
 
 fn plan(zero: u32) -> Plan {
+    plan_with(zero, &[])
+}
+
+/// The tp2·pp2·dp2 tiny GPT with `extra` settings laid over it.
+fn plan_with(zero: u32, extra: &[&str]) -> Plan {
     let sets: Vec<String> = [
         "cluster.preset=\"dgx-h200\"",
         "cluster.nodes=1",
@@ -66,6 +71,7 @@ fn plan(zero: u32) -> Plan {
     .iter()
     .map(|s| s.to_string())
     .chain([format!("parallel.zero={zero}")])
+    .chain(extra.iter().map(|s| s.to_string()))
     .collect();
     let text = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
     strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
@@ -282,6 +288,20 @@ fn every_ranks_nccl_calls_match_its_peers_and_the_plan() {
             );
             assert_eq!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })), 0);
         }
+    }
+}
+
+#[test]
+fn interleaved_chunks_and_full_recomputation_make_matched_nccl_calls() {
+    // vpp 2: messages between virtual stages, both chunks' buckets; full recomputation:
+    // the recomputed forward's tensor-parallel sums.
+    let vpp = ["parallel.vpp=2", "parallel.schedule=\"interleaved\""];
+    for extra in [&vpp[..], &["parallel.recompute=\"full\""]] {
+        let p = Arc::new(plan_with(1, extra));
+        check_plan(&p).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let logs = logs(&p, None);
+        check(&p, &logs).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        assert!(logs.iter().all(|l| !l.is_empty()), "{extra:?}: every rank calls NCCL");
     }
 }
 
