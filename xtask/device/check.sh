@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (`cargo xtask device-check` prepares the binary and
 # prints how to launch it). No Rust and no network there: the CUDA libraries are those of
-# the machine's Python environment. About 8 minutes: the steps' timeouts sum to 490 s (they
+# the machine's Python environment. About 8 minutes: the steps' timeouts sum to 540 s (they
 # are bounds, not measured durations, except where a step says what it took on a 2-core
 # host); a failed step is reported and the next one still runs.
 # Full logs under $OUT.
@@ -42,6 +42,11 @@ run tiny-tp2pp2dp2 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda
 # forward and backward, each microbatch's gradient buckets reduce-scattered into the
 # shards): the single rank's losses again (bit for bit on the host stand-in).
 run tiny-dp2-zero3 20 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.zero=3 --set 'training.framework="strata"' --ranks 2 --json
+# Full activation recomputation (the layers' forward again into the plan's recompute
+# buffers) and interleaved 1F1B (pp 2 · vpp 2: two model chunks per rank): both train to
+# the single rank's losses above (bit for bit on the host stand-in).
+run tiny-recompute-full 25 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set 'parallel.recompute="full"' --json
+run tiny-pp2vpp2 25 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.pp=2 --set parallel.vpp=2 --set 'parallel.schedule="interleaved"' --ranks 2 --json
 # The tiny Llama (RMSNorm, SwiGLU, RoPE, 4 query heads sharing 2 key/value heads, untied
 # output layer) the same way: the CUDA executor's Llama pieces against the CPU executor.
 run tiny-llama-cuda 30 "$BIN" train scenarios/tiny-llama-1xh200.toml --backend cuda --json

@@ -91,6 +91,14 @@ if gc and zr:
     rows.append(("dp2 ZeRO-3 on one GPU vs single rank", f"max |Δ| {abs(g - c_):.2e} at step {k} ({g:.6f} vs {c_:.6f}; {len(pairs)} steps; host stand-in: 0)"))
 else:
     rows.append(("dp2 ZeRO-3 on one GPU vs single rank", "not run: " + (first_line("tiny-dp2-zero3") or first_line("tiny-cuda"))))
+for run, what in [("tiny-recompute-full", "full recomputation vs none"), ("tiny-pp2vpp2", "pp2·vpp2 (interleaved) vs single rank")]:
+    r = load(run)
+    if gc and r:
+        pairs = list(zip([st["loss"] for st in r["steps"]], [st["loss"] for st in gc["steps"]]))
+        k, (g, c_) = max(enumerate(pairs), key=lambda kv: abs(kv[1][0] - kv[1][1]))
+        rows.append((what, f"max |Δ| {abs(g - c_):.2e} at step {k} ({g:.6f} vs {c_:.6f}; {len(pairs)} steps; host stand-in: 0)"))
+    else:
+        rows.append((what, "not run: " + (first_line(run) or first_line("tiny-cuda"))))
 lg, lc = load("tiny-llama-cuda"), load("tiny-llama-cpu")
 if lg and lc:
     pairs = list(zip([st["loss"] for st in lg["steps"]], [st["loss"] for st in lc["steps"]]))

@@ -25,7 +25,7 @@ impl<D: Device> GpuRank<D> {
         let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
         let d = self.dims;
         let (th, dc, dkv, w) = (d.t * d.h, d.q_dim(), d.kv_dim(), d.qkv_w());
-        let ac = self.act(layer, mb)?;
+        let ac = self.acts_of(layer, mb, c.phase)?;
         let lp = self.layer_ptrs(chunk, layer)?;
         let pg = |k| -> Res<(super::device::Ptr, super::device::Ptr)> { Ok(lp[super::pieces::ix(k)]) };
         match (c.piece, c.phase) {
@@ -111,7 +111,19 @@ impl<D: Device> GpuRank<D> {
                 let (q, k, v) = (ac.qkv, ac.qkv + 2 * dc as u64, ac.qkv + 2 * (dc + dkv) as u64);
                 let (dq, dk, dv) = (dqkv.ptr(), dqkv.ptr() + 2 * dc as u64, dqkv.ptr() + 2 * (dc + dkv) as u64);
                 let scale = Arg::F(1.0 / (d.hd as f32).sqrt());
-                let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(ac.lse), Arg::P(delta.ptr())];
+                // Selective recomputation kept no statistics (`saved_acts`): the core's
+                // forward again, from the saved q, k, v, for its log-sum-exp.
+                let stats = if ac.lse == 0 {
+                    let lse = self.ws("the attention's recomputed log-sum-exp", 4 * rows)?;
+                    let ctx = self.ws("the attention's recomputed context (unread)", 2 * d.t * dc)?;
+                    self.attn_core_fwd(ac.qkv, ctx.ptr(), lse.ptr())?;
+                    self.give(ctx);
+                    Some(lse)
+                } else {
+                    None
+                };
+                let lse = stats.as_ref().map_or(ac.lse, super::rank::Tensor::ptr);
+                let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(lse), Arg::P(delta.ptr())];
                 let mut dq_args = common.to_vec();
                 dq_args.extend([Arg::P(dq), bi, si, hi, ki, di, qs, qs, os, qs, scale]);
                 self.k("attn_bwd_dq_bf16", attn_grid(&d, d.heads), &dq_args)?;
@@ -120,6 +132,9 @@ impl<D: Device> GpuRank<D> {
                 self.k("attn_bwd_dkdv_bf16", attn_grid(&d, d.kv), &dkv_args)?;
                 self.give(delta);
                 self.give(dctx);
+                if let Some(t) = stats {
+                    self.give(t);
+                }
                 // Back through RoPE (the rotation by −θ) to the projection's output gradient.
                 self.rope_qk(dqkv.ptr(), -1.0)?;
                 let part = self.ws("the attention input's gradient", self.partial_dt().1 * th)?;

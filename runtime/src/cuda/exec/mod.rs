@@ -11,11 +11,12 @@
 //!   it; `host` (tests): a stand-in that checks every launch and address without a GPU,
 //!   and with `host_kernels` / `host_attn` computes every kernel and GEMM on the host, so
 //!   a run yields real losses (`host_llama_tests`: its Llama kernels against the CPU
-//!   executor's functions);
+//!   executor's functions; `host_recompute_tests`: full and selective recomputation);
 //! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
 //!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
-//!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping; `comm`: a rank's side
-//!   of the gradient norm and of pipeline messages;
+//!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping (`saved`:
+//!   the blocks of their saved state); `comm`: a rank's side of the gradient norm and of
+//!   pipeline messages;
 //! - [`shared`]: the shared-GPU communicator's plan of device copies and additions
 //!   (deterministic, two-phase), tested on host memory;
 //! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
@@ -28,15 +29,19 @@
 //!
 //! Runs dense GPT and dense Llama blocks (RMSNorm, SwiGLU with FC1 as [gate | up] per tp
 //! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
-//! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, no
-//! recompute; one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
-//! sequence parallelism); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
+//! no K/V heads repeated —, untied output layer, no biases), bf16, flash attention, full
+//! or selective recomputation (full: a layer's forward pieces again from its saved input
+//! into the plan's `recompute L mb` block; selective, which the plan lowers with flash
+//! attention to no op and no saved statistics: the attention backward recomputes its
+//! log-sum-exp); one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
+//! sequence parallelism; interleaved 1F1B with `vpp` model chunks per rank, each its own
+//! layers, parameters, gradients and optimizer state, pipeline messages keyed by virtual
+//! stage — `multi/tests_vpp.rs`); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
 //! accumulate each microbatch's gradients into the plan's full-gradient bucket buffers,
 //! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
 //! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
-//! under a pipeline: refused); other plans (MoE, MLA, MTP
-//! among them) are refused naming why. Not built: sequence parallelism, one process
-//! driving all GPUs of a node.
+//! under a pipeline: refused); other plans (MoE, MLA, MTP among them) are refused naming
+//! why. Not built: sequence parallelism, one process driving all GPUs of a node.
 
 mod backward;
 mod comm;
@@ -49,6 +54,8 @@ mod host_attn;
 mod host_kernels;
 #[cfg(test)]
 mod host_llama_tests;
+#[cfg(test)]
+mod host_recompute_tests;
 pub mod layout;
 pub mod multi;
 pub mod nccl;
@@ -56,6 +63,7 @@ pub mod nccl_gpu;
 mod pieces;
 pub mod pool;
 pub mod rank;
+mod saved;
 pub mod schedule;
 pub mod shared;
 pub mod step;

@@ -688,3 +688,5 @@ impl<D: Device> MultiGpu<D> {
 mod tests;
 #[cfg(test)]
 mod tests_llama;
+#[cfg(test)]
+mod tests_vpp;

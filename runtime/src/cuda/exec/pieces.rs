@@ -13,9 +13,10 @@
 //! [gate | up], no position table, and the head's own `out_w`.
 //!
 //! Saved state lives in the plan's buffers: a layer's activations in its `act L mb` block,
-//! the head's in `head mb` (both carved at 256-byte offsets); tensors between pieces are
+//! the head's in `head mb` (both carved at 256-byte offsets, `saved`); tensors between pieces are
 //! pool blocks of their own (the workspace), given back when their consumer is enqueued.
 
+use strata_models::Recompute;
 use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
@@ -51,90 +52,7 @@ pub enum W {
     DQkv,
 }
 
-/// Offsets at 256-byte alignment inside one block.
-struct Carve {
-    base: Ptr,
-    at: u64,
-}
-
-impl Carve {
-    fn take(&mut self, bytes: usize) -> Ptr {
-        let p = self.base + self.at;
-        self.at += (bytes as u64).div_ceil(256) * 256;
-        p
-    }
-}
-
-/// A layer's saved activations, as addresses in its block (bf16 tensors, fp32 statistics).
-pub struct Acts {
-    pub r_in: Ptr,
-    pub ln1_mean: Ptr,
-    pub ln1_rstd: Ptr,
-    pub a: Ptr,
-    pub qkv: Ptr,
-    pub ctx: Ptr,
-    pub lse: Ptr,
-    pub r_mid: Ptr,
-    pub ln2_mean: Ptr,
-    pub ln2_rstd: Ptr,
-    pub m: Ptr,
-    pub fc1_pre: Ptr,
-    pub fc1_act: Ptr,
-}
-
-/// The block of a layer's activations at `base` (0: just its size). A Llama block keeps no
-/// norm means (RMSNorm), a (T, D + 2·Dkv) qkv after RoPE and a (T, 2F) [gate | up] FC1
-/// output.
-pub fn acts(d: &super::rank::Dims, base: Ptr) -> (Acts, u64) {
-    let (tk, h, f) = (d.t, d.h, d.f);
-    let mut c = Carve { base, at: 0 };
-    let mean = |c: &mut Carve| if d.llama { 0 } else { c.take(4 * tk) };
-    let r_in = c.take(2 * tk * h);
-    let ln1_mean = mean(&mut c);
-    let a = Acts {
-        r_in,
-        ln1_mean,
-        ln1_rstd: c.take(4 * tk),
-        a: c.take(2 * tk * h),
-        qkv: c.take(2 * tk * d.qkv_w()),
-        ctx: c.take(2 * tk * d.q_dim()),
-        lse: c.take(4 * d.b * d.heads * d.s),
-        r_mid: c.take(2 * tk * h),
-        ln2_mean: mean(&mut c),
-        ln2_rstd: c.take(4 * tk),
-        m: c.take(2 * tk * h),
-        fc1_pre: c.take(2 * tk * d.fc1_w()),
-        fc1_act: c.take(2 * tk * f),
-    };
-    (a, c.at)
-}
-
-/// The head's saved state of a microbatch.
-pub struct HeadActs {
-    pub r_in: Ptr,
-    pub mean: Ptr,
-    pub rstd: Ptr,
-    pub hn: Ptr,
-    pub logits: Ptr,
-    pub lse: Ptr,
-    pub loss: Ptr,
-}
-
-pub fn head_acts(d: &super::rank::Dims, base: Ptr) -> (HeadActs, u64) {
-    let (tk, h) = (d.t, d.h);
-    let mut c = Carve { base, at: 0 };
-    let r_in = c.take(2 * tk * h);
-    let a = HeadActs {
-        r_in,
-        mean: if d.llama { 0 } else { c.take(4 * tk) },
-        rstd: c.take(4 * tk),
-        hn: c.take(2 * tk * h),
-        logits: c.take(2 * tk * d.v),
-        lse: c.take(4 * tk),
-        loss: c.take(4 * tk),
-    };
-    (a, c.at)
-}
+pub use super::saved::{Acts, HeadActs, acts, head_acts, saved_acts};
 
 pub(super) const C: Stream = Stream::Compute;
 
@@ -240,8 +158,25 @@ impl<D: Device> GpuRank<D> {
             .ok_or_else(|| GpuExecError::Unsupported(format!("{key:?} is used but not allocated by the plan")))
     }
 
-    pub(super) fn act(&self, layer: u32, mb: u32) -> Res<Acts> {
-        Ok(acts(&self.dims, self.plan_buf(BufKey::Act { layer, mb })?).0)
+    /// The activations a layer piece of `phase` writes or reads. Without full
+    /// recomputation: the `act L mb` block (`saved_acts`). Under it, the forward writes a
+    /// transient block of the layer's own (`fwd_ws`, given back at its `LayerOut`) and
+    /// saves only r_in in `act L mb`; the recomputation rebuilds everything in the plan's
+    /// `recompute L mb` block, which the backward then reads.
+    pub(super) fn acts_of(&self, layer: u32, mb: u32, phase: Phase) -> Res<Acts> {
+        let saved = self.plan_buf(BufKey::Act { layer, mb })?;
+        match (self.recompute, phase) {
+            (Recompute::Full, Phase::Forward) => {
+                let ws = self.fwd_ws.get(&(layer, mb)).map(Tensor::ptr).ok_or_else(|| {
+                    GpuExecError::Unsupported(format!("layer {layer} mb {mb}: a forward piece before its AttnIn"))
+                })?;
+                let mut a = acts(&self.dims, ws).0;
+                a.r_in = saved;
+                Ok(a)
+            }
+            (Recompute::Full, _) => Ok(acts(&self.dims, self.plan_buf(BufKey::Recompute { layer, mb })?).0),
+            (rc, _) => Ok(saved_acts(&self.dims, saved, rc).0),
+        }
     }
 
     pub(super) fn head(&self, mb: u32) -> Res<HeadActs> {
@@ -397,7 +332,7 @@ impl<D: Device> GpuRank<D> {
         match (c.piece, c.phase) {
             (Piece::Embed, Phase::Forward) => self.embed_fwd(chunk, mb),
             (Piece::Embed, Phase::BackwardWeight) => self.embed_bwd(chunk, mb),
-            (p, Phase::Forward) if p.in_layer() => self.layer_fwd(c),
+            (p, Phase::Forward | Phase::Recompute) if p.in_layer() => self.layer_fwd(c),
             (p, Phase::BackwardInput | Phase::BackwardWeight) if p.in_layer() => self.layer_bwd(c),
             (Piece::FinalNorm | Piece::Logits | Piece::Loss, _) => self.head_piece(c),
             (Piece::Optimizer, Phase::Step) => self.optimizer_step(),
@@ -457,17 +392,34 @@ impl<D: Device> GpuRank<D> {
         self.got(chunk, mb, W::R)
     }
 
+    /// A forward layer piece, or its recomputation (`Phase::Recompute`, full recomputation:
+    /// the same kernels from the saved input into the `recompute L mb` block).
     fn layer_fwd(&mut self, c: &ComputeOp) -> Res<()> {
-        let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
+        let (chunk, mb, layer, phase) = (c.chunk, c.mb, c.layer, c.phase);
         let d = self.dims;
         let th = d.t * d.h;
-        let ac = self.act(layer, mb)?;
+        let full = self.recompute == Recompute::Full;
+        if full && phase == Phase::Forward && c.piece == Piece::AttnIn {
+            let ws = self.ws("a layer's forward activations (full recomputation keeps only its input)", {
+                acts(&d, 0).1 as usize
+            })?;
+            self.fwd_ws.insert((layer, mb), ws);
+        }
+        let ac = self.acts_of(layer, mb, phase)?;
         let lp = self.layer_ptrs(chunk, layer)?;
         let p = |k| -> Res<Ptr> { Ok(lp[ix(k)].0) };
         match c.piece {
             Piece::AttnIn => {
                 let (g, b) = (p(ParamKind::Ln1W)?, lp[ix(ParamKind::Ln1B)].0);
-                let r = self.residual_in(chunk, mb)?;
+                let r = if phase == Phase::Recompute {
+                    // The residual stream again, from the input the forward saved.
+                    let saved = saved_acts(&d, self.plan_buf(BufKey::Act { layer, mb })?, Recompute::Full).0;
+                    let r = self.ws("the recomputed layer's residual stream", 2 * th)?;
+                    self.gpu.copy(C, r.ptr(), saved.r_in, 2 * th)?;
+                    r
+                } else {
+                    self.residual_in(chunk, mb)?
+                };
                 self.gpu.copy(C, ac.r_in, r.ptr(), 2 * th)?;
                 self.ln_fwd(r.ptr(), g, b, ac.a, ac.ln1_mean, ac.ln1_rstd)?;
                 self.put(chunk, mb, W::R, r)
@@ -476,27 +428,19 @@ impl<D: Device> GpuRank<D> {
                 let (wq, bq, wp) = (p(ParamKind::QkvW)?, lp[ix(ParamKind::QkvB)].0, p(ParamKind::ProjW)?);
                 // This rank's heads: [Q | K | V] of D = heads · head_dim and Dkv = kv · head_dim
                 // columns (Dkv = D unless grouped-query attention); RoPE on q and k (Llama).
-                let (dc, dkv, w) = (d.q_dim(), d.kv_dim(), d.qkv_w());
+                let (dc, w) = (d.q_dim(), d.qkv_w());
                 self.linear(ac.a, wq, bq, ac.qkv, d.h, w)?;
                 self.rope_qk(ac.qkv, 1.0)?;
-                let (qs, os) = (w as i64, dc as i64);
-                let args = [
-                    Arg::P(ac.qkv),
-                    Arg::P(ac.qkv + 2 * dc as u64),
-                    Arg::P(ac.qkv + 2 * (dc + dkv) as u64),
-                    Arg::P(ac.ctx),
-                    Arg::P(ac.lse),
-                    Arg::I(d.b as i32),
-                    Arg::I(d.s as i32),
-                    Arg::I(d.heads as i32),
-                    Arg::I(d.kv as i32),
-                    Arg::I(d.hd as i32),
-                    Arg::L(qs),
-                    Arg::L(qs),
-                    Arg::L(os),
-                    Arg::F(1.0 / (d.hd as f32).sqrt()),
-                ];
-                self.k("attn_fwd_bf16", attn_grid(&d, d.heads), &args)?;
+                // Selective recomputation keeps no statistics: a scratch for the kernel's.
+                let scratch = if ac.lse == 0 {
+                    Some(self.ws("the attention's log-sum-exp (not kept: selective)", 4 * d.b * d.heads * d.s)?)
+                } else {
+                    None
+                };
+                self.attn_core_fwd(ac.qkv, ac.ctx, scratch.as_ref().map_or(ac.lse, Tensor::ptr))?;
+                if let Some(t) = scratch {
+                    self.give(t);
+                }
                 let (dt, eb) = self.partial_dt();
                 let out = self.ws("the attention's output", eb * th)?;
                 self.gpu.gemm(d.t, d.h, dc, n(ac.ctx), n(wp), out.ptr(), dt, 0.0)?;
@@ -530,10 +474,21 @@ impl<D: Device> GpuRank<D> {
                 self.gpu.gemm(d.t, d.h, d.f, n(ac.fc1_act), n(w2), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
+            Piece::LayerOut if phase == Phase::Recompute => {
+                // The layer's output is the next layer's saved input already: the
+                // recomputation ends with the MLP's activations in the block.
+                let (r, o) = (self.got(chunk, mb, W::R)?, self.got(chunk, mb, W::Out)?);
+                self.give(o);
+                self.give(r);
+                Ok(())
+            }
             Piece::LayerOut => {
                 let b2 = lp[ix(ParamKind::Fc2B)].0;
                 let r = self.got(chunk, mb, W::R)?;
                 let o = self.got(chunk, mb, W::Out)?;
+                if let Some(ws) = self.fwd_ws.remove(&(layer, mb)) {
+                    self.give(ws);
+                }
                 self.add(r.ptr(), o.ptr(), th)?;
                 self.add_bias(r.ptr(), b2, d.h)?;
                 self.give(o);
@@ -541,6 +496,33 @@ impl<D: Device> GpuRank<D> {
             }
             other => Err(GpuExecError::Unsupported(format!("{} forward in a layer", other.key()))),
         }
+    }
+}
+
+impl<D: Device> GpuRank<D> {
+    /// The fused attention core's forward over a (T, D + 2·Dkv) [Q | K | V] after RoPE:
+    /// ctx (T, D) and the per-row log-sum-exp (b, heads, s) fp32 its backward reads.
+    pub(super) fn attn_core_fwd(&self, qkv: Ptr, ctx: Ptr, lse: Ptr) -> Res<()> {
+        let d = self.dims;
+        let (dc, dkv, w) = (d.q_dim(), d.kv_dim(), d.qkv_w());
+        let (qs, os) = (w as i64, dc as i64);
+        let args = [
+            Arg::P(qkv),
+            Arg::P(qkv + 2 * dc as u64),
+            Arg::P(qkv + 2 * (dc + dkv) as u64),
+            Arg::P(ctx),
+            Arg::P(lse),
+            Arg::I(d.b as i32),
+            Arg::I(d.s as i32),
+            Arg::I(d.heads as i32),
+            Arg::I(d.kv as i32),
+            Arg::I(d.hd as i32),
+            Arg::L(qs),
+            Arg::L(qs),
+            Arg::L(os),
+            Arg::F(1.0 / (d.hd as f32).sqrt()),
+        ];
+        self.k("attn_fwd_bf16", attn_grid(&d, d.heads), &args)
     }
 }
 

@@ -3,12 +3,14 @@
 //! event waits of `schedule` — the plan's one execution semantics, with the GPU as the
 //! backend that runs each op (`pieces` for compute, `Alloc`/`Free` through the pool).
 //!
-//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, no recomputation; one rank, or
+//! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, full or
+//! selective activation recomputation (`pieces::saved_acts`); one rank, or
 //! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1, no interleaving; ZeRO-0 to 3, ZeRO-2/3's gradients through the
-//! plan's full-gradient buckets and ZeRO-3's parameters through its gathered buffers) through
-//! the multi-rank driver (`multi`) or NCCL (`nccl`), which run the ops that need peers.
-//! Other plans are refused at construction with the reason.
+//! parallelism, cp = 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
+//! states in `bufs`; ZeRO-0 to 3, ZeRO-2/3's gradients through the plan's full-gradient
+//! buckets and ZeRO-3's parameters through its gathered buffers) through the multi-rank
+//! driver (`multi`) or NCCL (`nccl`), which run the ops that need peers. Other plans are
+//! refused at construction with the reason.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
 //! context (the device's used bytes before the first allocation). The trace of the traced
@@ -159,6 +161,11 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) grad_mb: Option<u32>,
     /// Tensors between the pieces of a microbatch (`exec`'s workspace), by (chunk, mb, what).
     pub(super) flight: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
+    /// Full recomputation: a layer's forward activations between its `AttnIn` and its
+    /// `LayerOut` (the plan's `act L mb` keeps only the input), by (layer, mb).
+    pub(super) fwd_ws: BTreeMap<(u32, u32), Tensor>,
+    /// The plan's recomputation (which activations `act L mb` keeps).
+    pub(super) recompute: Recompute,
     /// Output gradients kept from a backward-input pass for its weight pass, by (layer, mb, what).
     pub(super) kept: BTreeMap<(u32, u32, super::pieces::W), Tensor>,
     /// The step's token ids (inputs, then targets, m·T each) and per-token losses (m·T).
@@ -210,12 +217,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
     if p.cp > 1 {
         return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
     }
-    if p.vpp > 1 {
-        return Err(unsupported(format!(
-            "parallel.vpp = {}: interleaved pipeline chunks are not built on the GPU yet",
-            p.vpp
-        )));
-    }
     if s.model.moe.is_some() {
         return Err(unsupported(
             "model.moe: mixture-of-experts layers (router, expert all-to-all, experts) are not built on the GPU; \
@@ -245,9 +246,6 @@ pub fn check_plan(plan: &Plan) -> Res<()> {
         return Err(unsupported(
             "training.flash_attention = false: the executor's attention is the fused flash-style kernel",
         ));
-    }
-    if p.recompute != Recompute::None {
-        return Err(unsupported(format!("parallel.recompute = {:?}: not implemented on the GPU yet", p.recompute)));
     }
     // The attention kernels keep a row of head_dim in registers, 8 per lane (`MAXD`).
     if s.model.head_dim() > 256 {
@@ -323,6 +321,8 @@ impl<D: Device> GpuRank<D> {
             grad_mb: None,
             flight: BTreeMap::new(),
             kept: BTreeMap::new(),
+            fwd_ws: BTreeMap::new(),
+            recompute: p.recompute,
             tokens: None,
             losses: None,
             ends,
@@ -438,7 +438,13 @@ impl<D: Device> GpuRank<D> {
         }
         let left: Vec<String> =
             self.live.values().filter(|l| !l.key.persistent()).map(|l| format!("{:?}", l.key)).collect();
-        let flight: Vec<String> = self.flight.keys().chain(self.kept.keys()).map(|k| format!("{k:?}")).collect();
+        let flight: Vec<String> = self
+            .flight
+            .keys()
+            .chain(self.kept.keys())
+            .map(|k| format!("{k:?}"))
+            .chain(self.fwd_ws.keys().map(|(l, mb)| format!("forward activations of L{l} mb{mb}")))
+            .collect();
         if !left.is_empty() || !flight.is_empty() {
             return Err(RuntimeError::BadSetting(format!(
                 "after the step, buffers still live: {left:?}; tensors between pieces: {flight:?}"
@@ -593,7 +599,9 @@ impl<D: Device> GpuRank<D> {
                 self.bufs[chunk as usize].opt = Some(t);
                 None
             }
-            BufKey::Act { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
+            BufKey::Act { .. } => Some(self.take(name, super::pieces::saved_acts(&self.dims, 0, self.recompute).1)?),
+            // Full recomputation's working set: every tensor the backward reads.
+            BufKey::Recompute { .. } => Some(self.take(name, super::pieces::acts(&self.dims, 0).1)?),
             BufKey::Head { .. } => Some(self.take(name, super::pieces::head_acts(&self.dims, 0).1)?),
             // ZeRO-2/3: a bucket's full fp32 gradients of one microbatch (its units
             // concatenated in bucket order), zeroed, for the kernels to accumulate into until

@@ -131,7 +131,8 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
         why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"torchtitan\""])
             .contains("unsharded")
     );
-    assert!(why(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""]).contains("vpp"));
+    // Interleaved chunks run (`tests_vpp.rs`).
+    check_plan(&plan(&["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\""])).unwrap();
     check_plan(&plan(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"])).unwrap();
 }
 

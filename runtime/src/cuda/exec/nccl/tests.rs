@@ -341,6 +341,20 @@ fn a_zero_3_ranks_nccl_calls_are_the_plans_gathers_and_reduce_scatters() {
 }
 
 #[test]
+fn interleaved_chunks_and_full_recomputation_make_matched_nccl_calls() {
+    // vpp 2: messages between virtual stages, both chunks' buckets; full recomputation:
+    // the recomputed forward's tensor-parallel sums.
+    let vpp = ["parallel.vpp=2", "parallel.schedule=\"interleaved\""];
+    for extra in [&vpp[..], &["parallel.recompute=\"full\""]] {
+        let p = Arc::new(plan_with(1, &[&["parallel.pp=2", "parallel.dp=2"][..], extra].concat()));
+        check_plan(&p).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let logs = logs(&p, None);
+        check(&p, &logs).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        assert!(logs.iter().all(|l| !l.is_empty()), "{extra:?}: every rank calls NCCL");
+    }
+}
+
+#[test]
 fn two_collectives_swapped_on_one_rank_fail_the_check() {
     let p = Arc::new(plan(0));
     let e = check(&p, &logs(&p, Some(5))).expect_err("a swapped rank must not pass");

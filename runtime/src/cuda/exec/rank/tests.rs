@@ -57,10 +57,12 @@ fn plans_it_cannot_run_are_refused_naming_why() {
         why(&["parallel.tp=2", "cluster.gpus_per_node=2", "parallel.sequence_parallel=true"])
             .contains("sequence_parallel")
     );
-    assert!(why(&["parallel.recompute=\"full\""]).contains("recompute"));
     assert!(why(&["training.flash_attention=false"]).contains("flash"));
     assert!(why(&["training.dtype=\"fp32\""]).contains("bf16"));
     assert!(why(&["model.heads=2", "model.kv_heads=2"]).contains("head_dim = hidden / heads = 384"));
+    // Recomputation runs (`host_recompute_tests`); without flash attention it is refused as such.
+    check_plan(&plan("gpt2", GPT2, &["parallel.recompute=\"full\""])).unwrap();
+    check_plan(&plan("gpt2", GPT2, &["parallel.recompute=\"selective\""])).unwrap();
     let cpu = plan("tiny", include_str!("../../../../../scenarios/tiny-gpt-cpu.toml"), &[]);
     assert!(matches!(check_plan(&cpu), Err(GpuExecError::Unsupported(_))));
 }
