@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (`cargo xtask device-check` prepares the binary and
 # prints how to launch it). No Rust and no network there: the CUDA libraries are those of
-# the machine's Python environment. About 8 minutes: the steps' timeouts sum to 540 s (they
+# the machine's Python environment. About 8 minutes: the steps' timeouts sum to 535 s (they
 # are bounds, not measured durations, except where a step says what it took on a 2-core
 # host); a failed step is reported and the next one still runs.
 # Full logs under $OUT.
