@@ -480,6 +480,18 @@ impl<D: Device> MultiGpu<D> {
             .ok_or_else(|| internal(format!("rank {a}'s op #{id} names no live buffer at position {which}")))
     }
 
+    /// Where bucket `bucket` of chunk `chunk` sits among rank `a`'s buckets, and the part of
+    /// it that rank owns.
+    fn owned_part(&self, a: usize, chunk: u32, bucket: u32) -> Res<(usize, std::ops::Range<usize>)> {
+        let ch = &self.ranks[a].chunks[chunk as usize];
+        let bi = ch
+            .buckets
+            .iter()
+            .position(|b| b.index == bucket)
+            .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
+        Ok((bi, ch.buckets[bi].owned.clone()))
+    }
+
     /// ZeRO-2/3: the members' full-gradient buffers of one bucket and microbatch (the op's
     /// second buffer) reduce-scattered in place, each member's owned part then added into
     /// its gradient shard (which accumulates over the microbatches).
@@ -496,13 +508,8 @@ impl<D: Device> MultiGpu<D> {
         let mut shard = Vec::with_capacity(members.len());
         for &a in members {
             full.push(self.op_buf(a, at, 1)?);
+            let (bi, owned) = self.owned_part(a, chunk, bucket)?;
             let ch = &self.ranks[a].chunks[chunk as usize];
-            let bi = ch
-                .buckets
-                .iter()
-                .position(|b| b.index == bucket)
-                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
-            let owned = ch.buckets[bi].owned.clone();
             parts.push(vec![(owned.start as u64, owned.len())]);
             let g = self.ranks[a].bufs[chunk as usize]
                 .grads
@@ -548,13 +555,8 @@ impl<D: Device> MultiGpu<D> {
         let mut parts = Vec::with_capacity(members.len());
         for (&a, &s) in members.iter().zip(streams) {
             let dst = self.op_buf(a, at, 0)?;
+            let (bi, owned) = self.owned_part(a, chunk, bucket)?;
             let ch = &self.ranks[a].chunks[chunk as usize];
-            let bi = ch
-                .buckets
-                .iter()
-                .position(|b| b.index == bucket)
-                .ok_or_else(|| internal(format!("rank {a} has no bucket {bucket} in chunk {chunk}")))?;
-            let owned = ch.buckets[bi].owned.clone();
             let p = self.ranks[a].bufs[chunk as usize]
                 .params
                 .as_ref()
