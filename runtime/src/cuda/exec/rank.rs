@@ -199,71 +199,6 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) dp: (u32, u32),
 }
 
-fn unsupported(why: impl Into<String>) -> GpuExecError {
-    GpuExecError::Unsupported(why.into())
-}
-
-/// What this executor runs, checked before any GPU work.
-pub fn check_plan(plan: &Plan) -> Res<()> {
-    let s = &plan.scenario;
-    let (p, t) = (&s.parallel, &s.training);
-    if p.tp > 1 && p.sequence_parallel {
-        return Err(unsupported(format!(
-            "parallel.tp = {} with sequence_parallel = true: the sequence-parallel gathers and reduce-scatters are \
-             not built on the GPU yet; use sequence_parallel = false",
-            p.tp
-        )));
-    }
-    if p.cp > 1 {
-        return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
-    }
-    if s.model.moe.is_some() {
-        return Err(unsupported(
-            "model.moe: mixture-of-experts layers (router, expert all-to-all, experts) are not built on the GPU; \
-             use a dense model",
-        ));
-    }
-    if s.model.mla.is_some() {
-        return Err(unsupported("model.mla: multi-head latent attention is not built on the GPU; use a dense model"));
-    }
-    if s.model.mtp_layers > 0 {
-        return Err(unsupported(format!(
-            "model.mtp_layers = {}: multi-token prediction is not built on the GPU; set it to 0",
-            s.model.mtp_layers
-        )));
-    }
-    if s.model.family == Family::Llama && f64::from(s.model.rope_base as f32) != s.model.rope_base {
-        return Err(unsupported(format!(
-            "model.rope_base = {}: the RoPE kernel takes the base as an fp32, which does not hold this value \
-             exactly; use one that fp32 holds (e.g. 500000 or 10000)",
-            s.model.rope_base
-        )));
-    }
-    if t.storage_dtype() != Dtype::Bf16 {
-        return Err(unsupported(format!("training.dtype = {:?}: the CUDA executor stores bf16", t.dtype)));
-    }
-    if !t.flash_attention {
-        return Err(unsupported(
-            "training.flash_attention = false: the executor's attention is the fused flash-style kernel",
-        ));
-    }
-    // The attention kernels keep a row of head_dim in registers, 8 per lane (`MAXD`).
-    if s.model.head_dim() > 256 {
-        return Err(unsupported(format!(
-            "head_dim = hidden / heads = {}: the attention kernels take head_dim ≤ 256",
-            s.model.head_dim()
-        )));
-    }
-    if p.zero > 1 && s.training.framework.accumulates_unsharded(s) {
-        return Err(unsupported(format!(
-            "parallel.zero = {} with gradients accumulated unsharded over the microbatches (torchtitan with a \
-             pipeline): not built on the GPU; use another training.framework",
-            p.zero
-        )));
-    }
-    Ok(())
-}
-
 impl GpuRank<Gpu> {
     /// Rank 0 of `plan` on GPU `ordinal`, with freshly initialised state (the CPU
     /// executor's initial parameters, seeded from the scenario).
@@ -626,6 +561,13 @@ impl<D: Device> GpuRank<D> {
         })
     }
 }
+
+fn unsupported(why: impl Into<String>) -> GpuExecError {
+    GpuExecError::Unsupported(why.into())
+}
+
+mod check;
+pub use check::check_plan;
 
 #[cfg(test)]
 mod tests;
