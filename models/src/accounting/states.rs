@@ -11,7 +11,7 @@
 //! | Megatron-LM | 2 + 4 + 12 = 18 | 6 + 12/d (distributed optimizer) | — | — | fp32 (main gradients) |
 //! | Megatron-LM, `grad_reduce_in_bf16` | 16 | 4 + 12/d | — | — | bf16 |
 //! | Megatron-LM, fp16 | 2 + 2 + 16 = 20 | 4 + 16/d | — | — | fp16 |
-//! | DeepSpeed | 2 + 2 + 12 | 6 + 12/d (BF16_Optimizer: fp32 gradient accumulation) | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
+//! | DeepSpeed | 2 + 2 + 12 | bf16 8 + 12/d (BF16_Optimizer: bf16 and fp32 gradients); fp16 4 + 16/d | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
 //! | torchtitan (FSDP2, fp32 states) | 4 + 4 + 8 (DDP) | — | 2 + 16/d (no reshard: bf16 weights kept) | 16/d (+ bf16 blocks in flight) | fp32 (`mixed_precision_reduce`) |
 //!
 //! - Megatron-LM keeps an fp32 main gradient beside every bf16 weight (`--bf16` sets
@@ -21,8 +21,11 @@
 //!   gradient partitions, fp32 master, Adam sharded); ZeRO-3 `4·P_largest + 18Ψ/N` (16-bit
 //!   weight and fp32 gradient partitions, fp32 master, Adam), the first term the largest
 //!   module's 16-bit weights and gradients gathered whole. ZeRO-1 with bf16
-//!   runs `BF16_Optimizer`: an fp32 gradient buffer for all parameters, the fp32 master and
-//!   Adam partitioned.
+//!   runs `BF16_Optimizer`: the bf16 gradients (autograd's, zeroed by `clear_lp_grads` and
+//!   kept until the step's `zero_grad`) and an fp32 gradient buffer for all parameters
+//!   (`fp32_groups_gradients_flat`, shaped as the whole flat bf16 group), the fp32 master and
+//!   Adam partitioned; with fp16, stage 1 keeps fp16 gradients whole and the fp32 gradient,
+//!   master and Adam of its partition.
 //! - torchtitan keeps parameters, gradients and Adam state in fp32 (`training.storage_dtype()`),
 //!   sharded by FSDP2; forward gathers each block in bf16 and, with reshard after forward
 //!   (ZeRO-3 here), frees it again, else (ZeRO-2) keeps it until its backward.
@@ -144,9 +147,13 @@ pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16:
                 optimizer: PerParam::whole(12),
                 grad_reduce: dtype,
             },
+            // bf16: `BF16_Optimizer` keeps the bf16 gradients (zeroed, never freed, between
+            // microbatches) beside its fp32 accumulation buffer for every parameter. fp16: ZeRO
+            // stage 1 (`stage_1_and_2.py`) accumulates in the fp16 gradients and keeps the fp32
+            // gradient of its partition only.
             1 => StateLayout {
                 weights: PerParam::whole(2),
-                grads: PerParam::whole(4),
+                grads: if dtype == Dtype::Bf16 { PerParam::whole(6) } else { PerParam { whole: 2, sharded: 4 } },
                 optimizer: PerParam::sharded(12),
                 grad_reduce: dtype,
             },
@@ -254,7 +261,8 @@ mod tests {
     fn deepspeed_matches_its_estimators_per_parameter() {
         assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 2, false).per_param(64), 2.0 + 18.0 / 64.0));
         assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 3, false).per_param(64), 18.0 / 64.0));
-        assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 1, false).per_param(8), 6.0 + 12.0 / 8.0));
+        assert!(close(layout(Framework::DeepSpeed, Dtype::Bf16, 1, false).per_param(8), 8.0 + 12.0 / 8.0));
+        assert!(close(layout(Framework::DeepSpeed, Dtype::Fp16, 1, false).per_param(8), 4.0 + 16.0 / 8.0));
         assert_eq!(layout(Framework::DeepSpeed, Dtype::Bf16, 2, false).grad_reduce, Dtype::Bf16);
     }
 

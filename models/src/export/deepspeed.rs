@@ -73,7 +73,7 @@ pub fn config(s: &Scenario) -> Value {
     }
     c.insert("communication_data_type".into(), json!(if grad_reduce_bytes(s) == 4 { "fp32" } else { t.dtype.key() }));
     if t.dtype == Dtype::Bf16 && p.zero == 1 {
-        // ZeRO-1 with bf16 as Strata models it (6 + 12/d bytes per parameter) is DeepSpeed's
+        // ZeRO-1 with bf16 as Strata models it (8 + 12/d bytes per parameter) is DeepSpeed's
         // BF16_Optimizer, which the engine picks only with fp32 gradient accumulation
         // (`_do_optimizer_sanity_check`).
         c.insert("data_types".into(), json!({ "grad_accum_dtype": "fp32" }));

@@ -38,6 +38,16 @@
 //!   through max, subtraction, `exp`, sum and division kernels, and the gradient through a
 //!   multiplication and a cast back ([`crate::plan::cost::vocab_parallel_cross_entropy`]):
 //!   a few dozen bytes per local logit, which a small model with a large vocabulary feels.
+//! - **DeepSpeed's `BF16_Optimizer`** (`runtime/bf16_optimizer.py`; the optimizer of bf16
+//!   with ZeRO-1, whose fp32 gradient buffer `accounting::states` counts): it does not fuse
+//!   the gradient accumulation into the weight-gradient GEMMs as Megatron-LM's main gradients
+//!   do. Before each microbatch's backward `clear_lp_grads` zeroes the bf16 gradients
+//!   (`_foreach_zero_`), so autograd adds each new gradient into them in place; after it,
+//!   `update_hp_grads` (the pipeline engine's `_exec_backward_pass`, the engine's
+//!   `_backward_epilogue`; `immediate_grad_update` is off by default) casts every bf16
+//!   gradient to fp32 and adds it into the fp32 buffer, tensor by tensor. Those passes run on
+//!   the compute stream between the backward and the next instruction (the pipeline send):
+//!   [`crate::plan::cost::bf16_optimizer_accumulate`].
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -69,10 +79,13 @@ pub enum Mechanic {
     /// torch.distributed.pipelining under FSDP2: gradients accumulate unsharded over the
     /// microbatches and reduce-scatter once, after each model chunk's last backward.
     FsdpPipeAccumulate,
+    /// DeepSpeed's `BF16_Optimizer`: the per-microbatch passes that accumulate the bf16
+    /// gradients into its fp32 buffer.
+    Bf16HpGrads,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 10] = [
+    pub const ALL: [Mechanic; 11] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -83,6 +96,7 @@ impl Mechanic {
         Mechanic::VocabCrossEntropy,
         Mechanic::TpCommOverlap,
         Mechanic::FsdpPipeAccumulate,
+        Mechanic::Bf16HpGrads,
     ];
 
     pub fn key(self) -> &'static str {
@@ -97,6 +111,7 @@ impl Mechanic {
             Mechanic::VocabCrossEntropy => "vocab-ce",
             Mechanic::TpCommOverlap => "tp-overlap",
             Mechanic::FsdpPipeAccumulate => "fsdp-pipe-accumulate",
+            Mechanic::Bf16HpGrads => "bf16-hp-grads",
         }
     }
 
@@ -216,6 +231,16 @@ impl Framework {
     /// default) would fuse them; torchtitan and Strata's executor keep the generic cost.
     pub fn vocab_parallel_cross_entropy(self) -> bool {
         matches!(self, Framework::Megatron | Framework::DeepSpeed) && Mechanic::VocabCrossEntropy.on()
+    }
+
+    /// Whether each microbatch's backward ends with DeepSpeed `BF16_Optimizer`'s fp32
+    /// gradient accumulation passes: DeepSpeed with bf16 weights under ZeRO-1, the layout
+    /// `accounting::states` gives an fp32 gradient buffer for every parameter.
+    pub fn accumulates_hp_grads(self, s: &Scenario) -> bool {
+        self == Framework::DeepSpeed
+            && s.training.dtype == crate::scenario::Dtype::Bf16
+            && s.parallel.zero == 1
+            && Mechanic::Bf16HpGrads.on()
     }
 
     /// Whether a pipeline send holds up the stage's compute until it is delivered

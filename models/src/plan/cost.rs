@@ -333,6 +333,24 @@ pub fn moe_layer_out_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, phase
     }
 }
 
+/// DeepSpeed `BF16_Optimizer`'s gradient passes around one microbatch's backward over a
+/// rank's `params` parameters in `tensors` tensors (`runtime/bf16_optimizer.py`,
+/// [`crate::framework::mechanics`]), bf16 gradients (2 bytes) into an fp32 buffer (4):
+/// - `update_hp_grads` after every backward, per tensor `hp.add_(lp.grad.to(fp32))`: the
+///   cast reads 2 and writes a 4-byte temporary, the add reads 4 + 4 and writes 4 — 18 bytes,
+///   two kernels;
+/// - on the first microbatch, the buffer zeroed by the previous step's `zero_grad`
+///   (`clear_hp_grads`, write 4): 22 bytes in all (the bf16 gradients are `None` then, and
+///   autograd stores the new ones without an add);
+/// - on every later microbatch, `clear_lp_grads` zeroes the kept bf16 gradients (write 2)
+///   and autograd's `AccumulateGrad` adds each new gradient into them in place (read 2 + 2,
+///   write 2): 26 bytes, four kernels per tensor.
+pub fn bf16_optimizer_accumulate(params: u64, tensors: u64, first_mb: bool) -> ComputeCost {
+    let (bytes, kernels) = if first_mb { (22, 2) } else { (26, 4) };
+    let kernels = u32::try_from(kernels * tensors).unwrap_or(u32::MAX);
+    cost(vec![], None, bytes * params, kernels)
+}
+
 /// The optimizer step over `params` parameters (the rank's shard under ZeRO ≥ 1): AdamW
 /// reads and writes fp32 master weights, momentum and variance, reads the gradient and
 /// writes the working-precision weights — 28 bytes per parameter in mixed precision and

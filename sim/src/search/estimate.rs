@@ -38,9 +38,9 @@ use strata_models::accounting::memory::state_bytes_per_param;
 use strata_models::accounting::params::{layer_params, stage_params};
 use strata_models::accounting::states::scenario_layout;
 use strata_models::parallel::Recompute;
-use strata_models::plan::cost::{optimizer_cost, piece_cost};
+use strata_models::plan::cost::{bf16_optimizer_accumulate, optimizer_cost, piece_cost};
 use strata_models::plan::schedule::PassTimes;
-use strata_models::plan::{CollKind, Phase, Piece, TpSite};
+use strata_models::plan::{CollKind, Phase, Piece, TpSite, Unit, unit_tensors};
 
 use crate::compute::ComputeModel;
 use crate::net::closed_form::ClosedFormNetwork;
@@ -229,6 +229,13 @@ impl Estimator {
                 f += head_f;
                 b += head_b;
                 w += head_w;
+            }
+            // DeepSpeed's BF16_Optimizer: every microbatch's backward ends with its fp32
+            // accumulation passes over the stage's parameters (`plan/lower/hp_grads.rs`).
+            if s.training.framework.accumulates_hp_grads(s) {
+                let params = stage_params(m, p)[i as usize].dense_per_rank();
+                let tensors = layers as u64 * unit_tensors(s, Unit::Layer(0)) + 2;
+                b += self.compute.cost_s(&bf16_optimizer_accumulate(params, tensors, false));
             }
             if i == 0 {
                 first_f = f;

@@ -47,6 +47,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             }
         }
         if vs > 0 {
+            if !split {
+                self.charge_hp_grads(chunk, mb);
+            }
             let bytes = self.residual_bytes();
             let after = self.last_compute.expect("a chunk has layers");
             let (buf, _) =
@@ -55,6 +58,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             self.send(after, p2p, buf);
         } else if !split {
             self.embed_backward(chunk, mb);
+            self.charge_hp_grads(chunk, mb);
         }
         if !self.chunk_grad_reduce.is_empty() {
             let after = self.last_compute.expect("a backward computes");

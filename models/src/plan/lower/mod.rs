@@ -35,7 +35,8 @@
 //! The lowering is split by concept: `units` counts a unit's parameters, `buckets` packs
 //! units into gradient buckets, `emit` appends ops, `forward` and `backward` lower the
 //! passes (`moe` a mixture-of-experts layer's MLP half, `mtp` multi-token prediction), `overlap` the merge of a steady-state backward with the next
-//! forward under `moe_a2a_overlap`, `zero` the data-parallel parameter and gradient traffic, `step` the end of the
+//! forward under `moe_a2a_overlap`, `zero` the data-parallel parameter and gradient traffic, `hp_grads` DeepSpeed
+//! `BF16_Optimizer`'s per-microbatch fp32 gradient accumulation, `step` the end of the
 //! step. `StageLowering` carries one stage's state through them, one `impl` block per file.
 
 mod backward;
@@ -43,6 +44,7 @@ mod buckets;
 mod cp;
 mod emit;
 mod forward;
+mod hp_grads;
 mod modules;
 mod moe;
 mod mtp;
@@ -66,6 +68,7 @@ use crate::scenario::{Scenario, ScenarioError};
 
 use buckets::stage_buckets;
 use emit::Emitter;
+pub use hp_grads::unit_tensors;
 use modules::ModuleState;
 pub use modules::piece_modules;
 pub use units::unit_params;
@@ -88,6 +91,9 @@ pub struct Planner<'a> {
     /// Context parallelism under ring attention: phase → the cost of a later ring step of
     /// the attention core (step 0 is `cost_ids[(AttnCore, phase)]`).
     ring_step_cost_ids: BTreeMap<Phase, CostId>,
+    /// DeepSpeed `BF16_Optimizer`: the costs of a backward's last op with the fp32
+    /// accumulation passes added (`hp_grads`), empty for other frameworks.
+    hp_grad_cost_ids: hp_grads::HpGradCosts,
 }
 
 impl<'a> Planner<'a> {
@@ -158,7 +164,19 @@ impl<'a> Planner<'a> {
             }
         }
         let ring_step_cost_ids = cp::costs(s, &mut costs, &mut cost_ids, &mut host_ns);
-        Ok(Planner { s, grid, costs, cost_ids, buckets, host_ns, host_cost_ids, moe_out_ids, ring_step_cost_ids })
+        let hp_grad_cost_ids = hp_grads::hp_grad_costs(s, &buckets, &mut costs, &cost_ids);
+        Ok(Planner {
+            s,
+            grid,
+            costs,
+            cost_ids,
+            buckets,
+            host_ns,
+            host_cost_ids,
+            moe_out_ids,
+            ring_step_cost_ids,
+            hp_grad_cost_ids,
+        })
     }
 
     pub fn grid(&self) -> RankGrid {

@@ -1,0 +1,84 @@
+//! DeepSpeed `BF16_Optimizer`'s per-microbatch fp32 gradient accumulation in the plan: under
+//! DeepSpeed with bf16 and ZeRO-1, each microbatch's backward of a stage ends with an op whose
+//! cost carries 22 bytes per parameter of the stage (first microbatch) or 26 (the others) on
+//! top of its own, before the gradient's pipeline send; not under Megatron-LM, fp16 or
+//! ZeRO-0; `bf16-hp-grads` off gives the same ops with their pieces' own costs.
+//!
+//! Its own test binary: the mechanic switch is process-wide; the tests take [`SWITCH`].
+
+use strata_models::Scenario;
+use strata_models::framework::mechanics::{Mechanic, set_disabled};
+use strata_models::plan::*;
+
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn scenario(framework: &str, dtype: &str, zero: u8) -> Scenario {
+    let text = format!(
+        "[model]\npreset = \"gpt3-175b\"\nlayers = 4\nhidden = 1024\nheads = 16\nkv_heads = 16\nffn_hidden = 4096\nvocab = 32000\nseq_len = 1024\n[cluster]\npreset = \"dgx-a100\"\nnodes = 1\n[parallel]\ntp = 2\npp = 2\ndp = 2\nschedule = \"1f1b\"\nglobal_batch = 8\nmicro_batch = 1\nzero = {zero}\nsequence_parallel = false\n[training]\nframework = \"{framework}\"\ndtype = \"{dtype}\"\n",
+    );
+    Scenario::from_toml(&text, "hp", "hp", &[]).unwrap()
+}
+
+/// The scenario lowered with the mechanic off: the same ops, each with its piece's own cost.
+fn without(s: &Scenario) -> Plan {
+    set_disabled(&[Mechanic::Bf16HpGrads]);
+    let plan = lower(s);
+    set_disabled(&[]);
+    plan.unwrap()
+}
+
+/// Per stage, each compute op whose cost carries more bytes than without the mechanic: its
+/// microbatch, the extra bytes, and whether the next compute op or send after it is that
+/// microbatch's gradient send.
+fn extras(plan: &Plan, off: &Plan) -> Vec<Vec<(u32, u64, bool)>> {
+    plan.programs
+        .iter()
+        .zip(&off.programs)
+        .map(|(prog, base)| {
+            assert_eq!(prog.ops.len(), base.ops.len(), "the mechanic adds no op");
+            let mut out = Vec::new();
+            for (i, (o, b)) in prog.ops.iter().zip(&base.ops).enumerate() {
+                let (OpKind::Compute(c), OpKind::Compute(cb)) = (&o.kind, &b.kind) else { continue };
+                assert_eq!((c.piece, c.phase, c.mb, c.layer), (cb.piece, cb.phase, cb.mb, cb.layer));
+                let (own, was) = (plan.costs[c.cost as usize].mem_bytes, off.costs[cb.cost as usize].mem_bytes);
+                if own != was {
+                    let next =
+                        prog.ops[i + 1..].iter().find(|n| matches!(n.kind, OpKind::Compute(_) | OpKind::Send(_)));
+                    let before_send = next.is_some_and(
+                        |n| matches!(&n.kind, OpKind::Send(s) if s.kind == P2pKind::Gradient && s.mb == c.mb),
+                    );
+                    out.push((c.mb, own - was, before_send));
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn deepspeed_bf16_zero1_adds_the_fp32_accumulation_after_every_backward() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let s = scenario("deepspeed", "bf16", 1);
+    let plan = lower(&s).unwrap();
+    verify(&plan).unwrap();
+    let off = without(&s);
+    let m = plan.scenario.parallel.microbatches();
+    assert_eq!(m, 4);
+    for (stage, ex) in extras(&plan, &off).iter().enumerate() {
+        let params: u64 = plan.buckets[stage].iter().map(|b| b.params).sum();
+        let want: Vec<(u32, u64, bool)> =
+            (0..m).map(|mb| (mb, if mb == 0 { 22 } else { 26 } * params, stage == 1)).collect();
+        assert_eq!(ex, &want, "stage {stage}");
+    }
+}
+
+#[test]
+fn other_frameworks_and_dtypes_add_nothing() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    for (fw, dtype, zero) in [("megatron", "bf16", 1), ("deepspeed", "fp16", 1), ("deepspeed", "bf16", 0)] {
+        let s = scenario(fw, dtype, zero);
+        let plan = lower(&s).unwrap();
+        assert!(extras(&plan, &without(&s)).iter().all(Vec::is_empty), "{fw} {dtype} zero {zero}");
+        assert_eq!(plan.costs, without(&s).costs, "{fw} {dtype} zero {zero}");
+    }
+}
