@@ -13,8 +13,20 @@ use strata_models::plan::*;
 static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn scenario(framework: &str, dtype: &str, zero: u8) -> Scenario {
+    model_scenario(
+        2,
+        "preset = \"gpt3-175b\"\nlayers = 4\nhidden = 1024\nheads = 16\nkv_heads = 16\nffn_hidden = 4096\nvocab = 32000\nseq_len = 1024",
+        framework,
+        dtype,
+        zero,
+    )
+}
+
+/// `model`'s table on one DGX node as tp · pp 2 · dp, 8 sequences of one per microbatch.
+fn model_scenario(tp: u32, model: &str, framework: &str, dtype: &str, zero: u8) -> Scenario {
     let text = format!(
-        "[model]\npreset = \"gpt3-175b\"\nlayers = 4\nhidden = 1024\nheads = 16\nkv_heads = 16\nffn_hidden = 4096\nvocab = 32000\nseq_len = 1024\n[cluster]\npreset = \"dgx-a100\"\nnodes = 1\n[parallel]\ntp = 2\npp = 2\ndp = 2\nschedule = \"1f1b\"\nglobal_batch = 8\nmicro_batch = 1\nzero = {zero}\nsequence_parallel = false\n[training]\nframework = \"{framework}\"\ndtype = \"{dtype}\"\n",
+        "[model]\n{model}\n[cluster]\npreset = \"dgx-a100\"\nnodes = 1\n[parallel]\ntp = {tp}\npp = 2\ndp = {dp}\nschedule = \"1f1b\"\nglobal_batch = 8\nmicro_batch = 1\nzero = {zero}\nsequence_parallel = false\n[training]\nframework = \"{framework}\"\ndtype = \"{dtype}\"\n",
+        dp = 4 / tp,
     );
     Scenario::from_toml(&text, "hp", "hp", &[]).unwrap()
 }
@@ -62,13 +74,33 @@ fn deepspeed_bf16_zero1_adds_the_fp32_accumulation_after_every_backward() {
     let plan = lower(&s).unwrap();
     verify(&plan).unwrap();
     let off = without(&s);
+    assert_eq!(plan.scenario.parallel.microbatches(), 4);
+    check_every_microbatch(&plan, &off);
+}
+
+/// Each stage's backward of each microbatch carries 22 (first) or 26 bytes per parameter
+/// of the stage on exactly one op, which on the later stage is followed by its send.
+fn check_every_microbatch(plan: &Plan, off: &Plan) {
     let m = plan.scenario.parallel.microbatches();
-    assert_eq!(m, 4);
-    for (stage, ex) in extras(&plan, &off).iter().enumerate() {
+    for (stage, ex) in extras(plan, off).iter().enumerate() {
         let params: u64 = plan.buckets[stage].iter().map(|b| b.params).sum();
         let want: Vec<(u32, u64, bool)> =
             (0..m).map(|mb| (mb, if mb == 0 { 22 } else { 26 } * params, stage == 1)).collect();
         assert_eq!(ex, &want, "stage {stage}");
+    }
+}
+
+#[test]
+fn llama_and_mixture_of_experts_backwards_end_with_it_too() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    // DeepSpeed runs no sequence parallelism, which MoE under tp needs: the MoE split is tp 1.
+    let llama = "preset = \"llama3-8b\"\nlayers = 4\nseq_len = 1024";
+    let mixtral = "preset = \"mixtral-8x7b\"\nlayers = 4\nseq_len = 1024";
+    for (tp, model) in [(2, llama), (1, mixtral)] {
+        let s = model_scenario(tp, model, "deepspeed", "bf16", 1);
+        let plan = lower(&s).unwrap();
+        verify(&plan).unwrap();
+        check_every_microbatch(&plan, &without(&s));
     }
 }
 
