@@ -66,6 +66,7 @@ pub mod rank;
 mod saved;
 pub mod schedule;
 pub mod shared;
+mod sp;
 pub mod step;
 pub mod train;
 pub mod train_nccl;

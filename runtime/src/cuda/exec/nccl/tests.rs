@@ -114,6 +114,7 @@ fn signature(p: &Plan, rank: u32, op: OpId, c: &Call) -> String {
     let shape = match *c {
         Call::AllReduce { count, dt, .. } => format!("all-reduce {count}×{dt:?}"),
         Call::AllGather { count, dt, .. } => format!("all-gather {count}×{dt:?}"),
+        Call::ReduceScatter { count, dt, .. } => format!("reduce-scatter {count}×{dt:?}"),
         Call::Reduce { count, dt, root, .. } => format!("reduce {count}×{dt:?} to {root}"),
         Call::Broadcast { count, dt, root, .. } => format!("broadcast {count}×{dt:?} from {root}"),
         Call::Send { count, dt, .. } | Call::Recv { count, dt, .. } => format!("{count}×{dt:?}"),
@@ -226,7 +227,7 @@ fn check(p: &Plan, logs: &[Vec<(OpId, Call)>]) -> Result<(), String> {
                     let elems: usize = calls
                         .iter()
                         .map(|k| match **k {
-                            Call::AllGather { count, .. } => count * size,
+                            Call::AllGather { count, .. } | Call::ReduceScatter { count, .. } => count * size,
                             Call::AllReduce { count, .. }
                             | Call::Reduce { count, .. }
                             | Call::Broadcast { count, .. } => count,
