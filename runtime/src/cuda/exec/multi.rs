@@ -30,13 +30,16 @@
 //! place and each owner's part added into its gradient shard, and ZeRO-3's gathered buffers
 //! filled by each owner copying in its shard's part and an in-place all-gather; the tied word
 //! table's gradients all-reduced between the first and last stage, pipeline messages.
-//! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
-//! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
-//! (as the single rank's GEMM rounds once), the vocabulary shards' embeddings in bf16
-//! (exact), the loss statistics of the vocabulary shards all-gathered. Llama plans run
+//! Tensor parallelism: the row-parallel GEMMs' partial sums and the column-parallel input
+//! gradients all-reduced in fp32 and rounded to bf16 once (as the single rank's GEMM
+//! rounds once), the vocabulary shards' embeddings in bf16 (exact), the loss statistics of
+//! the vocabulary shards all-gathered; with sequence parallelism those sums reduce-scattered
+//! into each rank's sequence shard instead, the norms' outputs and the residual gradient
+//! all-gathered, and the replicated tensors' gradients all-reduced once a step
+//! (`multi/sp.rs`; tests in `multi/tests_sp.rs`). Llama plans run
 //! through the same collectives (no tied table: its output layer is its own; each tp rank
 //! holds whole query heads and the key/value heads they read, and [gate_r | up_r]; tests in
-//! `multi/tests_llama.rs`). Sequence parallelism is not built; `check_plan` refuses it.
+//! `multi/tests_llama.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

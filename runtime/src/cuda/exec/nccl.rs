@@ -25,7 +25,10 @@
 //! each owner's part in place (one `ncclReduce` per member's contiguous part of the bucket)
 //! and added into the owner's gradient shard, and (ZeRO-3) a unit's gathered parameters
 //! assembled by each owner copying in its shard's part and broadcasting it; the tensor-parallel partial sums (fp32, then rounded to bf16 once)
-//! and embeddings (bf16); the vocabulary shards' loss statistics all-gathered in tp order;
+//! and embeddings (bf16) — under sequence parallelism reduce-scattered into the rank's
+//! sequence shard instead, beside the all-gathers of the shards and the replicated
+//! tensors' gradients all-reduced once a step (`nccl/sp.rs`) —; the vocabulary shards'
+//! loss statistics all-gathered in tp order;
 //! the gradient norm's Σ g² all-reduced in f64. Numerics: NCCL's ring and tree sums do not
 //! add in rank order, so sums over more than two ranks may differ from the shared-GPU
 //! communicator's in the last bits (fp32: a relative 2⁻²³ per addition; two-rank sums are

@@ -5,8 +5,8 @@
 //!
 //! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, full or
 //! selective activation recomputation (`pieces::saved_acts`); one rank, or
-//! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
+//! several of one plan under tensor (with or without sequence parallelism: `sp`), pipeline
+//! and data parallelism (cp = 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
 //! states in `bufs`; ZeRO-0 to 3, ZeRO-2/3's gradients through the plan's full-gradient
 //! buckets and ZeRO-3's parameters through its gathered buffers) through the multi-rank
 //! driver (`multi`) or NCCL (`nccl`), which run the ops that need peers. Other plans are

@@ -1,5 +1,5 @@
-//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1) and
-//! of a tp2·dp4 ZeRO-3 plan
+//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1; with
+//! sequence parallelism, its all-gathers and reduce-scatters) and of a tp2·dp4 ZeRO-3 plan
 //! runs a step on the host stand-in against a fake NCCL that records its calls, and the
 //! logs are checked as NCCL would match them — every member's calls on each communicator
 //! in the same order serving the same plan op with the same counts, every send paired with
