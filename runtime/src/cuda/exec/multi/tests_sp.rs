@@ -179,3 +179,21 @@ fn sequence_parallelism_with_full_recomputation_and_with_zero_3_trains_as_the_si
         assert!(d <= TP_LOSS_TOL_NATS, "{sets:?}: {sp:?} against the single rank's {single:?} ({d:.3e} nats)");
     }
 }
+
+/// The device check's sequence-parallel step (`xtask/device/check.sh`, `tiny-tp2-sp`): the
+/// tiny GPT on H200s at tp 2 with sequence parallelism is a plan this executor runs, and a
+/// step of it on the checking stand-in (every launch and address checked) completes.
+#[test]
+fn the_device_checks_sequence_parallel_split_runs_here() {
+    let text = include_str!("../../../../../scenarios/tiny-gpt-1xh200.toml");
+    let sets: Vec<String> = ["parallel.tp=2", SP, "cluster.gpus_per_node=2"].iter().map(|s| s.to_string()).collect();
+    let s = strata_models::Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap();
+    let p = Arc::new(strata_models::plan::lower(&s).unwrap());
+    check_plan(&p).unwrap();
+    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+    let first = HostDevice::new(80 << 30);
+    let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
+    let mut multi = MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default()).unwrap();
+    let reports = multi.step(0).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reports.len(), 2);
+}
