@@ -197,3 +197,43 @@ fn the_device_checks_sequence_parallel_split_runs_here() {
     let reports = multi.step(0).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reports.len(), 2);
 }
+
+/// A layer's `act L mb` block under sequence parallelism (GPT-2 124M at tp 2, b 8, s 1024):
+/// the residual stream's and the norms' tensors on the rank's half of the sequence, the
+/// rest whole — within 10 % of the plan's figure for the buffer, as without it
+/// (`rank/tests.rs`), and smaller than the block without it.
+#[test]
+fn a_sequence_parallel_layers_saved_activations_are_compared_with_the_plan() {
+    let text = include_str!("../../../../../scenarios/gpt2-124m-1xh200.toml");
+    let lower = |sp: bool| {
+        // The vocabulary padded to a multiple of 64, as Megatron-LM pads it, so tp 2 divides it.
+        let mut sets: Vec<String> =
+            ["parallel.tp=2", "cluster.gpus_per_node=2", "model.vocab=50304"].iter().map(|s| s.to_string()).collect();
+        sets.extend(sp.then(|| SP.to_string()));
+        strata_models::plan::lower(&strata_models::Scenario::from_toml(text, "gpt2", "gpt2", &sets).unwrap()).unwrap()
+    };
+    let mut blocks = Vec::new();
+    for sp in [false, true] {
+        let p = lower(sp);
+        check_plan(&p).unwrap();
+        let c = &crate::cuda::exec::layout::rank_state(&p, 0).unwrap()[0];
+        let (b, seq) = (p.scenario.parallel.micro_batch as usize, p.scenario.model.seq_len as usize);
+        assert_eq!((b, seq), (8, 1024));
+        let mut dims = crate::cuda::exec::rank::Dims::new(c.layout.dims(), b, seq);
+        if sp {
+            dims.rows = dims.t / 2;
+        }
+        let (a, bytes) = crate::cuda::exec::pieces::saved_acts(&dims, 0, p.scenario.parallel.recompute);
+        assert!(a.m + 2 * (dims.rows * dims.h) as u64 <= bytes && a.fc1_act + 2 * (dims.t * dims.f) as u64 <= bytes);
+        let predicted = p.program(0).ops.iter().find_map(|o| match &o.kind {
+            strata_models::plan::OpKind::Alloc(al) if al.name == "act L0 mb0" => Some(al.bytes),
+            _ => None,
+        });
+        let predicted = predicted.expect("the plan allocates act L0 mb0");
+        let ratio = bytes as f64 / predicted as f64;
+        eprintln!("sp {sp}: executor {bytes} B, plan {predicted} B, ratio {ratio:.3}");
+        assert!((0.9..1.1).contains(&ratio), "sp {sp}: executor {bytes} B, plan {predicted} B");
+        blocks.push((bytes, predicted));
+    }
+    assert!(blocks[1].0 < blocks[0].0 && blocks[1].1 < blocks[0].1, "{blocks:?}");
+}
