@@ -6,6 +6,15 @@
 //! the plan predicts; and leaving the replicated tensors' gradients unsummed over the tp
 //! group (Megatron-LM's sequence-parallel norm-gradient all-reduce), or the collectives'
 //! additions, is caught.
+//!
+//! Measured (3 steps, seq 16, 8 microbatches of 1): tp2 GPT 5.4e-5 nats from the single
+//! rank (tp alone's gap: the same fp32 sums in the same order), Llama 4.7e-7 (bound 2e-4);
+//! against the CPU executor's sequence-parallel run 5.2e-5 and 3.5e-5 relative (bound
+//! 1e-3); tp2·pp2 5.4e-5; full recomputation and tp2·dp2 ZeRO-3 2.3e-5 over 2 steps. Rank
+//! 0's activations 97,280 → 78,848 B measured (103,936 → 80,896 B predicted), the pool's
+//! high-water mark 9.7 kB lower; GPT-2 124M's `act L0 mb0` 0.94× the plan's. Without the
+//! norm-gradient sum: 3.1e-3 nats after one step (15× the bound); without additions
+//! 2.2e-2 at the first forward.
 
 use std::sync::Arc;
 
