@@ -6,8 +6,8 @@
 //! --backend cuda --out $OUT/h200-measured.toml`) and predicts the step with it beside the
 //! built-in profile, trains GPT-2 124M with the CUDA executor (and the tiny GPT with it and
 //! the CPU executor, to compare their losses, and as tp 2 · pp 2 · dp 2 — eight ranks on
-//! the one GPU through the shared-GPU communicator —, with full recomputation and as pp 2 · vpp 2
-//! interleaved, each against its single rank; the tiny Llama
+//! the one GPU through the shared-GPU communicator —, with full recomputation, as pp 2 · vpp 2
+//! interleaved and as tp 2 with sequence parallelism, each against its single rank; the tiny Llama
 //! with both executors too, for the Llama pieces), times GPT-2 124M in
 //! PyTorch eager and prints the table (`xtask/device/table.py`); logs under `$OUT`.
 

@@ -7,7 +7,7 @@ use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use super::device::{Arg, Device, blocks, per_row};
 use super::pieces::{C, W, attn_grid};
-use super::rank::{GpuExecError, GpuRank, Res};
+use super::rank::{GpuExecError, GpuRank, Res, Tensor};
 use crate::params::ParamKind;
 
 impl<D: Device> GpuRank<D> {
@@ -21,10 +21,28 @@ impl<D: Device> GpuRank<D> {
         })
     }
 
+    /// The output gradient a row-parallel piece's backward reads, and its copy kept for
+    /// the weight pass: the residual gradient (T, h), copied, to go back to the residual
+    /// stream (returned); under sequence parallelism the gathered one (`W::Full`), kept as
+    /// it is (the residual gradient, the rank's shard, stays where it was).
+    fn output_grad(&mut self, chunk: u32, mb: u32, what: &str) -> Res<(Option<Tensor>, Tensor)> {
+        if self.sp() {
+            return Ok((None, self.got_here(chunk, mb, W::Full)?));
+        }
+        let th = self.dims.t * self.dims.h;
+        let dout = self.got(chunk, mb, W::Dr)?;
+        let keep = self.ws(what, 2 * th)?;
+        self.gpu.copy(C, keep.ptr(), dout.ptr(), 2 * th)?;
+        Ok((Some(dout), keep))
+    }
+
     pub(super) fn layer_bwd(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb, layer) = (c.chunk, c.mb, c.layer);
         let d = self.dims;
-        let (th, dc, dkv, w) = (d.t * d.h, d.q_dim(), d.kv_dim(), d.qkv_w());
+        // All tokens (the column-parallel pieces), and the rank's rows of the residual stream
+        // (its sequence shard under sequence parallelism).
+        let (th, rh, dc, dkv, w) = (d.t * d.h, d.rows * d.h, d.q_dim(), d.kv_dim(), d.qkv_w());
+        let sp = self.sp();
         let ac = self.acts_of(layer, mb, c.phase)?;
         let lp = self.layer_ptrs(chunk, layer)?;
         let pg = |k| -> Res<(super::device::Ptr, super::device::Ptr)> { Ok(lp[super::pieces::ix(k)]) };
@@ -32,17 +50,16 @@ impl<D: Device> GpuRank<D> {
             (Piece::LayerOut, Phase::BackwardInput) => {
                 let (_, db2) = pg(ParamKind::Fc2B)?;
                 let dr = self.got(chunk, mb, W::Dr)?;
-                self.col_sum(dr.ptr(), db2, d.h)?;
+                self.col_sum(dr.ptr(), db2, d.rows, d.h)?;
                 self.put(chunk, mb, W::Dr, dr)
             }
             (Piece::Mlp, Phase::BackwardInput) => {
                 let ((w1, _), (w2, _)) = (pg(ParamKind::Fc1W)?, pg(ParamKind::Fc2W)?);
-                let dout = self.got(chunk, mb, W::Dr)?;
-                let keep_out = self.ws("FC2's output gradient, kept for the weight pass", 2 * th)?;
-                self.gpu.copy(C, keep_out.ptr(), dout.ptr(), 2 * th)?;
+                let (dout, keep_out) =
+                    self.output_grad(chunk, mb, "FC2's output gradient, kept for the weight pass")?;
                 let (tf, f1) = (d.t * d.f, d.fc1_w());
                 let dact = self.ws("the activation output's gradient", 2 * tf)?;
-                self.dinput(dout.ptr(), w2, dact.ptr(), d.f, d.h)?;
+                self.dinput(keep_out.ptr(), w2, dact.ptr(), d.f, d.h)?;
                 let dpre = self.ws("FC1's pre-activation gradient, kept for the weight pass", 2 * d.t * f1)?;
                 if d.llama {
                     // d[gate | up] from d act (overwritten, both halves).
@@ -63,7 +80,9 @@ impl<D: Device> GpuRank<D> {
                 self.dinput_partial(dpre.ptr(), w1, part.ptr(), d.h, f1)?;
                 self.keep(layer, mb, W::DFc2Out, keep_out);
                 self.keep(layer, mb, W::DFc1Pre, dpre);
-                self.put(chunk, mb, W::Dr, dout)?;
+                if let Some(dout) = dout {
+                    self.put(chunk, mb, W::Dr, dout)?;
+                }
                 self.put(chunk, mb, W::DPart, part)
             }
             (Piece::MlpIn | Piece::AttnIn, Phase::BackwardInput) => {
@@ -75,24 +94,23 @@ impl<D: Device> GpuRank<D> {
                     if attn_in { (ac.r_in, ac.ln1_mean, ac.ln1_rstd) } else { (ac.r_mid, ac.ln2_mean, ac.ln2_rstd) };
                 let dx = self.got(chunk, mb, W::DPart)?;
                 let dr = self.got(chunk, mb, W::Dr)?;
-                let tmp = self.ws("a LayerNorm input's gradient", 2 * th)?;
+                let tmp = self.ws("a LayerNorm input's gradient", 2 * rh)?;
                 self.ln_bwd(dx.ptr(), x, g, mean, rstd, tmp.ptr(), dg, db)?;
-                self.add(dr.ptr(), tmp.ptr(), th)?;
+                self.add(dr.ptr(), tmp.ptr(), rh)?;
                 self.give(tmp);
                 self.give(dx);
                 if !attn_in {
                     let (_, dbp) = pg(ParamKind::ProjB)?;
-                    self.col_sum(dr.ptr(), dbp, d.h)?;
+                    self.col_sum(dr.ptr(), dbp, d.rows, d.h)?;
                 }
                 self.put(chunk, mb, W::Dr, dr)
             }
             (Piece::Attn, Phase::BackwardInput) => {
                 let ((wq, _), (wp, _)) = (pg(ParamKind::QkvW)?, pg(ParamKind::ProjW)?);
-                let dout = self.got(chunk, mb, W::Dr)?;
-                let keep_out = self.ws("the projection's output gradient, kept for the weight pass", 2 * th)?;
-                self.gpu.copy(C, keep_out.ptr(), dout.ptr(), 2 * th)?;
+                let (dout, keep_out) =
+                    self.output_grad(chunk, mb, "the projection's output gradient, kept for the weight pass")?;
                 let dctx = self.ws("the attention context's gradient", 2 * d.t * dc)?;
-                self.dinput(dout.ptr(), wp, dctx.ptr(), dc, d.h)?;
+                self.dinput(keep_out.ptr(), wp, dctx.ptr(), dc, d.h)?;
                 let rows = d.b * d.heads * d.s;
                 let delta = self.ws("the attention's rowwise dO·O", 4 * rows)?;
                 let (bi, si, hi, ki, di) = (
@@ -141,18 +159,24 @@ impl<D: Device> GpuRank<D> {
                 self.dinput_partial(dqkv.ptr(), wq, part.ptr(), d.h, w)?;
                 self.keep(layer, mb, W::DProjOut, keep_out);
                 self.keep(layer, mb, W::DQkv, dqkv);
-                self.put(chunk, mb, W::Dr, dout)?;
+                if let Some(dout) = dout {
+                    self.put(chunk, mb, W::Dr, dout)?;
+                }
                 self.put(chunk, mb, W::DPart, part)
             }
             (Piece::Mlp, Phase::BackwardWeight) => {
                 let ((_, dw1), (_, db1), (_, dw2)) = (pg(ParamKind::Fc1W)?, pg(ParamKind::Fc1B)?, pg(ParamKind::Fc2W)?);
                 let dout = self.kept(layer, mb, W::DFc2Out)?;
                 let dpre = self.kept(layer, mb, W::DFc1Pre)?;
+                let saved = if sp { Some(self.got_here(chunk, mb, W::Saved)?) } else { None };
                 self.dweight(ac.fc1_act, dout.ptr(), dw2, d.f, d.h)?;
-                self.dweight(ac.m, dpre.ptr(), dw1, d.h, d.fc1_w())?;
-                self.col_sum(dpre.ptr(), db1, d.fc1_w())?;
+                self.dweight(saved.as_ref().map_or(ac.m, Tensor::ptr), dpre.ptr(), dw1, d.h, d.fc1_w())?;
+                self.col_sum(dpre.ptr(), db1, d.t, d.fc1_w())?;
                 self.give(dout);
                 self.give(dpre);
+                if let Some(t) = saved {
+                    self.give(t);
+                }
                 Ok(())
             }
             (Piece::Attn, Phase::BackwardWeight) => {
@@ -160,11 +184,15 @@ impl<D: Device> GpuRank<D> {
                     (pg(ParamKind::QkvW)?, pg(ParamKind::QkvB)?, pg(ParamKind::ProjW)?);
                 let dout = self.kept(layer, mb, W::DProjOut)?;
                 let dqkv = self.kept(layer, mb, W::DQkv)?;
+                let saved = if sp { Some(self.got_here(chunk, mb, W::Saved)?) } else { None };
                 self.dweight(ac.ctx, dout.ptr(), dwp, dc, d.h)?;
-                self.dweight(ac.a, dqkv.ptr(), dwq, d.h, w)?;
-                self.col_sum(dqkv.ptr(), dbq, w)?;
+                self.dweight(saved.as_ref().map_or(ac.a, Tensor::ptr), dqkv.ptr(), dwq, d.h, w)?;
+                self.col_sum(dqkv.ptr(), dbq, d.t, w)?;
                 self.give(dout);
                 self.give(dqkv);
+                if let Some(t) = saved {
+                    self.give(t);
+                }
                 Ok(())
             }
             (p, ph) => Err(GpuExecError::Unsupported(format!("{} {} in a layer", p.key(), ph.key()))),
@@ -174,7 +202,7 @@ impl<D: Device> GpuRank<D> {
     pub(super) fn head_piece(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb) = (c.chunk, c.mb);
         let d = self.dims;
-        let th = d.t * d.h;
+        let (th, rh, sp) = (d.t * d.h, d.rows * d.h, self.sp());
         let hd = self.head(mb)?;
         let (tgt_ptr, (t_in, t_out)) = (self.tok(mb).1, (d.t as i32, d.v as i32));
         // The output layer: GPT's tied word table (the head's copy), Llama's own `out_w`;
@@ -185,24 +213,29 @@ impl<D: Device> GpuRank<D> {
                 let ((g, _), (b, _)) =
                     (self.pg(chunk, None, ParamKind::LnfW)?, self.pg_opt(chunk, None, ParamKind::LnfB)?);
                 let r = self.got(chunk, mb, W::R)?;
-                self.gpu.copy(C, hd.r_in, r.ptr(), 2 * th)?;
+                self.gpu.copy(C, hd.r_in, r.ptr(), 2 * rh)?;
                 self.ln_fwd(r.ptr(), g, b, hd.hn, hd.mean, hd.rstd)?;
                 self.give(r);
                 Ok(())
             }
             (Piece::Logits, Phase::Forward) => {
                 let (w_out, _) = self.pg(chunk, None, out_kind)?;
+                // Sequence parallelism: the final norm's output of every token, gathered.
+                let gathered = if sp { Some(self.got_here(chunk, mb, W::Full)?) } else { None };
                 // logits (T, V) = hn · wteᵀ
                 self.gpu.gemm(
                     d.t,
                     d.v,
                     d.h,
-                    super::device::n(hd.hn),
+                    super::device::n(gathered.as_ref().map_or(hd.hn, Tensor::ptr)),
                     super::device::t(w_out),
                     hd.logits,
                     super::device::Dt::Bf16,
                     0.0,
                 )?;
+                if let Some(t) = gathered {
+                    self.give(t);
+                }
                 let stats = self.ws("the loss statistics", 4 * 3 * d.t)?;
                 let args = [
                     Arg::P(hd.logits),
@@ -255,24 +288,28 @@ impl<D: Device> GpuRank<D> {
             }
             (Piece::Logits, Phase::BackwardWeight) => {
                 let (_, dw_out) = self.pg(chunk, None, out_kind)?;
+                let saved = if sp { Some(self.got_here(chunk, mb, W::Saved)?) } else { None };
                 // dw_out (V, h) += dlogitsᵀ · hn
                 self.gpu.gemm(
                     d.v,
                     d.h,
                     d.t,
                     super::device::t(hd.logits),
-                    super::device::n(hd.hn),
+                    super::device::n(saved.as_ref().map_or(hd.hn, Tensor::ptr)),
                     dw_out,
                     super::device::Dt::F32,
                     1.0,
                 )?;
+                if let Some(t) = saved {
+                    self.give(t);
+                }
                 Ok(())
             }
             (Piece::FinalNorm, Phase::BackwardInput) => {
                 let ((g, dg), (_, db)) =
                     (self.pg(chunk, None, ParamKind::LnfW)?, self.pg_opt(chunk, None, ParamKind::LnfB)?);
                 let dhn = self.got(chunk, mb, W::DPart)?;
-                let dr = self.ws("the residual gradient", 2 * th)?;
+                let dr = self.ws("the residual gradient", 2 * rh)?;
                 self.ln_bwd(dhn.ptr(), hd.r_in, g, hd.mean, hd.rstd, dr.ptr(), dg, db)?;
                 self.give(dhn);
                 self.put(chunk, mb, W::Dr, dr)

@@ -74,9 +74,10 @@ impl<D: Device> GpuRank<D> {
         self.plan_buf(BufKey::Msg { send, kind, vstage, mb })
     }
 
-    /// Bytes of one pipeline message: a (T, h) bf16 tensor.
+    /// Bytes of one pipeline message: a (T, h) bf16 tensor — the rank's sequence shard,
+    /// (T / tp, h), under sequence parallelism (the plan's `residual_bytes`).
     pub(super) fn msg_bytes(&self) -> usize {
-        2 * self.dims.t * self.dims.h
+        2 * self.dims.rows * self.dims.h
     }
 
     /// The tensor a send ships: an activation for virtual stage v leaves v − 1 (the residual

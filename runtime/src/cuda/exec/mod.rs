@@ -18,7 +18,9 @@
 //!   the blocks of their saved state); `comm`: a rank's side of the gradient norm and of
 //!   pipeline messages;
 //! - [`shared`]: the shared-GPU communicator's plan of device copies and additions
-//!   (deterministic, two-phase), tested on host memory;
+//!   (deterministic, two-phase), tested on host memory; `sp`: a rank's side of sequence
+//!   parallelism (which tensor each gather, reduce-scatter and replicated-gradient sum
+//!   moves, for both communicators);
 //! - [`multi`]: every rank of a plan on one GPU, on one host thread — collectives through
 //!   `shared` at the plan's rendezvous, pipeline messages as device copies;
 //! - [`train`]: a run (`strata train --backend cuda`, `strata compare --backend cuda`);
@@ -33,15 +35,18 @@
 //! or selective recomputation (full: a layer's forward pieces again from its saved input
 //! into the plan's `recompute L mb` block; selective, which the plan lowers with flash
 //! attention to no op and no saved statistics: the attention backward recomputes its
-//! log-sum-exp); one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (no
-//! sequence parallelism; interleaved 1F1B with `vpp` model chunks per rank, each its own
-//! layers, parameters, gradients and optimizer state, pipeline messages keyed by virtual
-//! stage — `multi/tests_vpp.rs`); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
+//! log-sum-exp); one rank, tp · pp · dp ranks on one GPU, or one per GPU through NCCL (with
+//! sequence parallelism or without — the norms and residual on the rank's shard of the
+//! sequence, all-gathers before the column-parallel GEMMs and reduce-scatters after the
+//! row-parallel ones, the replicated gradients summed over tp — `multi/tests_sp.rs`;
+//! interleaved 1F1B with `vpp` model chunks per rank, each its own layers, parameters,
+//! gradients and optimizer state, pipeline messages keyed by virtual stage —
+//! `multi/tests_vpp.rs`); ZeRO-0 to 3 as the plan lowers them — ZeRO-2/3's kernels
 //! accumulate each microbatch's gradients into the plan's full-gradient bucket buffers,
 //! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
 //! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
 //! under a pipeline: refused); other plans (MoE, MLA, MTP among them) are refused naming
-//! why. Not built: sequence parallelism, one process driving all GPUs of a node.
+//! why. Not built: one process driving all GPUs of a node.
 
 mod backward;
 mod comm;
@@ -66,6 +71,7 @@ pub mod rank;
 mod saved;
 pub mod schedule;
 pub mod shared;
+mod sp;
 pub mod step;
 pub mod train;
 pub mod train_nccl;

@@ -30,13 +30,16 @@
 //! place and each owner's part added into its gradient shard, and ZeRO-3's gathered buffers
 //! filled by each owner copying in its shard's part and an in-place all-gather; the tied word
 //! table's gradients all-reduced between the first and last stage, pipeline messages.
-//! Tensor parallelism without sequence parallelism: the row-parallel GEMMs' partial sums
-//! and the column-parallel input gradients all-reduced in fp32 and rounded to bf16 once
-//! (as the single rank's GEMM rounds once), the vocabulary shards' embeddings in bf16
-//! (exact), the loss statistics of the vocabulary shards all-gathered. Llama plans run
+//! Tensor parallelism: the row-parallel GEMMs' partial sums and the column-parallel input
+//! gradients all-reduced in fp32 and rounded to bf16 once (as the single rank's GEMM
+//! rounds once), the vocabulary shards' embeddings in bf16 (exact), the loss statistics of
+//! the vocabulary shards all-gathered; with sequence parallelism those sums reduce-scattered
+//! into each rank's sequence shard instead, the norms' outputs and the residual gradient
+//! all-gathered, and the replicated tensors' gradients all-reduced once a step
+//! (`multi/sp.rs`; tests in `multi/tests_sp.rs`). Llama plans run
 //! through the same collectives (no tied table: its output layer is its own; each tp rank
 //! holds whole query heads and the key/value heads they read, and [gate_r | up_r]; tests in
-//! `multi/tests_llama.rs`). Sequence parallelism is not built; `check_plan` refuses it.
+//! `multi/tests_llama.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -66,6 +69,20 @@ pub struct MultiGpu<D: Device> {
     /// A mutation for the tests: collectives copy without adding.
     #[cfg(test)]
     pub(super) drop_sums: bool,
+    /// A mutation for the tests: sequence parallelism's replicated gradients left unsummed.
+    #[cfg(test)]
+    pub(super) skip_sp_grads: bool,
+}
+
+/// The tensor a tensor-parallel reduction sums: the partial sums of a row-parallel GEMM
+/// (or of the vocabulary shards' embeddings; backward: a column-parallel piece's input
+/// gradient).
+pub(super) fn tp_partial(piece: Piece, phase: Phase) -> W {
+    match phase {
+        Phase::BackwardInput => W::DPart,
+        _ if piece == Piece::Embed => W::R,
+        _ => W::Out,
+    }
 }
 
 fn internal(why: String) -> GpuExecError {
@@ -102,6 +119,8 @@ impl<D: Device> MultiGpu<D> {
             partner,
             #[cfg(test)]
             drop_sums: false,
+            #[cfg(test)]
+            skip_sp_grads: false,
         })
     }
 
@@ -339,17 +358,24 @@ impl<D: Device> MultiGpu<D> {
                 self.all_reduce_grads(&members, &streams, &ranges)?;
             }
             CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. } if c.kind == CollKind::AllReduce => {
-                // The partial sums of a row-parallel GEMM (or of the vocabulary shards'
-                // embeddings; backward: a column-parallel piece's input gradient), in place.
-                let w = match phase {
-                    Phase::BackwardInput => W::DPart,
-                    _ if piece == Piece::Embed => W::R,
-                    _ => W::Out,
-                };
-                self.tp_all_reduce(&members, &streams, chunk, mb, w)?;
+                self.tp_all_reduce(&members, &streams, chunk, mb, tp_partial(piece, phase))?;
             }
             CollPurpose::Tp { site: TpSite::LossStats, mb, chunk, .. } if c.kind == CollKind::AllGather => {
                 self.tp_gather_stats(&members, &streams, chunk, mb)?;
+            }
+            // Sequence parallelism (`multi/sp.rs`).
+            CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. }
+                if c.kind == CollKind::ReduceScatter =>
+            {
+                self.sp_reduce_scatter(&members, &streams, chunk, mb, tp_partial(piece, phase))?;
+            }
+            CollPurpose::Tp { site: site @ (TpSite::Gather | TpSite::GatherSaved), piece, phase, mb, chunk, layer }
+                if c.kind == CollKind::AllGather =>
+            {
+                self.sp_gather(&members, &streams, site, piece, phase, chunk, mb, layer)?;
+            }
+            CollPurpose::SpReplicatedGrads if c.kind == CollKind::AllReduce => {
+                self.sp_replicated_grads(&members, &streams)?;
             }
             other => {
                 return Err(GpuExecError::Unsupported(format!(
@@ -508,11 +534,14 @@ impl<D: Device> MultiGpu<D> {
     }
 }
 
+mod sp;
 mod zero;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_llama;
+#[cfg(test)]
+mod tests_sp;
 #[cfg(test)]
 mod tests_vpp;

@@ -25,7 +25,10 @@
 //! each owner's part in place (one `ncclReduce` per member's contiguous part of the bucket)
 //! and added into the owner's gradient shard, and (ZeRO-3) a unit's gathered parameters
 //! assembled by each owner copying in its shard's part and broadcasting it; the tensor-parallel partial sums (fp32, then rounded to bf16 once)
-//! and embeddings (bf16); the vocabulary shards' loss statistics all-gathered in tp order;
+//! and embeddings (bf16) — under sequence parallelism reduce-scattered into the rank's
+//! sequence shard instead, beside the all-gathers of the shards and the replicated
+//! tensors' gradients all-reduced once a step (`nccl/sp.rs`) —; the vocabulary shards'
+//! loss statistics all-gathered in tp order;
 //! the gradient norm's Σ g² all-reduced in f64. Numerics: NCCL's ring and tree sums do not
 //! add in rank order, so sums over more than two ranks may differ from the shared-GPU
 //! communicator's in the last bits (fp32: a relative 2⁻²³ per addition; two-rank sums are
@@ -38,9 +41,7 @@
 
 use std::time::Duration;
 
-use strata_models::plan::{
-    CollKind, CollPurpose, CollectiveOp, GroupKind, OpId, OpKind, Phase, Piece, Stream, TpSite, Unit,
-};
+use strata_models::plan::{CollKind, CollPurpose, CollectiveOp, GroupKind, OpId, OpKind, Stream, TpSite, Unit};
 
 use super::device::{Arg, Device, Ptr, blocks};
 use super::pieces::W;
@@ -102,6 +103,15 @@ pub enum Call {
         count: usize,
         dt: NcclDt,
     },
+    /// `count` elements per member: member p's sum of every member's slice p of `src`
+    /// (count × members elements) into its `dst`.
+    ReduceScatter {
+        comm: CommKey,
+        src: Ptr,
+        dst: Ptr,
+        count: usize,
+        dt: NcclDt,
+    },
     /// In place: the sum lands in `root`'s `buf`; the others' are read only.
     Reduce {
         comm: CommKey,
@@ -141,6 +151,7 @@ impl Call {
             Call::GroupStart | Call::GroupEnd => None,
             Call::AllReduce { comm, .. }
             | Call::AllGather { comm, .. }
+            | Call::ReduceScatter { comm, .. }
             | Call::Reduce { comm, .. }
             | Call::Broadcast { comm, .. }
             | Call::Send { comm, .. }
@@ -154,6 +165,7 @@ impl Call {
             Call::GroupStart | Call::GroupEnd => 0,
             Call::AllReduce { count, dt, .. }
             | Call::AllGather { count, dt, .. }
+            | Call::ReduceScatter { count, dt, .. }
             | Call::Reduce { count, dt, .. }
             | Call::Broadcast { count, dt, .. }
             | Call::Send { count, dt, .. }
@@ -438,12 +450,26 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                 self.sharded(s, comm, c.group, chunk, bucket, false)?;
             }
             CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. } if c.kind == CollKind::AllReduce => {
-                let w = match phase {
-                    Phase::BackwardInput => W::DPart,
-                    _ if piece == Piece::Embed => W::R,
-                    _ => W::Out,
-                };
-                self.tp_all_reduce(s, comm, chunk, mb, w)?;
+                self.tp_all_reduce(s, comm, chunk, mb, super::multi::tp_partial(piece, phase))?;
+            }
+            // Sequence parallelism (`nccl/sp.rs`).
+            CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. }
+                if c.kind == CollKind::ReduceScatter =>
+            {
+                self.sp_reduce_scatter(s, comm, c.group, chunk, mb, super::multi::tp_partial(piece, phase))?;
+            }
+            CollPurpose::Tp { site: site @ (TpSite::Gather | TpSite::GatherSaved), piece, phase, mb, chunk, layer }
+                if c.kind == CollKind::AllGather =>
+            {
+                self.sp_gather(s, comm, c.group, (site, piece, phase), chunk, mb, layer)?;
+            }
+            CollPurpose::SpReplicatedGrads if c.kind == CollKind::AllReduce => {
+                let runs = self.rank.sp_grad_runs()?;
+                self.call(s, Call::GroupStart)?;
+                for (buf, count) in runs {
+                    self.call(s, Call::AllReduce { comm, buf, count, dt: NcclDt::F32 })?;
+                }
+                self.call(s, Call::GroupEnd)?;
             }
             CollPurpose::Tp { site: TpSite::LossStats, mb, chunk, .. } if c.kind == CollKind::AllGather => {
                 let n = self.rank.plan.grid.group(self.rank.rank, c.group).len();
@@ -565,6 +591,7 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
 }
 
 mod lookup;
+mod sp;
 
 #[cfg(test)]
 mod tests;

@@ -131,6 +131,9 @@ impl Nccl<Gpu> for GpuNccl {
                 Call::AllGather { comm, src, dst, count, dt: d } => {
                     nr::all_gather(p(src), p(dst), count, dt(d), self.comm(comm)?, st).map(|_| ())
                 }
+                Call::ReduceScatter { comm, src, dst, count, dt: d } => {
+                    nr::reduce_scatter(p(src), p(dst), count, dt(d), sum, self.comm(comm)?, st).map(|_| ())
+                }
                 Call::Reduce { comm, buf, count, dt: d, root } => {
                     nr::reduce(p(buf), p(buf), count, dt(d), sum, root as i32, self.comm(comm)?, st).map(|_| ())
                 }

@@ -50,6 +50,11 @@ pub enum W {
     DFc1Pre,
     DProjOut,
     DQkv,
+    /// Sequence parallelism (`sp`): a column-parallel piece's input gathered over the
+    /// sequence shards (T, h) — or, in backward, its output gradient, and the embedding's
+    /// residual gradient; and a weight pass's saved input gathered again (T, h).
+    Full,
+    Saved,
 }
 
 pub use super::saved::{Acts, HeadActs, acts, head_acts, saved_acts};
@@ -57,6 +62,12 @@ pub use super::saved::{Acts, HeadActs, acts, head_acts, saved_acts};
 pub(super) const C: Stream = Stream::Compute;
 
 impl<D: Device> GpuRank<D> {
+    /// Sequence parallelism on a tensor-parallel group (a plan that asks for it at tp = 1
+    /// shards nothing: its gathers are groups of one).
+    pub(super) fn sp(&self) -> bool {
+        self.plan.sequence_parallel() && self.plan.grid.tp > 1
+    }
+
     pub(super) fn k(&self, name: &str, cfg: cudarc::driver::LaunchConfig, args: &[Arg]) -> Res<()> {
         Ok(self.gpu.launch(C, name, cfg, args)?)
     }
@@ -210,12 +221,13 @@ impl<D: Device> GpuRank<D> {
         (base + 4 * tk * mb as u64, base + 4 * tk * (self.m as u64 + mb as u64))
     }
 
-    /// The block's norm forward: LayerNorm (GPT) or RMSNorm (Llama: no β, no mean saved).
+    /// The block's norm forward: LayerNorm (GPT) or RMSNorm (Llama: no β, no mean saved),
+    /// over the rank's rows (its sequence shard under sequence parallelism).
     pub(super) fn ln_fwd(&self, x: Ptr, g: Ptr, b: Ptr, y: Ptr, mean: Ptr, rstd: Ptr) -> Res<()> {
-        let (rows, cols, eps) = (self.dims.t as i32, self.dims.h as i32, crate::kernels::LN_EPS);
+        let (rows, cols, eps) = (self.dims.rows as i32, self.dims.h as i32, crate::kernels::LN_EPS);
         if self.dims.llama {
             let args = [Arg::P(x), Arg::P(g), Arg::P(y), Arg::P(rstd), Arg::I(rows), Arg::I(cols), Arg::F(eps)];
-            return self.k("rmsnorm_fwd_bf16", per_row(self.dims.t), &args);
+            return self.k("rmsnorm_fwd_bf16", per_row(self.dims.rows), &args);
         }
         let args = [
             Arg::P(x),
@@ -228,22 +240,23 @@ impl<D: Device> GpuRank<D> {
             Arg::I(cols),
             Arg::F(eps),
         ];
-        self.k("layernorm_fwd_bf16", per_row(self.dims.t), &args)
+        self.k("layernorm_fwd_bf16", per_row(self.dims.rows), &args)
     }
 
-    /// dx = normᵀ(dy) (overwritten), dγ (and LayerNorm's dβ) += (fp32).
+    /// dx = normᵀ(dy) (overwritten), dγ (and LayerNorm's dβ) += (fp32), over the rank's
+    /// rows (under sequence parallelism the tp group's sum comes at the step's end).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ln_bwd(&self, dy: Ptr, x: Ptr, g: Ptr, mean: Ptr, rstd: Ptr, dx: Ptr, dg: Ptr, db: Ptr) -> Res<()> {
-        let (rows, cols) = (self.dims.t as i32, self.dims.h as i32);
+        let (rows, cols) = (self.dims.rows as i32, self.dims.h as i32);
         if self.dims.llama {
             let dx_args = [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
-            self.k("rmsnorm_bwd_dx_bf16", per_row(self.dims.t), &dx_args)?;
+            self.k("rmsnorm_bwd_dx_bf16", per_row(self.dims.rows), &dx_args)?;
             let p_args = [Arg::P(dy), Arg::P(x), Arg::P(rstd), Arg::P(dg), Arg::I(rows), Arg::I(cols)];
             return self.k("rmsnorm_bwd_params_bf16", blocks(self.dims.h), &p_args);
         }
         let dx_args =
             [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(mean), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
-        self.k("layernorm_bwd_dx_bf16", per_row(self.dims.t), &dx_args)?;
+        self.k("layernorm_bwd_dx_bf16", per_row(self.dims.rows), &dx_args)?;
         let p_args =
             [Arg::P(dy), Arg::P(x), Arg::P(mean), Arg::P(rstd), Arg::P(dg), Arg::P(db), Arg::I(rows), Arg::I(cols)];
         self.k("layernorm_bwd_params_bf16", blocks(self.dims.h), &p_args)
@@ -280,28 +293,26 @@ impl<D: Device> GpuRank<D> {
         self.k("add_bf16", blocks(elems), &[Arg::P(y), Arg::P(x), Arg::L(elems as i64)])
     }
 
-    /// y += b per row; nothing for an absent bias (null: Llama).
-    fn add_bias(&self, y: Ptr, b: Ptr, cols: usize) -> Res<()> {
+    /// y += b per row of `rows`; nothing for an absent bias (null: Llama).
+    fn add_bias(&self, y: Ptr, b: Ptr, rows: usize, cols: usize) -> Res<()> {
         if b == 0 {
             return Ok(());
         }
-        let rows = self.dims.t;
         self.k("add_bias_bf16", blocks(rows * cols), &[Arg::P(y), Arg::P(b), Arg::L(rows as i64), Arg::I(cols as i32)])
     }
 
-    /// db += Σ_rows dy; nothing for an absent bias (null: Llama).
-    pub(super) fn col_sum(&self, dy: Ptr, db: Ptr, cols: usize) -> Res<()> {
+    /// db += Σ_rows dy over `rows` rows; nothing for an absent bias (null: Llama).
+    pub(super) fn col_sum(&self, dy: Ptr, db: Ptr, rows: usize, cols: usize) -> Res<()> {
         if db == 0 {
             return Ok(());
         }
-        let rows = self.dims.t;
         self.k("col_sum_bf16", blocks(cols), &[Arg::P(dy), Arg::P(db), Arg::L(rows as i64), Arg::I(cols as i32)])
     }
 
     /// y (T×k→n) = x·W (+ b, unless null): bf16 out.
     fn linear(&self, x: Ptr, w: Ptr, b: Ptr, y: Ptr, k: usize, nn: usize) -> Res<()> {
         self.gpu.gemm(self.dims.t, nn, k, n(x), n(w), y, Dt::Bf16, 0.0)?;
-        self.add_bias(y, b, nn)
+        self.add_bias(y, b, self.dims.t, nn)
     }
 
     /// How a partial sum the tensor-parallel group reduces is stored (element type, bytes):
@@ -366,7 +377,8 @@ impl<D: Device> GpuRank<D> {
 
     fn embed_bwd(&mut self, chunk: u32, mb: u32) -> Res<()> {
         let d = self.dims;
-        let dr = self.got(chunk, mb, W::Dr)?;
+        // Sequence parallelism: every token's residual gradient, gathered over the shards.
+        let dr = self.got(chunk, mb, if self.sp() { W::Full } else { W::Dr })?;
         let (_, dwte) = self.pg(chunk, None, ParamKind::Wte)?;
         let (_, dwpe) = self.pg_opt(chunk, None, ParamKind::Wpe)?;
         let (inputs, _) = self.tok(mb);
@@ -397,7 +409,8 @@ impl<D: Device> GpuRank<D> {
     fn layer_fwd(&mut self, c: &ComputeOp) -> Res<()> {
         let (chunk, mb, layer, phase) = (c.chunk, c.mb, c.layer, c.phase);
         let d = self.dims;
-        let th = d.t * d.h;
+        // The residual stream's elements on this rank (its sequence shard under `sp`).
+        let th = d.rows * d.h;
         let full = self.recompute == Recompute::Full;
         if full && phase == Phase::Forward && c.piece == Piece::AttnIn {
             let ws = self.ws("a layer's forward activations (full recomputation keeps only its input)", {
@@ -429,7 +442,12 @@ impl<D: Device> GpuRank<D> {
                 // This rank's heads: [Q | K | V] of D = heads · head_dim and Dkv = kv · head_dim
                 // columns (Dkv = D unless grouped-query attention); RoPE on q and k (Llama).
                 let (dc, w) = (d.q_dim(), d.qkv_w());
-                self.linear(ac.a, wq, bq, ac.qkv, d.h, w)?;
+                // Sequence parallelism: the norm's output of every token, gathered.
+                let gathered = if self.sp() { Some(self.got_here(chunk, mb, W::Full)?) } else { None };
+                self.linear(gathered.as_ref().map_or(ac.a, Tensor::ptr), wq, bq, ac.qkv, d.h, w)?;
+                if let Some(t) = gathered {
+                    self.give(t);
+                }
                 self.rope_qk(ac.qkv, 1.0)?;
                 // Selective recomputation keeps no statistics: a scratch for the kernel's.
                 let scratch = if ac.lse == 0 {
@@ -442,7 +460,7 @@ impl<D: Device> GpuRank<D> {
                     self.give(t);
                 }
                 let (dt, eb) = self.partial_dt();
-                let out = self.ws("the attention's output", eb * th)?;
+                let out = self.ws("the attention's output", eb * d.t * d.h)?;
                 self.gpu.gemm(d.t, d.h, dc, n(ac.ctx), n(wp), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
@@ -451,7 +469,7 @@ impl<D: Device> GpuRank<D> {
                 let r = self.got(chunk, mb, W::R)?;
                 let o = self.got(chunk, mb, W::Out)?;
                 self.add(r.ptr(), o.ptr(), th)?;
-                self.add_bias(r.ptr(), bp, d.h)?;
+                self.add_bias(r.ptr(), bp, d.rows, d.h)?;
                 self.give(o);
                 self.gpu.copy(C, ac.r_mid, r.ptr(), 2 * th)?;
                 self.ln_fwd(r.ptr(), g, b, ac.m, ac.ln2_mean, ac.ln2_rstd)?;
@@ -459,7 +477,11 @@ impl<D: Device> GpuRank<D> {
             }
             Piece::Mlp => {
                 let (w1, b1, w2) = (p(ParamKind::Fc1W)?, lp[ix(ParamKind::Fc1B)].0, p(ParamKind::Fc2W)?);
-                self.linear(ac.m, w1, b1, ac.fc1_pre, d.h, d.fc1_w())?;
+                let gathered = if self.sp() { Some(self.got_here(chunk, mb, W::Full)?) } else { None };
+                self.linear(gathered.as_ref().map_or(ac.m, Tensor::ptr), w1, b1, ac.fc1_pre, d.h, d.fc1_w())?;
+                if let Some(t) = gathered {
+                    self.give(t);
+                }
                 let tf = d.t * d.f;
                 if d.llama {
                     // act = SiLU(gate) ⊙ up from FC1's [gate | up] row.
@@ -470,7 +492,7 @@ impl<D: Device> GpuRank<D> {
                     self.k("gelu_fwd_bf16", blocks(tf), &args)?;
                 }
                 let (dt, eb) = self.partial_dt();
-                let out = self.ws("the MLP's output", eb * th)?;
+                let out = self.ws("the MLP's output", eb * d.t * d.h)?;
                 self.gpu.gemm(d.t, d.h, d.f, n(ac.fc1_act), n(w2), out.ptr(), dt, 0.0)?;
                 self.put(chunk, mb, W::Out, out)
             }
@@ -490,7 +512,7 @@ impl<D: Device> GpuRank<D> {
                     self.give(ws);
                 }
                 self.add(r.ptr(), o.ptr(), th)?;
-                self.add_bias(r.ptr(), b2, d.h)?;
+                self.add_bias(r.ptr(), b2, d.rows, d.h)?;
                 self.give(o);
                 self.put(chunk, mb, W::R, r)
             }

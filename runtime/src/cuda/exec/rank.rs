@@ -5,8 +5,8 @@
 //!
 //! Scope so far: dense GPT and Llama blocks, bf16 storage, flash attention, full or
 //! selective activation recomputation (`pieces::saved_acts`); one rank, or
-//! several of one plan under tensor, pipeline and data parallelism (no sequence
-//! parallelism, cp = 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
+//! several of one plan under tensor (with or without sequence parallelism: `sp`), pipeline
+//! and data parallelism (cp = 1; interleaved 1F1B with `vpp` chunks per rank, each with its own
 //! states in `bufs`; ZeRO-0 to 3, ZeRO-2/3's gradients through the plan's full-gradient
 //! buckets and ZeRO-3's parameters through its gathered buffers) through the multi-rank
 //! driver (`multi`) or NCCL (`nccl`), which run the ops that need peers. Other plans are
@@ -72,6 +72,9 @@ pub struct Dims {
     pub s: usize,
     /// Tokens of a microbatch, b·s.
     pub t: usize,
+    /// Tokens of the microbatch this rank's norms and residual stream hold: its sequence
+    /// shard, T / tp, under sequence parallelism (`sp`); all T otherwise.
+    pub rows: usize,
     pub h: usize,
     /// Local query heads and key/value heads (fewer under grouped-query attention).
     pub heads: usize,
@@ -94,6 +97,7 @@ impl Dims {
             b: batch,
             s: seq,
             t: batch * seq,
+            rows: batch * seq,
             h: d.hidden,
             heads: d.heads,
             kv: d.kv_heads,
@@ -240,7 +244,12 @@ impl<D: Device> GpuRank<D> {
         let d = chunks[0].layout.dims();
         let (p, t) = (&s.parallel, &s.training);
         let micro = Micro { batch: p.micro_batch as usize, seq: s.model.seq_len as usize };
-        let dims = Dims::new(d, micro.batch, micro.seq);
+        let mut dims = Dims::new(d, micro.batch, micro.seq);
+        // Sequence parallelism: the norms and the residual stream on this rank's shard of
+        // the microbatch's tokens (lowering checked that tp divides them).
+        if plan.sequence_parallel() {
+            dims.rows = dims.t / p.tp as usize;
+        }
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
         let offsets =
@@ -553,8 +562,9 @@ impl<D: Device> GpuRank<D> {
             }
             // The embedding saves nothing (no dropout).
             BufKey::Embed { .. } => None,
-            // A pipeline message: one (T, h) bf16 tensor (`multi` moves it).
-            BufKey::Msg { .. } => Some(self.take(name, 2 * (self.dims.t * self.dims.h) as u64)?),
+            // A pipeline message: one (T, h) bf16 tensor, the rank's rows of it under
+            // sequence parallelism (`multi` moves it).
+            BufKey::Msg { .. } => Some(self.take(name, self.msg_bytes() as u64)?),
             other => {
                 return Err(unsupported(format!("plan buffer {other:?} (\"{name}\") is not implemented on the GPU")));
             }

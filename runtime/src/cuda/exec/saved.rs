@@ -2,7 +2,11 @@
 //! its `act L mb` block (what it keeps under the plan's recomputation) or in full
 //! recomputation's `recompute L mb`, and the head's in `head mb` — each tensor at a
 //! 256-byte offset (bf16 tensors, fp32 statistics), shapes for T = b·s tokens of a
-//! microbatch on this tensor-parallel rank.
+//! microbatch on this tensor-parallel rank. Under sequence parallelism the tensors of the
+//! norms and the residual stream (r_in, r_mid, the norms' outputs a, m, hn and their
+//! statistics) hold the rank's sequence shard only, `Dims::rows` = T / tp tokens, as the
+//! CPU executor's `keep_rows` does; the column-parallel pieces' (qkv, ctx, the
+//! attention's statistics, FC1's, the logits) hold all T tokens of the rank's columns.
 
 use strata_models::Recompute;
 
@@ -57,7 +61,7 @@ pub fn saved_acts(d: &super::rank::Dims, base: Ptr, rc: Recompute) -> (Acts, u64
         Recompute::Selective => carve_acts(d, base, false),
         Recompute::Full => {
             let mut c = Carve { base, at: 0 };
-            let r_in = c.take(2 * d.t * d.h);
+            let r_in = c.take(2 * d.rows * d.h);
             let a = Acts {
                 r_in,
                 ln1_mean: 0,
@@ -79,23 +83,24 @@ pub fn saved_acts(d: &super::rank::Dims, base: Ptr, rc: Recompute) -> (Acts, u64
 }
 
 fn carve_acts(d: &super::rank::Dims, base: Ptr, lse: bool) -> (Acts, u64) {
-    let (tk, h, f) = (d.t, d.h, d.f);
+    // All tokens (column-parallel tensors), and the rank's rows of the residual stream.
+    let (tk, rows, h, f) = (d.t, d.rows, d.h, d.f);
     let mut c = Carve { base, at: 0 };
-    let mean = |c: &mut Carve| if d.llama { 0 } else { c.take(4 * tk) };
-    let r_in = c.take(2 * tk * h);
+    let mean = |c: &mut Carve| if d.llama { 0 } else { c.take(4 * rows) };
+    let r_in = c.take(2 * rows * h);
     let ln1_mean = mean(&mut c);
     let a = Acts {
         r_in,
         ln1_mean,
-        ln1_rstd: c.take(4 * tk),
-        a: c.take(2 * tk * h),
+        ln1_rstd: c.take(4 * rows),
+        a: c.take(2 * rows * h),
         qkv: c.take(2 * tk * d.qkv_w()),
         ctx: c.take(2 * tk * d.q_dim()),
         lse: if lse { c.take(4 * d.b * d.heads * d.s) } else { 0 },
-        r_mid: c.take(2 * tk * h),
+        r_mid: c.take(2 * rows * h),
         ln2_mean: mean(&mut c),
-        ln2_rstd: c.take(4 * tk),
-        m: c.take(2 * tk * h),
+        ln2_rstd: c.take(4 * rows),
+        m: c.take(2 * rows * h),
         fc1_pre: c.take(2 * tk * d.fc1_w()),
         fc1_act: c.take(2 * tk * f),
     };
@@ -114,14 +119,14 @@ pub struct HeadActs {
 }
 
 pub fn head_acts(d: &super::rank::Dims, base: Ptr) -> (HeadActs, u64) {
-    let (tk, h) = (d.t, d.h);
+    let (tk, rows, h) = (d.t, d.rows, d.h);
     let mut c = Carve { base, at: 0 };
-    let r_in = c.take(2 * tk * h);
+    let r_in = c.take(2 * rows * h);
     let a = HeadActs {
         r_in,
-        mean: if d.llama { 0 } else { c.take(4 * tk) },
-        rstd: c.take(4 * tk),
-        hn: c.take(2 * tk * h),
+        mean: if d.llama { 0 } else { c.take(4 * rows) },
+        rstd: c.take(4 * rows),
+        hn: c.take(2 * rows * h),
         logits: c.take(2 * tk * d.v),
         lse: c.take(4 * tk),
         loss: c.take(4 * tk),

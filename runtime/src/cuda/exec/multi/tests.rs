@@ -126,7 +126,8 @@ fn splits_the_gpu_pieces_do_not_run_are_refused_naming_why() {
         Err(GpuExecError::Unsupported(w)) => w,
         other => panic!("{sets:?}: {other:?}"),
     };
-    assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
+    // Sequence parallelism runs (`tests_sp.rs`).
+    check_plan(&plan(&["parallel.tp=2", "parallel.sequence_parallel=true"])).unwrap();
     assert!(
         why(&["parallel.pp=2", "parallel.dp=2", "parallel.zero=2", "training.framework=\"torchtitan\""])
             .contains("unsharded")

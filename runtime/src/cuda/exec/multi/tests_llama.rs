@@ -123,7 +123,8 @@ fn llama_plans_the_gpu_pieces_do_not_run_are_refused_naming_why() {
         Err(GpuExecError::Unsupported(w)) => w,
         other => panic!("{sets:?}: {other:?}"),
     };
-    assert!(why(&["parallel.tp=2", "parallel.sequence_parallel=true"]).contains("sequence_parallel"));
+    // Sequence parallelism runs (`tests_sp.rs`).
+    check_plan(&plan(&["parallel.tp=2", "parallel.sequence_parallel=true"])).unwrap();
     assert!(why(&["model.rope_base=500000.1"]).contains("rope_base"));
     assert!(why(&["model.preset=\"tiny-moe\""]).contains("model.moe"));
 }

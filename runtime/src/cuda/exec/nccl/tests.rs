@@ -1,5 +1,5 @@
-//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1) and
-//! of a tp2·dp4 ZeRO-3 plan
+//! The NCCL driver without a GPU: every rank of a tp2·pp2·dp2 plan (ZeRO-0 and ZeRO-1; with
+//! sequence parallelism, its all-gathers and reduce-scatters) and of a tp2·dp4 ZeRO-3 plan
 //! runs a step on the host stand-in against a fake NCCL that records its calls, and the
 //! logs are checked as NCCL would match them — every member's calls on each communicator
 //! in the same order serving the same plan op with the same counts, every send paired with
@@ -114,6 +114,7 @@ fn signature(p: &Plan, rank: u32, op: OpId, c: &Call) -> String {
     let shape = match *c {
         Call::AllReduce { count, dt, .. } => format!("all-reduce {count}×{dt:?}"),
         Call::AllGather { count, dt, .. } => format!("all-gather {count}×{dt:?}"),
+        Call::ReduceScatter { count, dt, .. } => format!("reduce-scatter {count}×{dt:?}"),
         Call::Reduce { count, dt, root, .. } => format!("reduce {count}×{dt:?} to {root}"),
         Call::Broadcast { count, dt, root, .. } => format!("broadcast {count}×{dt:?} from {root}"),
         Call::Send { count, dt, .. } | Call::Recv { count, dt, .. } => format!("{count}×{dt:?}"),
@@ -226,7 +227,7 @@ fn check(p: &Plan, logs: &[Vec<(OpId, Call)>]) -> Result<(), String> {
                     let elems: usize = calls
                         .iter()
                         .map(|k| match **k {
-                            Call::AllGather { count, .. } => count * size,
+                            Call::AllGather { count, .. } | Call::ReduceScatter { count, .. } => count * size,
                             Call::AllReduce { count, .. }
                             | Call::Reduce { count, .. }
                             | Call::Broadcast { count, .. } => count,
@@ -484,5 +485,74 @@ fn the_host_order_keeps_every_stream_and_dependency_of_the_schedule() {
             moved += order.iter().enumerate().filter(|(i, k)| *i != **k).count();
         }
         assert!(moved > 0, "ZeRO-{zero}: the norm is deferred somewhere");
+    }
+}
+
+/// Sequence parallelism through NCCL (tp2·pp2·dp2): every tensor-parallel collective of
+/// the plan is one `ncclReduceScatter` or `ncclAllGather` of the rank's (T / tp, h) shard
+/// in the plan's elements, none an all-reduce of activations; the replicated gradients'
+/// sum is fp32 all-reduces of the plan's count; and the calls match the peers' (`check`).
+#[test]
+fn a_sequence_parallel_ranks_nccl_calls_are_the_plans_gathers_and_reduce_scatters() {
+    use strata_models::plan::CollKind;
+    let p = Arc::new(plan_with(0, &["parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]));
+    check_plan(&p).unwrap();
+    let logs = logs(&p, None);
+    check(&p, &logs).unwrap_or_else(|e| panic!("sequence parallel: {e}"));
+    let (t, h) = (16usize, p.scenario.model.hidden as usize);
+    // A first-stage and a last-stage rank (the head's gathers and the final norm's sum).
+    for r in [0, p.grid.ranks() - 1] {
+        let ops = &p.program(r).ops;
+        let on_tp = |c: &Call| c.comm() == Some(CommKey::Group(GroupKind::Tp));
+        let (mut gathers, mut scatters, mut sums) = (0, 0, 0);
+        for (id, op) in ops.iter().enumerate() {
+            let OpKind::Collective(c) = &op.kind else { continue };
+            if c.group != GroupKind::Tp {
+                continue;
+            }
+            let calls: Vec<Call> =
+                logs[r as usize].iter().filter(|(o, k)| *o == id as u32 && on_tp(k)).map(|x| x.1).collect();
+            match (c.purpose, c.kind) {
+                (CollPurpose::Tp { site: TpSite::LossStats, .. }, _) => {}
+                (CollPurpose::Tp { .. }, CollKind::AllGather) => {
+                    assert!(
+                        matches!(calls[..], [Call::AllGather { count, dt: NcclDt::Bf16, .. }] if count * 2 == t * h),
+                        "rank {r} op #{id} {:?}: {calls:?}",
+                        c.purpose
+                    );
+                    gathers += 1;
+                }
+                (CollPurpose::Tp { site, .. }, CollKind::ReduceScatter) => {
+                    assert_eq!(site, TpSite::Reduce);
+                    // The embeddings in bf16, the GEMMs' partial sums in fp32.
+                    assert!(
+                        matches!(calls[..], [Call::ReduceScatter { count, .. }] if count * 2 == t * h),
+                        "rank {r} op #{id} {:?}: {calls:?}",
+                        c.purpose
+                    );
+                    scatters += 1;
+                }
+                (CollPurpose::SpReplicatedGrads, CollKind::AllReduce) => {
+                    let n: usize = calls
+                        .iter()
+                        .map(|k| match *k {
+                            Call::AllReduce { count, dt: NcclDt::F32, .. } => count,
+                            other => panic!("rank {r}: {other:?} for the replicated gradients"),
+                        })
+                        .sum();
+                    assert_eq!(n as u64 * 4, c.bytes, "rank {r}: the replicated gradients' elements");
+                    sums += 1;
+                }
+                other => panic!("rank {r} op #{id}: {other:?} on the tp group under sequence parallelism"),
+            }
+        }
+        eprintln!("rank {r}: {gathers} all-gathers, {scatters} reduce-scatters, {sums} replicated-gradient sums");
+        assert!(gathers > 0 && scatters > 0 && sums == 1, "rank {r}: {gathers} {scatters} {sums}");
+        let all_reduces = logs[r as usize].iter().filter(|(_, k)| on_tp(k) && matches!(k, Call::AllReduce { .. }));
+        assert!(
+            all_reduces.clone().all(|(o, _)| matches!(&ops[*o as usize].kind,
+                OpKind::Collective(c) if c.purpose == CollPurpose::SpReplicatedGrads)),
+            "rank {r}: an all-reduce on tp other than the replicated gradients'"
+        );
     }
 }

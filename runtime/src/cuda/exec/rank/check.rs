@@ -7,13 +7,6 @@ use super::*;
 pub fn check_plan(plan: &Plan) -> Res<()> {
     let s = &plan.scenario;
     let (p, t) = (&s.parallel, &s.training);
-    if p.tp > 1 && p.sequence_parallel {
-        return Err(unsupported(format!(
-            "parallel.tp = {} with sequence_parallel = true: the sequence-parallel gathers and reduce-scatters are \
-             not built on the GPU yet; use sequence_parallel = false",
-            p.tp
-        )));
-    }
     if p.cp > 1 {
         return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
     }

@@ -53,10 +53,7 @@ fn plans_it_cannot_run_are_refused_naming_why() {
         Err(GpuExecError::Unsupported(w)) => w,
         other => panic!("{sets:?}: {other:?}"),
     };
-    assert!(
-        why(&["parallel.tp=2", "cluster.gpus_per_node=2", "parallel.sequence_parallel=true"])
-            .contains("sequence_parallel")
-    );
+    assert!(why(&["parallel.cp=2", "cluster.gpus_per_node=2"]).contains("parallel.cp = 2"));
     assert!(why(&["training.flash_attention=false"]).contains("flash"));
     assert!(why(&["training.dtype=\"fp32\""]).contains("bf16"));
     assert!(why(&["model.heads=2", "model.kv_heads=2"]).contains("head_dim = hidden / heads = 384"));
