@@ -348,6 +348,17 @@ pub(super) fn summary(r: &TrainResult, out: Option<&Path>) {
             common::bytes(m.peaks.measured_plan_bytes as f64),
             common::bytes(m.peaks.predicted_bytes as f64)
         );
+        // The CUDA executor names every byte between the two (`cuda::exec::overhead`).
+        let mut terms: Vec<_> = m.peaks.overhead_bytes.iter().filter(|(_, v)| **v != 0).collect();
+        terms.sort_by_key(|(k, v)| (std::cmp::Reverse(v.unsigned_abs()), (*k).clone()));
+        if !terms.is_empty() {
+            let sign = |v: i64| if v < 0 { "−" } else { "+" };
+            let t: Vec<String> = terms
+                .iter()
+                .map(|(k, v)| format!("{} {k} {}", sign(**v), common::bytes(v.unsigned_abs() as f64)))
+                .collect();
+            println!("            measured = predicted {}", t.join(" "));
+        }
     }
     if let Some(dir) = out {
         println!(

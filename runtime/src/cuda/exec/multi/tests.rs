@@ -190,8 +190,12 @@ fn zero_2_and_3_match_the_single_rank_and_hold_less() {
         let (r, _) = train_multi(p, multi, &two, None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
         let split: Vec<f64> = r.steps.iter().map(|s| s.loss).collect();
         let d = worst(&split, single);
-        let plan_bytes = r.memory[0].peaks.measured_plan_bytes;
-        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats; rank 0 pool in use {plan_bytes} B");
+        // The plan buffers' blocks, less the 2 B per gradient element the executor keeps in
+        // fp32 beyond Strata's bf16 layout (`overhead`'s `grads-fp32`, at the pool's peak).
+        let pk = &r.memory[0].peaks;
+        let fp32 = pk.overhead_bytes.get(crate::cuda::exec::overhead::GRADS_FP32).copied().unwrap_or(0);
+        let plan_bytes = pk.measured_plan_bytes - fp32 as u64;
+        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats; rank 0 plan blocks {plan_bytes} B");
         assert!(d <= LOSS_TOL_NATS, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
         peaks.push((plan_bytes, r.memory[0].peaks.predicted_bytes));
     }
