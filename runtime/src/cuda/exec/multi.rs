@@ -512,7 +512,7 @@ impl<D: Device> MultiGpu<D> {
 mod zero;
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 #[cfg(test)]
 mod tests_llama;
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! within 5% of the plan's peak plus what the executor itself needs (fp32 gradients,
 //! communicator scratch, workspace, the batch), its rounding under 512 B a block.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::MultiGpu;
@@ -18,9 +19,20 @@ const TINY: &str = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
 /// The bound's relative slack on the plan's peak.
 const SLACK: f64 = 0.05;
 
-/// Two steps of `sets` on the multi-rank driver; per rank (in-use peak, plan peak, the
-/// breakdown, blocks at the peak, measured).
-fn run(sets: &[&str]) -> Vec<(u64, u64, std::collections::BTreeMap<String, i64>, u64, u64)> {
+/// One rank's peaks after a run.
+struct Peaks {
+    /// The pool's blocks in use at its high-water mark: bytes and blocks.
+    in_use: u64,
+    blocks: u64,
+    /// The plan's predicted peak, and the measured one (pool reserve + context).
+    plan: u64,
+    measured: u64,
+    /// measured − plan, by name.
+    terms: BTreeMap<String, i64>,
+}
+
+/// Two steps of `sets` on the multi-rank driver; every rank's peaks.
+fn run(sets: &[&str]) -> Vec<Peaks> {
     let p = Arc::new(plan_of(TINY, sets));
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let first = HostDevice::computing(80 << 30);
@@ -34,8 +46,13 @@ fn run(sets: &[&str]) -> Vec<(u64, u64, std::collections::BTreeMap<String, i64>,
         .iter()
         .map(|r| {
             let pk = r.peaks();
-            let blocks = r.pool_at_peak().values().map(|h| h.blocks).sum();
-            (r.pool_stats().peak_in_use, pk.predicted_bytes, pk.overhead_bytes.clone(), blocks, pk.measured_bytes)
+            Peaks {
+                in_use: r.pool_stats().peak_in_use,
+                blocks: r.pool_at_peak().values().map(|h| h.blocks).sum(),
+                plan: pk.predicted_bytes,
+                measured: pk.measured_bytes,
+                terms: pk.overhead_bytes.clone(),
+            }
         })
         .collect()
 }
@@ -49,7 +66,7 @@ fn the_measured_peak_is_the_plans_plus_named_overhead() {
         &["parallel.dp=2", "parallel.zero=3", strata],
         &["parallel.tp=2", "parallel.pp=2"],
     ] {
-        for (rank, (in_use, plan, terms, blocks, measured)) in run(sets).into_iter().enumerate() {
+        for (rank, Peaks { in_use, blocks, plan, measured, terms }) in run(sets).into_iter().enumerate() {
             eprintln!(
                 "{sets:?} rank {rank}: in use {in_use} B, plan {plan} B, measured {measured} B: {}",
                 describe(&terms)
