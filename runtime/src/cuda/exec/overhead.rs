@@ -9,7 +9,7 @@
 //! | name | what | sign |
 //! |---|---|---|
 //! | `grads-fp32` | gradients kept in fp32 where the plan's framework keeps fewer bytes: the kernels accumulate weight gradients over microbatches in fp32 (Megatron-LM's main gradients, 4 B, which that plan predicts), so under Strata's ZeRO-paper layout (2 B, reduced in bf16) a chunk's gradients and ZeRO-2/3's full-gradient buckets hold 2 B more per element | ≥ 0 |
-//! | `plan-sizes` | the executor's block for every other plan buffer, less the plan's bytes: saved state carved at 256 B offsets (`saved`), ZeRO shards of exactly the owned part where the plan rounds each bucket's shard up | either |
+//! | `plan-sizes` | the executor's block for every other plan buffer, less the plan's bytes: saved state carved at 256 B offsets (`saved`), the head's logits kept in bf16 where the plan counts Megatron-LM's fp32 copy for the loss (`head_buffer_bytes`; tiny GPT: 13,312 B against 20,480 B a microbatch), ZeRO shards of exactly the owned part where the plan rounds each bucket's shard up | either |
 //! | `comm-scratch` | the shared-GPU communicator's scratch (`shared`; NCCL's buffers are outside the pool) | ≥ 0 |
 //! | `workspace` | tensors between pieces (`pieces`' workspace, kept output gradients, reduced partial sums, gathered loss statistics, received messages) | ≥ 0 |
 //! | `batch` | the step's token ids and per-token losses | ≥ 0 |
@@ -18,7 +18,7 @@
 //! | `pool-rounding` | every block's 512 B class less its request (PyTorch's `round_size`) | < 512 B per block |
 //! | `plan-peak-offset` | the plan's buffers live at the pool's peak less the plan's own peak (they fall at different instants) | ≤ 0 |
 //! | `pool-reserve` | reserved beyond the blocks in use, at the two high-water marks: large blocks' whole 2 MiB segments, cached free blocks | ≥ 0 |
-//! | `context` | the CUDA context (0 on the host stand-in's computing device) | ≥ 0 |
+//! | `context` | the CUDA context (the device's bytes in use before the first block; the host stand-in's 512 MiB) | ≥ 0 |
 //! | `unnamed: …` | a block under a name this table does not know (a bug: the tests refuse it) | — |
 //!
 //! Measured on the host stand-in, tiny GPT (`multi/tests_memory.rs`, every rank), bytes in
