@@ -71,9 +71,15 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
             "report": files.html,
             "gpu": gpu,
             "plans": inputs.comparisons.plans.iter().map(PlanComparison::without_timelines).collect::<Vec<_>>(),
+            "memory": r.memory,
         }));
     }
     print!("{}", table(&inputs.comparisons));
+    for m in &r.memory {
+        if let Some(line) = super::train::overhead_line(&m.peaks) {
+            println!("rank {} peak memory: {line}", m.rank);
+        }
+    }
     println!("report: {}", files.html.display());
     Ok(())
 }

@@ -348,6 +348,9 @@ pub(super) fn summary(r: &TrainResult, out: Option<&Path>) {
             common::bytes(m.peaks.measured_plan_bytes as f64),
             common::bytes(m.peaks.predicted_bytes as f64)
         );
+        if let Some(line) = overhead_line(&m.peaks) {
+            println!("            {line}");
+        }
     }
     if let Some(dir) = out {
         println!(
@@ -355,6 +358,21 @@ pub(super) fn summary(r: &TrainResult, out: Option<&Path>) {
             dir.display()
         );
     }
+}
+
+/// The CUDA executor's measured peak as the plan's plus its named terms
+/// (`cuda::exec::overhead`), largest first; `None` where there are none (the CPU executor).
+pub(super) fn overhead_line(peaks: &strata_runtime::exec::MemoryPeaks) -> Option<String> {
+    let mut terms: Vec<_> = peaks.overhead_bytes.iter().filter(|(_, v)| **v != 0).collect();
+    terms.sort_by_key(|(k, v)| (std::cmp::Reverse(v.unsigned_abs()), (*k).clone()));
+    if terms.is_empty() {
+        return None;
+    }
+    let t: Vec<String> = terms
+        .iter()
+        .map(|(k, v)| format!("{} {k} {}", if **v < 0 { "−" } else { "+" }, common::bytes(v.unsigned_abs() as f64)))
+        .collect();
+    Some(format!("measured = predicted {}", t.join(" ")))
 }
 
 /// The `--set` overrides that size a CPU cluster to `n` ranks: one node of `n`, dp derived
@@ -388,4 +406,20 @@ pub(super) fn size_cluster(s: &strata_models::Scenario, n: u32, user: &[String])
     }
     sets.push(format!("parallel.dp={}", u64::from(n) / (tp * cp * pp)));
     Ok(sets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overhead_line;
+
+    #[test]
+    fn the_overhead_line_names_each_term_largest_first_and_skips_zeros() {
+        let mut peaks = strata_runtime::exec::MemoryPeaks::default();
+        assert_eq!(overhead_line(&peaks), None, "the CPU executor has no terms");
+        peaks.overhead_bytes =
+            [("plan-sizes".to_string(), -1024), ("context".into(), 512 << 20), ("batch".into(), 0)].into();
+        let line = overhead_line(&peaks).unwrap();
+        assert!(line.starts_with("measured = predicted + context "), "{line}");
+        assert!(line.contains(" − plan-sizes ") && !line.contains("batch"), "{line}");
+    }
 }

@@ -220,6 +220,10 @@ pub struct MemoryPeaks {
     pub by_class: BTreeMap<String, u64>,
     /// Peak predicted bytes per class of the plan's buffers.
     pub predicted_by_class: BTreeMap<String, u64>,
+    /// The CUDA executor: `measured_bytes − predicted_bytes`, term by term, each named
+    /// (`cuda::exec::overhead`; its values sum to the difference). Empty on CPU.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub overhead_bytes: BTreeMap<String, i64>,
 }
 
 /// One rank of a job: its state and its program.

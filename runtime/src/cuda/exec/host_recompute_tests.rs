@@ -13,58 +13,14 @@
 
 use std::sync::Arc;
 
-use strata_models::Scenario;
 use strata_models::plan::{OpKind, Phase, Plan};
 
-use super::host::HostDevice;
-use super::multi::MultiGpu;
-use super::train::train_multi;
-use crate::exec::ExecConfig;
+use super::multi::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS, opts, plan_of, plan_on, run_plan, worst};
 
-const STEPS: u32 = 3;
-/// The multi-rank suite's bound (`multi/tests.rs`): bf16 values that agree bit for bit
-/// leave 0; tensor parallelism's fp32 partial sums in another order leave up to its own.
-const LOSS_TOL_NATS: f64 = 2e-6;
-const TP_LOSS_TOL_NATS: f64 = 2e-4;
-
-/// The tiny GPT on H200s (bf16, flash attention, 16-token sequences), one GPU per rank.
+/// The tiny GPT on H200s (bf16, flash attention, 16-token sequences), one GPU per rank, or
+/// on the CPU cluster in fp32.
 fn plan(sets: &[&str], cpu: bool) -> Plan {
-    plan_of(include_str!("../../../../scenarios/tiny-gpt-cpu.toml"), sets, cpu)
-}
-
-fn plan_of(text: &str, sets: &[&str], cpu: bool) -> Plan {
-    let dim =
-        |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
-    let gpus = format!("cluster.gpus_per_node={}", dim("tp") * dim("pp") * dim("dp"));
-    let cluster: &[&str] = if cpu {
-        &["cluster.preset=\"cpu-local\"", "cluster.nics_per_node=0", "training.dtype=\"fp32\""]
-    } else {
-        &["cluster.preset=\"dgx-h200\"", "cluster.nics_per_node=1", "training.dtype=\"bf16\""]
-    };
-    let base = [
-        "cluster.nodes=1",
-        "parallel.tp=1",
-        "parallel.pp=1",
-        "parallel.dp=1",
-        "parallel.zero=0",
-        "parallel.micro_batch=1",
-        "parallel.global_batch=8",
-        "model.seq_len=16",
-        "training.flash_attention=true",
-    ];
-    let sets: Vec<String> =
-        cluster.iter().chain(&base).chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
-    strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
-}
-
-fn opts() -> crate::train::TrainOptions {
-    crate::train::TrainOptions {
-        steps: STEPS,
-        data_name: "synthetic".into(),
-        checkpoint: None,
-        exec: ExecConfig::default(),
-        faults: Vec::new(),
-    }
+    plan_on(include_str!("../../../../scenarios/tiny-gpt-cpu.toml"), sets, cpu)
 }
 
 /// A GPU-executor run: its losses, and per rank (measured peak, the plan's predicted peak).
@@ -73,14 +29,7 @@ fn gpu_run(sets: &[&str]) -> (Vec<f64>, Vec<(u64, u64)>) {
 }
 
 fn gpu_run_plan(p: Plan) -> (Vec<f64>, Vec<(u64, u64)>) {
-    let p = Arc::new(p);
-    let sets = [p.scenario.name.clone()];
-    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
-    let first = HostDevice::computing(80 << 30);
-    let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
-    let multi = MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default())
-        .unwrap_or_else(|e| panic!("{sets:?}: {e}"));
-    let (r, _) = train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+    let r = run_plan(p, false);
     let peaks = r.memory.iter().map(|m| (m.peaks.measured_bytes, m.peaks.predicted_bytes)).collect();
     (r.steps.iter().map(|s| s.loss).collect(), peaks)
 }
@@ -90,10 +39,6 @@ fn cpu_losses(sets: &[&str]) -> Vec<f64> {
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let r = crate::train::train_threads(p, Arc::new(corpus), &opts(), None).unwrap_or_else(|e| panic!("{e}"));
     r.steps.iter().map(|s| s.loss).collect()
-}
-
-fn worst(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
 #[test]
@@ -165,10 +110,10 @@ fn full_recomputation_matches_under_pipeline_and_tensor_parallelism() {
 fn the_llama_pieces_recompute_to_the_same_losses() {
     // RoPE on the recomputed qkv, RMSNorm, SwiGLU and grouped-query attention again.
     let text = include_str!("../../../../scenarios/tiny-llama-cpu.toml");
-    let (none, _) = gpu_run_plan(plan_of(text, &[], false));
+    let (none, _) = gpu_run_plan(plan_of(text, &[]));
     for rc in ["\"selective\"", "\"full\""] {
         let set = format!("parallel.recompute={rc}");
-        let (got, _) = gpu_run_plan(plan_of(text, &[&set], false));
+        let (got, _) = gpu_run_plan(plan_of(text, &[&set]));
         let d = worst(&got, &none);
         eprintln!("tiny Llama {rc}: {got:?} (none {none:?}), worst {d:.3e} nats");
         assert!(d <= LOSS_TOL_NATS, "tiny Llama {rc}: {got:?} against no recomputation's {none:?}");

@@ -57,7 +57,9 @@ impl ChunkState {
     /// (4 B, where the plan predicts 2): weight gradients accumulate over microbatches in
     /// fp32, as the kernels write them (`layernorm_bwd_params`, `col_sum`, `embed_bwd`
     /// accumulate into fp32) and as Megatron-LM's main gradients do. The gap, 2 B per
-    /// gradient held, is the executor's, not the plan's; the test below pins it.
+    /// gradient held, is the executor's, not the plan's: the measured memory names it
+    /// (`overhead`'s `grads-fp32`); the test below pins it. Megatron-LM's plans predict
+    /// these 4 B (`accounting::states`), and there is no gap.
     pub fn device_bytes(&self, key: BufKey) -> Option<u64> {
         Some(match key {
             BufKey::Params { .. } => 2 * self.param_elems() as u64,

@@ -13,7 +13,8 @@
 //!   a run yields real losses (`host_llama_tests`: its Llama kernels against the CPU
 //!   executor's functions; `host_recompute_tests`: full and selective recomputation);
 //! - [`rank`]: one GPU rank — plan buffers bound to pool blocks, the CUDA-event trace,
-//!   measured peak = pool high-water + context; [`step`]: a step entry by entry; `pieces`
+//!   measured peak = pool high-water + context = the plan's peak + [`overhead`]'s named
+//!   terms (fp32 gradients, communicator scratch, workspace, rounding, …); [`step`]: a step entry by entry; `pieces`
 //!   and `backward`: the GPT and Llama pieces, head, loss, AdamW and clipping (`saved`:
 //!   the blocks of their saved state); `comm`: a rank's side of the gradient norm and of
 //!   pipeline messages;
@@ -65,6 +66,7 @@ pub mod layout;
 pub mod multi;
 pub mod nccl;
 pub mod nccl_gpu;
+pub mod overhead;
 mod pieces;
 pub mod pool;
 pub mod rank;

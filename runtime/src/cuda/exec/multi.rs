@@ -50,6 +50,7 @@ use strata_models::plan::{
 };
 
 use super::device::{Arg, Device, Ptr, blocks};
+use super::overhead::MESSAGES;
 use super::pieces::W;
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
 use super::shared::{Ev, Member, Step, plan_segments};
@@ -248,7 +249,7 @@ impl<D: Device> MultiGpu<D> {
         let t = self.ranks[r].outgoing(p)?;
         let to = self.plan.grid.peer(r as u32, p.peer) as usize;
         let bytes = self.ranks[r].msg_bytes();
-        let lease = self.ranks[to].pool.alloc("a pipeline message in flight", bytes as u64)?;
+        let lease = self.ranks[to].pool.alloc_as(MESSAGES, "a pipeline message in flight", bytes as u64)?;
         // The block's previous user on the receiver must be done before the copy lands.
         for &op in lease.fence.iter().flatten() {
             self.ranks[r].gpu.wait(s, &self.ranks[to].ends[op as usize])?;
@@ -538,10 +539,12 @@ mod sp;
 mod zero;
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 #[cfg(test)]
 mod tests_llama;
 #[cfg(test)]
 mod tests_sp;
+#[cfg(test)]
+mod tests_memory;
 #[cfg(test)]
 mod tests_vpp;

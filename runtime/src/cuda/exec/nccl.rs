@@ -416,15 +416,14 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
                 self.all_reduce_f32(s, comm, g, &ranges)?;
             }
             CollPurpose::GradBucket { chunk, bucket, .. } if zero == 1 && c.kind == CollKind::ReduceScatter => {
-                self.sharded(s, comm, c.group, chunk, bucket, true)?;
+                let g = self.grads(chunk)?;
+                self.owner_parts(s, comm, c.group, chunk, bucket, g, Shape::Chunk, true)?;
             }
             CollPurpose::GradBucket { chunk, bucket, .. } if zero >= 2 && c.kind == CollKind::ReduceScatter => {
                 let full = self.op_buf(k, 1)?;
-                self.bucket_parts(s, comm, c.group, chunk, bucket, full, true)?;
+                self.owner_parts(s, comm, c.group, chunk, bucket, full, Shape::Bucket, true)?;
                 // The owned part, summed, accumulates into the gradient shard.
-                let ch = &self.rank.chunks[chunk as usize];
-                let bi = ch.buckets.iter().position(|b| b.index == bucket).expect("checked by bucket_parts");
-                let (owned, at) = (ch.buckets[bi].owned.clone(), ch.shard_offset(bi));
+                let (owned, at) = self.owned_in_shard(chunk, bucket)?;
                 if !owned.is_empty() {
                     let dst = self.grads(chunk)? + 4 * at as u64;
                     let args = [Arg::P(dst), Arg::P(full + 4 * owned.start as u64), Arg::L(owned.len() as i64)];
@@ -433,21 +432,16 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
             }
             CollPurpose::ParamGather { chunk, bucket, .. } if zero >= 3 && c.kind == CollKind::AllGather => {
                 let gathered = self.op_buf(k, 0)?;
-                let ch = &self.rank.chunks[chunk as usize];
-                let bi = ch.buckets.iter().position(|b| b.index == bucket).ok_or_else(|| {
-                    internal(format!("rank {} has no bucket {bucket} in chunk {chunk}", self.rank.rank))
-                })?;
-                let (owned, at) = (ch.buckets[bi].owned.clone(), ch.shard_offset(bi));
-                let shard = self.rank.bufs[chunk as usize].params.as_ref().map(Tensor::ptr).ok_or_else(|| {
-                    internal(format!("rank {}'s parameter shard of chunk {chunk} is not allocated", self.rank.rank))
-                })?;
+                let (owned, at) = self.owned_in_shard(chunk, bucket)?;
+                let shard = self.params(chunk)?;
                 if !owned.is_empty() {
                     self.rank.gpu.copy(s, gathered + 2 * owned.start as u64, shard + 2 * at as u64, 2 * owned.len())?;
                 }
-                self.bucket_parts(s, comm, c.group, chunk, bucket, gathered, false)?;
+                self.owner_parts(s, comm, c.group, chunk, bucket, gathered, Shape::Bucket, false)?;
             }
             CollPurpose::ParamBucket { chunk, bucket } if (1..=2).contains(&zero) && c.kind == CollKind::AllGather => {
-                self.sharded(s, comm, c.group, chunk, bucket, false)?;
+                let p = self.params(chunk)?;
+                self.owner_parts(s, comm, c.group, chunk, bucket, p, Shape::Chunk, false)?;
             }
             CollPurpose::Tp { site: TpSite::Reduce, piece, phase, mb, chunk, .. } if c.kind == CollKind::AllReduce => {
                 self.tp_all_reduce(s, comm, chunk, mb, super::multi::tp_partial(piece, phase))?;
@@ -545,53 +539,11 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
         }
         Ok(())
     }
-
-    /// ZeRO-1 over the data-parallel group: `sum` reduces each member's owned part of the
-    /// bucket's fp32 gradients to it; otherwise each owner broadcasts its bf16 parameters'
-    /// part. Every member's part is `ZeroShard::split` of the bucket (the layouts of a
-    /// stage's replicas are the same), checked against this rank's own.
-    fn sharded(&mut self, s: Stream, comm: CommKey, group: GroupKind, chunk: u32, bucket: u32, sum: bool) -> Res<()> {
-        let members = self.rank.plan.grid.group(self.rank.rank, group);
-        let me = members.iter().position(|&m| m == self.rank.rank).unwrap_or(0);
-        let b = self.bucket(chunk, bucket)?.clone();
-        let ch = &self.rank.chunks[chunk as usize];
-        let mut calls = Vec::new();
-        let bufs = &self.rank.bufs[chunk as usize];
-        let base = if sum { bufs.grads.as_ref() } else { bufs.params.as_ref() }
-            .map(Tensor::ptr)
-            .ok_or_else(|| internal(format!("rank {}'s chunk {chunk} is not allocated", self.rank.rank)))?;
-        let (eb, dt) = if sum { (4u64, NcclDt::F32) } else { (2, NcclDt::Bf16) };
-        for j in 0..members.len() {
-            let part = ZeroShard::split(b.len, j, members.len())?.range();
-            if j == me && part != b.owned {
-                return Err(internal(format!(
-                    "rank {}: bucket {bucket} of chunk {chunk} owns {:?}, the shard rule says {part:?}",
-                    self.rank.rank, b.owned
-                )));
-            }
-            for (u, r) in b.pieces(part) {
-                let start = ch
-                    .unit_range(u)
-                    .map(|x| x.start)
-                    .ok_or_else(|| internal(format!("unit {u:?} of bucket {bucket} is not in chunk {chunk}")))?;
-                let (buf, count, root) = (base + eb * (start + r.start) as u64, r.len(), j as u32);
-                calls.push(if sum {
-                    Call::Reduce { comm, buf, count, dt, root }
-                } else {
-                    Call::Broadcast { comm, buf, count, dt, root }
-                });
-            }
-        }
-        self.call(s, Call::GroupStart)?;
-        for call in calls {
-            self.call(s, call)?;
-        }
-        self.call(s, Call::GroupEnd)
-    }
 }
 
 mod lookup;
 mod sp;
+use lookup::Shape;
 
 #[cfg(test)]
 mod tests;

@@ -212,7 +212,7 @@ impl<D: Device> GpuRank<D> {
     }
 
     pub(super) fn ws(&mut self, what: &str, bytes: usize) -> Res<Tensor> {
-        self.take(what, bytes as u64)
+        self.take_as(super::overhead::WORKSPACE, what, bytes as u64)
     }
 
     pub(super) fn tok(&self, mb: u32) -> (Ptr, Ptr) {

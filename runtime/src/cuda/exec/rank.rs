@@ -13,7 +13,8 @@
 //! refused at construction with the reason.
 //!
 //! Measured memory is the pool's: its high-water mark of reserved bytes plus the CUDA
-//! context (the device's used bytes before the first allocation). The trace of the traced
+//! context (the device's used bytes before the first allocation); its difference from the
+//! plan's predicted peak is split into named terms (`overhead`, `MemoryPeaks::overhead_bytes`). The trace of the traced
 //! step comes from CUDA events recorded around each op, in the CPU executor's format.
 
 use std::collections::BTreeMap;
@@ -133,7 +134,8 @@ impl Dims {
 pub struct ChunkBufs {
     /// bf16 parameters (the plan's `params cN`).
     pub params: Option<Tensor>,
-    /// fp32 gradients (the plan's `grads cN`).
+    /// fp32 gradients (the plan's `grads cN`; beyond the plan's bytes where its framework
+    /// keeps bf16: `overhead`'s `grads-fp32`).
     pub grads: Option<Tensor>,
     /// fp32 master weights, then m, then v (the plan's `optimizer cN`).
     pub opt: Option<Tensor>,
@@ -197,6 +199,8 @@ pub struct GpuRank<D: Device = Gpu> {
     pub(super) cfg: ExecConfig,
     /// Device bytes in use before the executor allocated anything (the CUDA context).
     pub context_bytes: u64,
+    /// The plan's bytes of each buffer, by name (the `overhead` breakdown's plan side).
+    predicted_by_name: BTreeMap<String, u64>,
     peaks: MemoryPeaks,
     pub(super) rank: u32,
     /// This rank's data-parallel index and the replicas (its batches, the loss scale).
@@ -252,6 +256,12 @@ impl<D: Device> GpuRank<D> {
         }
         let m = p.microbatches();
         let adamw = AdamWConfig { lr: t.lr as f32, weight_decay: t.weight_decay as f32, ..AdamWConfig::default() };
+        let mut predicted_by_name = BTreeMap::new();
+        for op in &plan.program(rank).ops {
+            if let OpKind::Alloc(a) = &op.kind {
+                predicted_by_name.insert(a.name.clone(), a.bytes);
+            }
+        }
         let offsets =
             chunks.iter().map(|c| c.layout.entries().iter().map(|e| ((e.layer, e.kind), e.offset)).collect()).collect();
         Ok(GpuRank {
@@ -288,6 +298,7 @@ impl<D: Device> GpuRank<D> {
             cur: (0, Stream::Compute),
             cfg,
             context_bytes,
+            predicted_by_name,
             peaks: MemoryPeaks::default(),
             rank,
             dp: (plan.grid.coord(rank).dp, p.dp),
@@ -297,6 +308,11 @@ impl<D: Device> GpuRank<D> {
 
     pub fn pool_stats(&self) -> super::pool::PoolStats {
         self.pool.stats()
+    }
+
+    /// The pool's blocks in use at its high-water mark, by account.
+    pub fn pool_at_peak(&self) -> &super::pool::ByAccount {
+        self.pool.at_peak()
     }
 
     pub fn chunk_states(&self) -> &[ChunkState] {
@@ -320,9 +336,15 @@ impl<D: Device> GpuRank<D> {
         }
     }
 
-    /// A block for `name`; its stream waits on the fence of the block's previous user.
+    /// A block for `name`, held under its account (`overhead::account`); its stream waits
+    /// on the fence of the block's previous user.
     pub(super) fn take(&mut self, name: &str, bytes: u64) -> Res<Tensor> {
-        let lease = self.pool.alloc(name, bytes)?;
+        self.take_as(&super::overhead::account(name), name, bytes)
+    }
+
+    /// A block for `name` held under `account`.
+    pub(super) fn take_as(&mut self, account: &str, name: &str, bytes: u64) -> Res<Tensor> {
+        let lease = self.pool.alloc_as(account, name, bytes)?;
         if let Some(fence) = &lease.fence {
             let (_, s) = self.cur;
             for &op in fence {
@@ -398,9 +420,10 @@ impl<D: Device> GpuRank<D> {
         Ok(())
     }
 
-    /// Peaks: the pool's high-water marks (with the context) and, per class, the plan
-    /// buffers' bytes and predictions — sampled after every `Alloc` and before every `Free`,
-    /// the only points where the live plan buffers change.
+    /// Peaks: the pool's high-water marks (with the context), the named terms between them
+    /// and the plan's peak (`overhead`), and, per class, the plan buffers' bytes and
+    /// predictions — sampled after every `Alloc` and before every `Free`, the only points
+    /// where the live plan buffers change, and after every step.
     pub(super) fn measure(&mut self) {
         let st = self.pool.stats();
         let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
@@ -409,9 +432,17 @@ impl<D: Device> GpuRank<D> {
             e.0 += self.live_bytes(l);
             e.1 += l.predicted;
         }
+        let plan_blocks: u64 = by.values().map(|v| v.0).sum();
         let pk = &mut self.peaks;
         pk.measured_bytes = pk.measured_bytes.max(st.peak_reserved + self.context_bytes);
-        pk.measured_plan_bytes = pk.measured_plan_bytes.max(st.peak_in_use);
+        pk.measured_plan_bytes = pk.measured_plan_bytes.max(plan_blocks);
+        pk.overhead_bytes = super::overhead::breakdown(
+            self.pool.at_peak(),
+            &self.predicted_by_name,
+            pk.predicted_bytes,
+            st,
+            self.context_bytes,
+        );
         pk.by_class.insert("context".into(), self.context_bytes);
         for (k, (measured, predicted)) in by {
             let e = pk.by_class.entry(k.to_string()).or_default();

@@ -17,7 +17,7 @@ use crate::exec::ExecConfig;
 /// Largest |loss_split − loss_single| allowed at any step, in nats: the CPU equivalence
 /// suite's (`runtime/tests/equivalence.rs`). Pipeline and data parallelism meet it with
 /// room to spare (measured: 0, the same bf16 values throughout).
-pub(super) const LOSS_TOL_NATS: f64 = 2e-6;
+pub(crate) const LOSS_TOL_NATS: f64 = 2e-6;
 
 /// The same under tensor parallelism, where it cannot hold in bf16 past the first step: the
 /// row-parallel partial sums are added in fp32 in another order than the single rank's
@@ -27,16 +27,26 @@ pub(super) const LOSS_TOL_NATS: f64 = 2e-6;
 /// at step 1, 5.4e-5 at step 2. The bound is this executor's own bf16-vs-fp32 gap (the
 /// single rank against the CPU executor: 1.9e-4 at step 2, `host.rs`); dropping the
 /// tensor-parallel sums lands far outside it (the mutation test below).
-pub(super) const TP_LOSS_TOL_NATS: f64 = 2e-4;
-pub(super) const STEPS: u32 = 3;
+pub(crate) const TP_LOSS_TOL_NATS: f64 = 2e-4;
+pub(crate) const STEPS: u32 = 3;
 
 /// `text`'s scenario on H200s (bf16, flash attention, short sequences), one GPU of the
 /// cluster per rank, with `sets` laid over it.
-pub(super) fn plan_of(text: &str, sets: &[&str]) -> Plan {
+pub(crate) fn plan_of(text: &str, sets: &[&str]) -> Plan {
+    plan_on(text, sets, false)
+}
+
+/// The same on H200s, or (`cpu`) on the CPU cluster in fp32 for the CPU executor: the one
+/// scenario builder of the CUDA executor's host tests (`host_recompute_tests.rs`,
+/// `tests_vpp.rs`, `tests_llama.rs`, `tests_memory.rs`).
+pub(crate) fn plan_on(text: &str, sets: &[&str], cpu: bool) -> Plan {
+    let cluster: &[&str] = if cpu {
+        &["cluster.preset=\"cpu-local\"", "cluster.nics_per_node=0", "training.dtype=\"fp32\""]
+    } else {
+        &["cluster.preset=\"dgx-h200\"", "cluster.nics_per_node=1", "training.dtype=\"bf16\""]
+    };
     let base = [
-        "cluster.preset=\"dgx-h200\"",
         "cluster.nodes=1",
-        "cluster.nics_per_node=1",
         "parallel.tp=1",
         "parallel.pp=1",
         "parallel.dp=1",
@@ -44,14 +54,14 @@ pub(super) fn plan_of(text: &str, sets: &[&str]) -> Plan {
         "parallel.micro_batch=1",
         "parallel.global_batch=8",
         "model.seq_len=16",
-        "training.dtype=\"bf16\"",
         "training.flash_attention=true",
     ];
     // One GPU of the cluster per rank (the scenario's rule); all of them run on one device.
     let dim =
         |k: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("parallel.{k}="))).map_or(1, |v| v.parse().unwrap());
     let gpus = format!("cluster.gpus_per_node={}", dim("tp") * dim("pp") * dim("dp"));
-    let sets: Vec<String> = base.iter().chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
+    let sets: Vec<String> =
+        cluster.iter().chain(&base).chain(sets).chain([&gpus.as_str()]).map(|s| s.to_string()).collect();
     strata_models::plan::lower(&Scenario::from_toml(text, "tiny", "tiny", &sets).unwrap()).unwrap()
 }
 
@@ -59,7 +69,7 @@ fn plan(sets: &[&str]) -> Plan {
     plan_of(include_str!("../../../../../scenarios/tiny-gpt-cpu.toml"), sets)
 }
 
-pub(super) fn opts() -> crate::train::TrainOptions {
+pub(crate) fn opts() -> crate::train::TrainOptions {
     crate::train::TrainOptions {
         steps: STEPS,
         data_name: "synthetic".into(),
@@ -69,19 +79,25 @@ pub(super) fn opts() -> crate::train::TrainOptions {
     }
 }
 
-fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
-    let p = Arc::new(plan(sets));
+/// `STEPS` steps of every rank of `p` on the computing host stand-in (one device, a
+/// sibling per rank), collectives copying without adding when `drop_sums`.
+pub(crate) fn run_plan(p: Plan, drop_sums: bool) -> crate::train::TrainResult {
+    let p = Arc::new(p);
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let first = HostDevice::computing(80 << 30);
     let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
+    let name = p.scenario.name.clone();
     let mut multi =
         MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default()).unwrap_or_else(|e| panic!("{e}"));
     multi.drop_sums = drop_sums;
-    let (r, _) = train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
-    r.steps.iter().map(|s| s.loss).collect()
+    train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{name}: {e}")).0
 }
 
-pub(super) fn worst(a: &[f64], b: &[f64]) -> f64 {
+fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
+    run_plan(plan(sets), drop_sums).steps.iter().map(|s| s.loss).collect()
+}
+
+pub(crate) fn worst(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
@@ -191,8 +207,12 @@ fn zero_2_and_3_match_the_single_rank_and_hold_less() {
         let (r, _) = train_multi(p, multi, &two, None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
         let split: Vec<f64> = r.steps.iter().map(|s| s.loss).collect();
         let d = worst(&split, single);
-        let plan_bytes = r.memory[0].peaks.measured_plan_bytes;
-        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats; rank 0 pool in use {plan_bytes} B");
+        // The plan buffers' blocks, less the 2 B per gradient element the executor keeps in
+        // fp32 beyond Strata's bf16 layout (`overhead`'s `grads-fp32`, at the pool's peak).
+        let pk = &r.memory[0].peaks;
+        let fp32 = pk.overhead_bytes.get(crate::cuda::exec::overhead::GRADS_FP32).copied().unwrap_or(0);
+        let plan_bytes = pk.measured_plan_bytes - fp32 as u64;
+        eprintln!("{sets:?}: {split:?} (single {single:?}), worst {d:.3e} nats; rank 0 plan blocks {plan_bytes} B");
         assert!(d <= LOSS_TOL_NATS, "{sets:?}: {split:?} against the single rank's {single:?} ({d:.3e} nats)");
         peaks.push((plan_bytes, r.memory[0].peaks.predicted_bytes));
     }

@@ -14,11 +14,10 @@ use std::sync::Arc;
 use strata_models::Scenario;
 use strata_models::plan::Plan;
 
-use super::MultiGpu;
-use super::tests::{LOSS_TOL_NATS, STEPS, TP_LOSS_TOL_NATS, opts, plan_of, worst};
+use super::tests::{LOSS_TOL_NATS, STEPS, TP_LOSS_TOL_NATS, opts, plan_of, plan_on, run_plan, worst};
 use crate::cuda::exec::host::HostDevice;
 use crate::cuda::exec::rank::{GpuExecError, GpuRank, check_plan};
-use crate::cuda::exec::train::{train_multi, train_on};
+use crate::cuda::exec::train::train_on;
 use crate::exec::ExecConfig;
 
 /// The GPU rank's losses against the CPU executor's, relative: the GPT test's bound
@@ -49,19 +48,14 @@ fn losses(sets: &[&str], drop_sums: bool) -> Vec<f64> {
             .unwrap_or_else(|e| panic!("{e}"));
         train_on(p, rank, &opts(), None).unwrap_or_else(|e| panic!("{e}")).0
     } else {
-        let first = HostDevice::computing(80 << 30);
-        let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
-        let mut multi =
-            MultiGpu::new(p.clone(), devices, corpus, ExecConfig::default()).unwrap_or_else(|e| panic!("{e}"));
-        multi.drop_sums = drop_sums;
-        train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}")).0
+        run_plan(plan(sets), drop_sums)
     };
     r.steps.iter().map(|s| s.loss).collect()
 }
 
 /// The CPU executor's losses for the same model and data, fp32 on CPU ranks.
 fn cpu_losses() -> Vec<f64> {
-    let p = Arc::new(plan(&["cluster.preset=\"cpu-local\"", "cluster.nics_per_node=0", "training.dtype=\"fp32\""]));
+    let p = Arc::new(plan_on(TEXT, &[], true));
     let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
     let r = crate::train::train_threads(p, Arc::new(corpus), &opts(), None).unwrap_or_else(|e| panic!("{e}"));
     r.steps.iter().map(|s| s.loss).collect()

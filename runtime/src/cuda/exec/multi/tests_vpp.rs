@@ -3,26 +3,13 @@
 //! CPU executor's chunk layouts), pipeline messages keyed by virtual stage (`comm`). A
 //! pp2·vpp2 and a tp2·pp2·vpp2 split of the tiny GPT train to the single rank's losses.
 
-use std::sync::Arc;
-
-use super::MultiGpu;
-use super::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS, opts, plan_of, worst};
-use crate::cuda::exec::host::HostDevice;
+use super::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS, plan_of, run_plan, worst};
 use crate::cuda::exec::layout::rank_state;
-use crate::cuda::exec::train::train_multi;
-use crate::exec::ExecConfig;
 
 const TINY: &str = include_str!("../../../../../scenarios/tiny-gpt-cpu.toml");
 
 fn losses(sets: &[&str]) -> Vec<f64> {
-    let p = Arc::new(plan_of(TINY, sets));
-    let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
-    let first = HostDevice::computing(80 << 30);
-    let devices: Vec<HostDevice> = (0..p.grid.ranks()).map(|_| first.sibling()).collect();
-    let multi = MultiGpu::new(p.clone(), devices, Arc::new(corpus), ExecConfig::default())
-        .unwrap_or_else(|e| panic!("{sets:?}: {e}"));
-    let (r, _) = train_multi(p, multi, &opts(), None).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
-    r.steps.iter().map(|s| s.loss).collect()
+    run_plan(plan_of(TINY, sets), false).steps.iter().map(|s| s.loss).collect()
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The multi-rank driver's ZeRO-2/3 collectives and the lookups they share: a member's op
 //! buffers, its owned part of a bucket, gradient buckets reduce-scattered into the shards,
-//! gathered buffers filled from the owners' parts.
+//! gathered buffers filled from the owners' parts — the last two and ZeRO-1's `sharded`
+//! through one run of the communicator over parts (`parts_collective`).
 
 use super::*;
 
@@ -56,14 +57,7 @@ impl<D: Device> MultiGpu<D> {
                 .ok_or_else(|| internal(format!("rank {a}'s gradient shard of chunk {chunk} is not allocated")))?;
             shard.push((g + 4 * ch.shard_offset(bi) as u64, owned));
         }
-        let mut scratch = Vec::with_capacity(members.len());
-        for (i, &a) in members.iter().enumerate() {
-            let elems = super::super::shared::parts_scratch(true, &parts, i).max(1);
-            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 4 * elems as u64)?);
-        }
-        let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
-        let steps = super::super::shared::plan_parts(true, &full, &full, &ptrs, &parts, 4);
-        self.run_steps(members, streams, &steps, "add_f32", 4)?;
+        self.parts_collective(members, streams, &full, &parts, true)?;
         for (i, (&a, &s)) in members.iter().zip(streams).enumerate() {
             let (dst, owned) = &shard[i];
             let n = owned.len();
@@ -71,9 +65,6 @@ impl<D: Device> MultiGpu<D> {
                 let args = [Arg::P(*dst), Arg::P(full[i] + 4 * owned.start as u64), Arg::L(n as i64)];
                 self.ranks[a].gpu.launch(s, "add_f32", blocks(n), &args)?;
             }
-        }
-        for (&a, t) in members.iter().zip(scratch) {
-            self.ranks[a].give(t);
         }
         Ok(())
     }
@@ -107,18 +98,7 @@ impl<D: Device> MultiGpu<D> {
             gathered.push(dst);
             parts.push(vec![(owned.start as u64, owned.len())]);
         }
-        let mut scratch = Vec::with_capacity(members.len());
-        for (i, &a) in members.iter().enumerate() {
-            let elems = super::super::shared::parts_scratch(false, &parts, i).max(1);
-            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 2 * elems as u64)?);
-        }
-        let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
-        let steps = super::super::shared::plan_parts(false, &gathered, &gathered, &ptrs, &parts, 2);
-        self.run_steps(members, streams, &steps, "add_f32", 2)?;
-        for (&a, t) in members.iter().zip(scratch) {
-            self.ranks[a].give(t);
-        }
-        Ok(())
+        self.parts_collective(members, streams, &gathered, &parts, false)
     }
 
     /// Bucket `bucket` of chunk `chunk` on rank `a`.
@@ -162,20 +142,37 @@ impl<D: Device> MultiGpu<D> {
         parts: &[Vec<(u64, usize)>],
         sum: bool,
     ) -> Res<()> {
-        let eb = if sum { 4 } else { 2 };
         let mut bases = Vec::with_capacity(members.len());
-        let mut scratch = Vec::with_capacity(members.len());
-        for (i, &a) in members.iter().enumerate() {
+        for &a in members {
             let b = &self.ranks[a].bufs[chunk as usize];
             let t = if sum { b.grads.as_ref() } else { b.params.as_ref() };
             bases.push(
                 t.map(Tensor::ptr).ok_or_else(|| internal(format!("rank {a}'s chunk {chunk} is not allocated")))?,
             );
+        }
+        self.parts_collective(members, streams, &bases, parts, sum)
+    }
+
+    /// The shared-GPU communicator over parts of the members' buffers at `bases`, in place:
+    /// `sum` reduce-scatters fp32 (each member's parts summed in rank order), otherwise the
+    /// bf16 parts are all-gathered (`shared::plan_parts`), through scratch taken from each
+    /// member's pool for the collective.
+    fn parts_collective(
+        &mut self,
+        members: &[usize],
+        streams: &[Stream],
+        bases: &[Ptr],
+        parts: &[Vec<(u64, usize)>],
+        sum: bool,
+    ) -> Res<()> {
+        let eb = if sum { 4 } else { 2 };
+        let mut scratch = Vec::with_capacity(members.len());
+        for (i, &a) in members.iter().enumerate() {
             let elems = super::super::shared::parts_scratch(sum, parts, i).max(1);
             scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", eb * elems as u64)?);
         }
         let ptrs: Vec<Ptr> = scratch.iter().map(Tensor::ptr).collect();
-        let steps = super::super::shared::plan_parts(sum, &bases, &bases, &ptrs, parts, eb);
+        let steps = super::super::shared::plan_parts(sum, bases, bases, &ptrs, parts, eb);
         self.run_steps(members, streams, &steps, "add_f32", eb)?;
         for (&a, t) in members.iter().zip(scratch) {
             self.ranks[a].give(t);
