@@ -46,7 +46,7 @@
 //! accumulate each microbatch's gradients into the plan's full-gradient bucket buffers,
 //! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
 //! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
-//! under a pipeline: refused); other plans (MoE, MLA, MTP among them) are refused naming
+//! under a pipeline: refused); other plans (MoE, MLA, MTP, cp, the zero-bubble schedules among them) are refused naming
 //! why. Not built: one process driving all GPUs of a node.
 
 mod backward;

@@ -543,8 +543,8 @@ pub(super) mod tests;
 #[cfg(test)]
 mod tests_llama;
 #[cfg(test)]
-mod tests_sp;
-#[cfg(test)]
 mod tests_memory;
+#[cfg(test)]
+mod tests_sp;
 #[cfg(test)]
 mod tests_vpp;

@@ -7,6 +7,13 @@ use super::*;
 pub fn check_plan(plan: &Plan) -> Res<()> {
     let s = &plan.scenario;
     let (p, t) = (&s.parallel, &s.training);
+    if p.schedule.splits_backward() {
+        return Err(unsupported(format!(
+            "parallel.schedule = \"{}\": the zero-bubble schedules' deferred weight-gradient passes are not \
+             built on the GPU; use \"1f1b\", \"interleaved\" or \"gpipe\"",
+            p.schedule.key()
+        )));
+    }
     if p.cp > 1 {
         return Err(unsupported(format!("parallel.cp = {}: context parallelism is not built on the GPU", p.cp)));
     }

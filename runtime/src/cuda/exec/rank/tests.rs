@@ -56,6 +56,10 @@ fn plans_it_cannot_run_are_refused_naming_why() {
     assert!(why(&["parallel.cp=2", "cluster.gpus_per_node=2"]).contains("parallel.cp = 2"));
     assert!(why(&["training.flash_attention=false"]).contains("flash"));
     assert!(why(&["training.dtype=\"fp32\""]).contains("bf16"));
+    // ZB-H1's W passes would fail at the first step ("WeightGrad … not implemented"): refused up front.
+    let zb =
+        ["parallel.pp=2", "parallel.schedule=\"zb-h1\"", "cluster.gpus_per_node=2", "training.framework=\"strata\""];
+    assert!(why(&zb).contains("zb-h1"));
     assert!(why(&["model.heads=2", "model.kv_heads=2"]).contains("head_dim = hidden / heads = 384"));
     // Recomputation runs (`host_recompute_tests`); without flash attention it is refused as such.
     check_plan(&plan("gpt2", GPT2, &["parallel.recompute=\"full\""])).unwrap();
