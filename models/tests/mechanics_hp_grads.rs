@@ -4,6 +4,8 @@
 //! top of its own, before the gradient's pipeline send; not under Megatron-LM, fp16 or
 //! ZeRO-0; `bf16-hp-grads` off gives the same ops with their pieces' own costs.
 //!
+//! Its gradients are all-reduced whole (ZeRO-1 elsewhere reduce-scatters them).
+//!
 //! Its own test binary: the mechanic switch is process-wide; the tests take [`SWITCH`].
 
 use strata_models::Scenario;
@@ -102,6 +104,36 @@ fn llama_and_mixture_of_experts_backwards_end_with_it_too() {
         verify(&plan).unwrap();
         check_every_microbatch(&plan, &without(&s));
     }
+}
+
+/// The kinds of the plan's data-parallel gradient-bucket collectives.
+fn grad_kinds(plan: &Plan) -> std::collections::BTreeSet<CollKind> {
+    plan.programs
+        .iter()
+        .flat_map(|p| &p.ops)
+        .filter_map(|o| match &o.kind {
+            OpKind::Collective(c) if matches!(c.purpose, CollPurpose::GradBucket { .. }) => Some(c.kind),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn bf16_optimizer_all_reduces_zero_1_buckets_whole_where_zero_1_reduce_scatters() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let ds = scenario("deepspeed", "bf16", 1);
+    assert_eq!(grad_kinds(&lower(&ds).unwrap()), [CollKind::AllReduce].into());
+    for (fw, dtype) in [("megatron", "bf16"), ("deepspeed", "fp16")] {
+        assert_eq!(
+            grad_kinds(&lower(&scenario(fw, dtype, 1)).unwrap()),
+            [CollKind::ReduceScatter].into(),
+            "{fw} {dtype}"
+        );
+    }
+    set_disabled(&[Mechanic::Bf16AllReduce]);
+    let off = lower(&ds);
+    set_disabled(&[]);
+    assert_eq!(grad_kinds(&off.unwrap()), [CollKind::ReduceScatter].into());
 }
 
 #[test]

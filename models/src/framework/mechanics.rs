@@ -47,7 +47,12 @@
 //!   `_backward_epilogue`; `immediate_grad_update` is off by default) casts every bf16
 //!   gradient to fp32 and adds it into the fp32 buffer, tensor by tensor. Those passes run on
 //!   the compute stream between the backward and the next instruction (the pipeline send):
-//!   [`crate::plan::cost::bf16_optimizer_accumulate`].
+//!   [`crate::plan::cost::bf16_optimizer_accumulate`]. Its gradients are then all-reduced
+//!   whole, not reduce-scattered: the engine's `buffered_allreduce_fallback` over the fp32
+//!   buffers `get_grads_for_reduction` returns (`_bf16_reduce_grads` under a pipeline), each
+//!   bucket cast to `communication_data_type`; the step updates the rank's partition and
+//!   all-gathers the bf16 weights (`update_lp_params`) — ZeRO-1's two collectives with an
+//!   all-reduce in place of the reduce-scatter ([`Framework::all_reduces_zero1_grads`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -82,10 +87,13 @@ pub enum Mechanic {
     /// DeepSpeed's `BF16_Optimizer`: the per-microbatch passes that accumulate the bf16
     /// gradients into its fp32 buffer.
     Bf16HpGrads,
+    /// DeepSpeed's `BF16_Optimizer`: its gradients all-reduced whole rather than
+    /// reduce-scattered to the partitions' owners.
+    Bf16AllReduce,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 11] = [
+    pub const ALL: [Mechanic; 12] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -97,6 +105,7 @@ impl Mechanic {
         Mechanic::TpCommOverlap,
         Mechanic::FsdpPipeAccumulate,
         Mechanic::Bf16HpGrads,
+        Mechanic::Bf16AllReduce,
     ];
 
     pub fn key(self) -> &'static str {
@@ -112,6 +121,7 @@ impl Mechanic {
             Mechanic::TpCommOverlap => "tp-overlap",
             Mechanic::FsdpPipeAccumulate => "fsdp-pipe-accumulate",
             Mechanic::Bf16HpGrads => "bf16-hp-grads",
+            Mechanic::Bf16AllReduce => "bf16-allreduce",
         }
     }
 
@@ -241,6 +251,16 @@ impl Framework {
             && s.training.dtype == crate::scenario::Dtype::Bf16
             && s.parallel.zero == 1
             && Mechanic::Bf16HpGrads.on()
+    }
+
+    /// Whether ZeRO-1's data-parallel gradient reduction is an all-reduce of whole buckets
+    /// (DeepSpeed's `BF16_Optimizer`, the same condition as [`Self::accumulates_hp_grads`])
+    /// rather than a reduce-scatter to the partitions' owners.
+    pub fn all_reduces_zero1_grads(self, s: &Scenario) -> bool {
+        self == Framework::DeepSpeed
+            && s.training.dtype == crate::scenario::Dtype::Bf16
+            && s.parallel.zero == 1
+            && Mechanic::Bf16AllReduce.on()
     }
 
     /// Whether a pipeline send holds up the stage's compute until it is delivered

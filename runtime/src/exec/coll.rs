@@ -3,7 +3,9 @@
 
 use std::ops::Range;
 
-use strata_models::plan::{BufId, CollPurpose, CollectiveOp, GroupKind, Op, OpId, OpKind, Phase, Piece, TpSite, Unit};
+use strata_models::plan::{
+    BufId, CollKind, CollPurpose, CollectiveOp, GroupKind, Op, OpId, OpKind, Phase, Piece, TpSite, Unit,
+};
 
 use super::engine::Flight;
 use super::pool::BufKey;
@@ -151,6 +153,8 @@ impl RankExec {
                 let b = &ch.buckets[bi];
                 match zero {
                     0 => write_segment(b, &mut ch.grads, 0..b.len, &out),
+                    // An all-reduced bucket (DeepSpeed's BF16_Optimizer) comes back whole.
+                    1 if c.kind == CollKind::AllReduce => write_segment(b, &mut ch.grads, 0..b.len, &out),
                     1 => write_segment(b, &mut ch.grads, b.owned.clone(), &out),
                     _ => ch.grad_shards[bi].iter_mut().zip(&out).for_each(|(s, x)| *s += x),
                 }

@@ -287,7 +287,8 @@ impl Estimator {
         };
         let mut exposed = 0.0;
         if p.cp * p.dp > 1 {
-            let grad_kind = if p.zero == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
+            let whole = p.zero == 0 || s.training.framework.all_reduces_zero1_grads(s);
+            let grad_kind = if whole { CollKind::AllReduce } else { CollKind::ReduceScatter };
             let grads = dp_coll(self, grad_kind, psi * g_bytes) + expert_grads(self, grad_kind);
             if p.zero >= 2 {
                 // Every microbatch reduce-scatters its gradients, and ZeRO-3 gathers every unit

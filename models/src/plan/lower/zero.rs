@@ -182,7 +182,10 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     pub(super) fn grad_reduce(&mut self, b: usize, mb: u32, deps: &[OpId], full: Option<BufId>) -> OpId {
         let bk = &self.pl.buckets[self.stage as usize][b];
         let bytes = bk.params * self.grad_reduce_bytes();
-        let kind = if self.zero() == 0 { CollKind::AllReduce } else { CollKind::ReduceScatter };
+        // ZeRO-1 reduce-scatters to the partitions' owners, except DeepSpeed's BF16_Optimizer,
+        // which all-reduces whole buckets (the owners read their part of the result).
+        let whole = self.zero() == 0 || self.s().training.framework.all_reduces_zero1_grads(self.s());
+        let kind = if whole { CollKind::AllReduce } else { CollKind::ReduceScatter };
         // Expert buckets reduce over the ranks that hold the same experts.
         let (purpose, group) = if bk.is_expert() {
             (CollPurpose::ExpertGradBucket { chunk: bk.chunk, bucket: bk.index, mb }, GroupKind::ExpertDp)

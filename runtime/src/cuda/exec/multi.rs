@@ -299,7 +299,8 @@ impl<D: Device> MultiGpu<D> {
                     self.ranks[a].set_grad_norm(total);
                 }
             }
-            CollPurpose::GradBucket { chunk, bucket, .. } if zero == 0 && c.kind == CollKind::AllReduce => {
+            // ZeRO-0, and ZeRO-1 under DeepSpeed's BF16_Optimizer (whole buckets all-reduced).
+            CollPurpose::GradBucket { chunk, bucket, .. } if zero <= 1 && c.kind == CollKind::AllReduce => {
                 let segs = members
                     .iter()
                     .map(|&a| {

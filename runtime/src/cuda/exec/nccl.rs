@@ -391,7 +391,8 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
         let zero = self.rank.plan.scenario.parallel.zero;
         match c.purpose {
             CollPurpose::GradNorm => self.grad_norm(s, comm)?,
-            CollPurpose::GradBucket { chunk, bucket, .. } if zero == 0 && c.kind == CollKind::AllReduce => {
+            // ZeRO-0, and ZeRO-1 under DeepSpeed's BF16_Optimizer (whole buckets all-reduced).
+            CollPurpose::GradBucket { chunk, bucket, .. } if zero <= 1 && c.kind == CollKind::AllReduce => {
                 let g = self.grads(chunk)?;
                 let b = self.bucket(chunk, bucket)?;
                 let ranges: Vec<_> = b.units.iter().map(|(_, r)| r.clone()).collect();

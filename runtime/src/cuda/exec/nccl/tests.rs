@@ -291,6 +291,20 @@ fn every_ranks_nccl_calls_match_its_peers_and_the_plan() {
     }
 }
 
+/// DeepSpeed's BF16_Optimizer under ZeRO-1: the gradient buckets all-reduced whole on the dp
+/// communicator (no per-owner reduces), the owners' updated parameters still broadcast.
+#[test]
+fn deepspeed_bf16_zero_1_all_reduces_its_gradient_buckets() {
+    let p = Arc::new(plan_with(1, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"deepspeed\""]));
+    check_plan(&p).unwrap();
+    let logs = logs(&p, None);
+    check(&p, &logs).unwrap();
+    let count = |f: fn(&Call) -> bool| logs.iter().flatten().filter(|(_, c)| f(c)).count();
+    assert!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })) > 0);
+    assert_eq!(count(|c| matches!(c, Call::Reduce { .. })), 0);
+    assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0);
+}
+
 /// A ZeRO-3 rank (tp 2 · dp 4, uneven shards): each microbatch's full-gradient buckets
 /// reduced to their four owners' parts, each unit's parameters broadcast by their owners
 /// into the plan's gathered buffers before its forward and again before its backward — one
