@@ -405,32 +405,43 @@ impl<D: Device> MultiGpu<D> {
         if ranges.iter().any(|(_, rs)| rs.iter().map(|r| r.len()).ne(lens.iter().copied())) {
             return Err(internal(format!("an all-reduce over ranges of different sizes: {ranges:?}")));
         }
-        let total: usize = lens.iter().sum();
-        let mut scratch = Vec::with_capacity(members.len());
-        let mut bases: Vec<Ptr> = Vec::with_capacity(members.len());
-        for (&a, (chunk, _)) in members.iter().zip(ranges) {
+        let mut ptrs: Vec<Vec<Ptr>> = Vec::with_capacity(members.len());
+        for (&a, (chunk, rs)) in members.iter().zip(ranges) {
             let g = self.ranks[a].bufs[*chunk as usize]
                 .grads
                 .as_ref()
                 .map(Tensor::ptr)
                 .ok_or_else(|| internal(format!("rank {a}'s gradients of chunk {chunk} are not allocated")))?;
-            bases.push(g);
+            ptrs.push(rs.iter().map(|r| g + 4 * r.start as u64).collect());
+        }
+        self.all_reduce_f32(members, streams, &ptrs, &lens)
+    }
+
+    /// Sums fp32 segments over the members, in place: member i's segment s starts at
+    /// `ptrs[i][s]` and holds `lens[s]` elements (through one scratch block per member).
+    pub(super) fn all_reduce_f32(
+        &mut self,
+        members: &[usize],
+        streams: &[Stream],
+        ptrs: &[Vec<Ptr>],
+        lens: &[usize],
+    ) -> Res<()> {
+        let total: usize = lens.iter().sum();
+        let mut scratch = Vec::with_capacity(members.len());
+        for &a in members {
             scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 4 * total as u64)?);
         }
         let mut at = 0u64;
         let segments: Vec<Vec<Member>> = (0..lens.len())
             .map(|s| {
                 let seg = (0..members.len())
-                    .map(|i| {
-                        let p = bases[i] + 4 * ranges[i].1[s].start as u64;
-                        Member { input: p, output: p, scratch: scratch[i].ptr() + 4 * at }
-                    })
+                    .map(|i| Member { input: ptrs[i][s], output: ptrs[i][s], scratch: scratch[i].ptr() + 4 * at })
                     .collect();
                 at += lens[s] as u64;
                 seg
             })
             .collect();
-        let steps = plan_segments(CollKind::AllReduce, &segments, &lens, 4).map_err(internal)?;
+        let steps = plan_segments(CollKind::AllReduce, &segments, lens, 4).map_err(internal)?;
         self.run_steps(members, streams, &steps, "add_f32", 4)?;
         for (&a, t) in members.iter().zip(scratch) {
             self.ranks[a].give(t);

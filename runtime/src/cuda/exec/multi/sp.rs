@@ -94,26 +94,7 @@ impl<D: Device> MultiGpu<D> {
         if lens.is_empty() {
             return Ok(());
         }
-        let total: usize = lens.iter().sum();
-        let mut scratch = Vec::with_capacity(members.len());
-        for &a in members {
-            scratch.push(self.ranks[a].take("the shared-GPU communicator's scratch", 4 * total as u64)?);
-        }
-        let mut at = 0u64;
-        let segments: Vec<Vec<Member>> = (0..lens.len())
-            .map(|s| {
-                let seg = (0..members.len())
-                    .map(|i| Member { input: runs[i][s].0, output: runs[i][s].0, scratch: scratch[i].ptr() + 4 * at })
-                    .collect();
-                at += lens[s] as u64;
-                seg
-            })
-            .collect();
-        let steps = plan_segments(CollKind::AllReduce, &segments, &lens, 4).map_err(internal)?;
-        self.run_steps(members, streams, &steps, "add_f32", 4)?;
-        for (&a, t) in members.iter().zip(scratch) {
-            self.ranks[a].give(t);
-        }
-        Ok(())
+        let ptrs: Vec<Vec<Ptr>> = runs.iter().map(|rs| rs.iter().map(|r| r.0).collect()).collect();
+        self.all_reduce_f32(members, streams, &ptrs, &lens)
     }
 }
