@@ -1,7 +1,9 @@
 //! Interleaved 1F1B on the multi-rank driver: `vpp` model chunks per rank, each with its
 //! own layers, parameters, gradients and optimizer state (`layout::rank_state`, from the
 //! CPU executor's chunk layouts), pipeline messages keyed by virtual stage (`comm`). A
-//! pp2·vpp2 and a tp2·pp2·vpp2 split of the tiny GPT train to the single rank's losses.
+//! pp2·vpp2 and a tp2·pp2·vpp2 split of the tiny GPT train to the single rank's losses, and
+//! pp2·vpp2 with full recomputation (each chunk's layers recomputed from their saved
+//! inputs) to the single rank's without it.
 
 use super::tests::{LOSS_TOL_NATS, TP_LOSS_TOL_NATS, plan_of, run_plan, worst};
 use crate::cuda::exec::layout::rank_state;
@@ -39,4 +41,14 @@ fn interleaved_splits_match_the_single_rank_losses() {
         eprintln!("{sets:?}: {got:?} (single {single:?}), worst {d:.3e} nats");
         assert!(d <= tol, "{sets:?}: {got:?} against the single rank's {single:?} ({d:.3e} nats)");
     }
+}
+
+#[test]
+fn interleaved_chunks_with_full_recomputation_match_the_single_rank_losses() {
+    let single = losses(&[]);
+    let sets = ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=\"interleaved\"", "parallel.recompute=\"full\""];
+    let got = losses(&sets);
+    let d = worst(&got, &single);
+    eprintln!("{sets:?}: {got:?} (single {single:?}), worst {d:.3e} nats");
+    assert!(d <= LOSS_TOL_NATS, "{sets:?}: {got:?} against the single rank's {single:?} ({d:.3e} nats)");
 }
