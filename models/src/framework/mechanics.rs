@@ -247,20 +247,20 @@ impl Framework {
     /// gradient accumulation passes: DeepSpeed with bf16 weights under ZeRO-1, the layout
     /// `accounting::states` gives an fp32 gradient buffer for every parameter.
     pub fn accumulates_hp_grads(self, s: &Scenario) -> bool {
-        self == Framework::DeepSpeed
-            && s.training.dtype == crate::scenario::Dtype::Bf16
-            && s.parallel.zero == 1
-            && Mechanic::Bf16HpGrads.on()
+        self.runs_bf16_optimizer(s) && Mechanic::Bf16HpGrads.on()
+    }
+
+    /// Whether DeepSpeed's engine picks `BF16_Optimizer` for this run as Strata models it:
+    /// bf16 weights under ZeRO-1 (the export's `grad_accum_dtype = "fp32"`).
+    fn runs_bf16_optimizer(self, s: &Scenario) -> bool {
+        self == Framework::DeepSpeed && s.training.dtype == crate::scenario::Dtype::Bf16 && s.parallel.zero == 1
     }
 
     /// Whether ZeRO-1's data-parallel gradient reduction is an all-reduce of whole buckets
     /// (DeepSpeed's `BF16_Optimizer`, the same condition as [`Self::accumulates_hp_grads`])
     /// rather than a reduce-scatter to the partitions' owners.
     pub fn all_reduces_zero1_grads(self, s: &Scenario) -> bool {
-        self == Framework::DeepSpeed
-            && s.training.dtype == crate::scenario::Dtype::Bf16
-            && s.parallel.zero == 1
-            && Mechanic::Bf16AllReduce.on()
+        self.runs_bf16_optimizer(s) && Mechanic::Bf16AllReduce.on()
     }
 
     /// Whether a pipeline send holds up the stage's compute until it is delivered

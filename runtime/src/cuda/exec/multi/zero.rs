@@ -31,6 +31,22 @@ impl<D: Device> MultiGpu<D> {
         Ok((bi, ch.buckets[bi].owned.clone()))
     }
 
+    /// Where rank `a`'s part of one bucket starts in its gradient (fp32) or parameter (bf16)
+    /// shard, and the part's range within the bucket.
+    fn owned_shard(&self, a: usize, chunk: u32, bucket: u32, which: Shard) -> Res<(Ptr, std::ops::Range<usize>)> {
+        let (bi, owned) = self.owned_part(a, chunk, bucket)?;
+        let bufs = &self.ranks[a].bufs[chunk as usize];
+        let (buf, bytes, what) = match which {
+            Shard::Grads => (&bufs.grads, 4, "gradient"),
+            Shard::Params => (&bufs.params, 2, "parameter"),
+        };
+        let base = buf
+            .as_ref()
+            .map(Tensor::ptr)
+            .ok_or_else(|| internal(format!("rank {a}'s {what} shard of chunk {chunk} is not allocated")))?;
+        Ok((base + bytes * self.ranks[a].chunks[chunk as usize].shard_offset(bi) as u64, owned))
+    }
+
     /// ZeRO-2/3: the members' full-gradient buffers of one bucket and microbatch (the op's
     /// second buffer) reduce-scattered in place, each member's owned part then added into
     /// its gradient shard (which accumulates over the microbatches).
@@ -47,15 +63,9 @@ impl<D: Device> MultiGpu<D> {
         let mut shard = Vec::with_capacity(members.len());
         for &a in members {
             full.push(self.op_buf(a, at, 1)?);
-            let (bi, owned) = self.owned_part(a, chunk, bucket)?;
-            let ch = &self.ranks[a].chunks[chunk as usize];
+            let (dst, owned) = self.owned_shard(a, chunk, bucket, Shard::Grads)?;
             parts.push(vec![(owned.start as u64, owned.len())]);
-            let g = self.ranks[a].bufs[chunk as usize]
-                .grads
-                .as_ref()
-                .map(Tensor::ptr)
-                .ok_or_else(|| internal(format!("rank {a}'s gradient shard of chunk {chunk} is not allocated")))?;
-            shard.push((g + 4 * ch.shard_offset(bi) as u64, owned));
+            shard.push((dst, owned));
         }
         self.parts_collective(members, streams, &full, &parts, true)?;
         for (i, (&a, &s)) in members.iter().zip(streams).enumerate() {
@@ -84,14 +94,7 @@ impl<D: Device> MultiGpu<D> {
         let mut parts = Vec::with_capacity(members.len());
         for (&a, &s) in members.iter().zip(streams) {
             let dst = self.op_buf(a, at, 0)?;
-            let (bi, owned) = self.owned_part(a, chunk, bucket)?;
-            let ch = &self.ranks[a].chunks[chunk as usize];
-            let p = self.ranks[a].bufs[chunk as usize]
-                .params
-                .as_ref()
-                .map(Tensor::ptr)
-                .ok_or_else(|| internal(format!("rank {a}'s parameter shard of chunk {chunk} is not allocated")))?;
-            let src = p + 2 * ch.shard_offset(bi) as u64;
+            let (src, owned) = self.owned_shard(a, chunk, bucket, Shard::Params)?;
             if !owned.is_empty() {
                 self.ranks[a].gpu.copy(s, dst + 2 * owned.start as u64, src, 2 * owned.len())?;
             }
@@ -179,4 +182,11 @@ impl<D: Device> MultiGpu<D> {
         }
         Ok(())
     }
+}
+
+/// Which of a rank's ZeRO shards a bucket's owned part is read from or added into.
+#[derive(Clone, Copy)]
+enum Shard {
+    Grads,
+    Params,
 }
