@@ -300,6 +300,18 @@ impl Scenario {
         })
     }
 
+    /// The ZeRO stage the framework runs: `parallel.zero`, except where DeepSpeed's
+    /// `BF16_Optimizer` runs at stage 0 (bf16 under a pipeline,
+    /// [`crate::framework::Framework::bf16_optimizer`]): it partitions the fp32 master
+    /// weights and Adam over the data-parallel ranks, all-reduces the gradients whole and
+    /// all-gathers the bf16 weights after its step — stage 1's mechanics, so the plan, the
+    /// search and the executors run it as stage 1. The export and the rules keep
+    /// `parallel.zero`, what the user configures.
+    pub fn zero_stage(&self) -> u8 {
+        let z = self.parallel.zero;
+        if z == 0 && self.training.framework.bf16_optimizer(self).is_some() { 1 } else { z }
+    }
+
     /// Tokens processed per step: B · s.
     pub fn tokens_per_step(&self) -> u64 {
         self.parallel.global_batch as u64 * self.model.seq_len as u64

@@ -2,7 +2,8 @@
 //! DeepSpeed with bf16 and ZeRO-1, each microbatch's backward of a stage ends with an op whose
 //! cost carries 22 bytes per parameter of the stage (first microbatch) or 26 (the others) on
 //! top of its own, before the gradient's pipeline send; not under Megatron-LM, fp16 or
-//! ZeRO-0; `bf16-hp-grads` off gives the same ops with their pieces' own costs.
+//! ZeRO-0 without a pipeline (with one, DeepSpeed runs it too, accumulating in bf16);
+//! `bf16-hp-grads` off gives the same ops with their pieces' own costs.
 //!
 //! Its gradients are all-reduced whole (ZeRO-1 elsewhere reduce-scatters them).
 //!
@@ -83,11 +84,16 @@ fn deepspeed_bf16_zero1_adds_the_fp32_accumulation_after_every_backward() {
 /// Each stage's backward of each microbatch carries 22 (first) or 26 bytes per parameter
 /// of the stage on exactly one op, which on the later stage is followed by its send.
 fn check_every_microbatch(plan: &Plan, off: &Plan) {
+    check_every_microbatch_at(plan, off, (22, 26));
+}
+
+/// As [`check_every_microbatch`], `bytes` per parameter on the first and later microbatches.
+fn check_every_microbatch_at(plan: &Plan, off: &Plan, bytes: (u64, u64)) {
     let m = plan.scenario.parallel.microbatches();
     for (stage, ex) in extras(plan, off).iter().enumerate() {
         let params: u64 = plan.buckets[stage].iter().map(|b| b.params).sum();
         let want: Vec<(u32, u64, bool)> =
-            (0..m).map(|mb| (mb, if mb == 0 { 22 } else { 26 } * params, stage == 1)).collect();
+            (0..m).map(|mb| (mb, if mb == 0 { bytes.0 } else { bytes.1 } * params, stage == 1)).collect();
         assert_eq!(ex, &want, "stage {stage}");
     }
 }
@@ -139,10 +145,63 @@ fn bf16_optimizer_all_reduces_zero_1_buckets_whole_where_zero_1_reduce_scatters(
 #[test]
 fn other_frameworks_and_dtypes_add_nothing() {
     let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-    for (fw, dtype, zero) in [("megatron", "bf16", 1), ("deepspeed", "fp16", 1), ("deepspeed", "bf16", 0)] {
+    for (fw, dtype, zero) in [("megatron", "bf16", 1), ("deepspeed", "fp16", 1), ("megatron", "bf16", 0)] {
         let s = scenario(fw, dtype, zero);
         let plan = lower(&s).unwrap();
         assert!(extras(&plan, &without(&s)).iter().all(Vec::is_empty), "{fw} {dtype} zero {zero}");
         assert_eq!(plan.costs, without(&s).costs, "{fw} {dtype} zero {zero}");
     }
+}
+
+/// Rank 0's persistent optimizer-state bytes and whether its program all-gathers parameter
+/// buckets.
+fn optimizer_bytes_and_gathers(plan: &Plan) -> (u64, bool) {
+    let ops = &plan.programs[0].ops;
+    let bytes = ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            OpKind::Alloc(a) if a.class == BufClass::OptimizerState => Some(a.bytes),
+            _ => None,
+        })
+        .sum();
+    let gathers = ops.iter().any(|o| {
+        matches!(&o.kind, OpKind::Collective(c) if matches!(c.purpose, CollPurpose::ParamBucket { .. }) && c.kind == CollKind::AllGather)
+    });
+    (bytes, gathers)
+}
+
+/// DeepSpeed with bf16 at ZeRO-0 under a pipeline runs `BF16_Optimizer` accumulating in
+/// bf16 (`_do_optimizer_sanity_check` returns BFLOAT16 there): the passes at bf16 widths
+/// (8 bytes per parameter on the first microbatch, 14 on the others), the fp32 master and
+/// Adam partitioned over dp with the bf16 weights all-gathered after the step — ZeRO-1's
+/// plan with its all-reduce. Without a pipeline it is plain ZeRO-0.
+#[test]
+fn deepspeed_bf16_zero0_under_a_pipeline_is_bf16_optimizer_accumulating_in_bf16() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let z0 = scenario("deepspeed", "bf16", 0);
+    assert_eq!((z0.parallel.zero, z0.zero_stage()), (0, 1));
+    let plan = lower(&z0).unwrap();
+    verify(&plan).unwrap();
+    check_every_microbatch_at(&plan, &without(&z0), (8, 14));
+    assert_eq!(grad_kinds(&plan), [CollKind::AllReduce].into());
+    let z1 = lower(&scenario("deepspeed", "bf16", 1)).unwrap();
+    let (opt, gathers) = optimizer_bytes_and_gathers(&plan);
+    assert!(gathers, "the step's bf16 weights are all-gathered");
+    assert_eq!((opt, gathers), optimizer_bytes_and_gathers(&z1), "the partition is ZeRO-1's");
+    // The same split under Megatron-LM keeps the whole optimizer state: dp = 2 here.
+    let (whole, no_gathers) = optimizer_bytes_and_gathers(&lower(&scenario("megatron", "bf16", 0)).unwrap());
+    assert!(!no_gathers);
+    assert!(whole >= 2 * opt - 64 && whole <= 2 * opt + 64, "{whole} vs 2 × {opt}");
+    // Bytes per parameter: bf16 weights, gradients and buffer whole, 12 / d of fp32 state.
+    let layout = strata_models::accounting::states::scenario_layout(&z0);
+    assert_eq!(layout.per_param(2), 6.0 + 12.0 / 2.0);
+
+    // pp = 1: FP16_Optimizer in bf16 — no passes, no partition.
+    let text = z0.to_toml().replace("pp = 2", "pp = 1").replace("dp = 2", "dp = 4");
+    let flat = Scenario::from_toml(&text, "hp", "hp", &[]).unwrap();
+    assert_eq!((flat.parallel.pp, flat.zero_stage()), (1, 0));
+    let plan = lower(&flat).unwrap();
+    assert_eq!(plan.costs, without(&flat).costs);
+    assert!(!optimizer_bytes_and_gathers(&plan).1);
+    assert_eq!(strata_models::accounting::states::scenario_layout(&flat).per_param(4), 16.0);
 }

@@ -41,6 +41,11 @@ const SPLITS: &[(&str, &[&str])] = &[
         "pp2-dp4-zero1-deepspeed-bf16",
         &["parallel.pp=2", "parallel.dp=4", "parallel.zero=1", "training.framework=deepspeed", "training.dtype=bf16"],
     ),
+    // At ZeRO-0 under a pipeline DeepSpeed runs BF16_Optimizer too: ZeRO-1's partition.
+    (
+        "pp2-dp4-zero0-deepspeed-bf16",
+        &["parallel.pp=2", "parallel.dp=4", "parallel.zero=0", "training.framework=deepspeed", "training.dtype=bf16"],
+    ),
     (
         "tp2-pp2-dp2-1f1b-zero1-sp",
         &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1", "parallel.sequence_parallel=true"],

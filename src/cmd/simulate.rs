@@ -154,7 +154,7 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} on {} × {}: TP({}){}{}-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}, recompute {}, SP {}{}",
+        "{} on {} × {}: TP({}){}{}-PP({})-DP({}), {}{}, mb {} × {} microbatches, ZeRO-{}{}, recompute {}, SP {}{}",
         s.model.name,
         s.cluster.gpus(),
         s.cluster.gpu,
@@ -168,6 +168,11 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         p.micro_batch,
         p.microbatches(),
         p.zero,
+        if s.zero_stage() != p.zero {
+            " (DeepSpeed runs BF16_Optimizer here: ZeRO-1's partition, bf16 gradient accumulation)"
+        } else {
+            ""
+        },
         p.recompute.key(),
         if p.sequence_parallel { "on" } else { "off" },
         if s.training.dtype == strata_models::Dtype::Fp8 { ", fp8" } else { "" }

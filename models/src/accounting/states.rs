@@ -11,7 +11,7 @@
 //! | Megatron-LM | 2 + 4 + 12 = 18 | 6 + 12/d (distributed optimizer) | — | — | fp32 (main gradients) |
 //! | Megatron-LM, `grad_reduce_in_bf16` | 16 | 4 + 12/d | — | — | bf16 |
 //! | Megatron-LM, fp16 | 2 + 2 + 16 = 20 | 4 + 16/d | — | — | fp16 |
-//! | DeepSpeed | 2 + 2 + 12 | bf16 8 + 12/d (BF16_Optimizer: bf16 and fp32 gradients); fp16 4 + 16/d | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
+//! | DeepSpeed | 2 + 2 + 12; bf16 under a pipeline 6 + 12/d (`BF16_Optimizer`, bf16 buffer) | bf16 8 + 12/d (BF16_Optimizer: bf16 and fp32 gradients); fp16 4 + 16/d | 2 + 18/d | 18/d (+ 4·P_largest, its estimator) | bf16 (`communication_data_type`) |
 //! | torchtitan (FSDP2, fp32 states) | 4 + 4 + 8 (DDP) | — | 2 + 16/d (no reshard: bf16 weights kept) | 16/d (+ bf16 blocks in flight) | fp32 (`mixed_precision_reduce`) |
 //!
 //! - Megatron-LM keeps an fp32 main gradient beside every bf16 weight (`--bf16` sets
@@ -25,7 +25,10 @@
 //!   kept until the step's `zero_grad`) and an fp32 gradient buffer for all parameters
 //!   (`fp32_groups_gradients_flat`, shaped as the whole flat bf16 group), the fp32 master and
 //!   Adam partitioned; with fp16, stage 1 keeps fp16 gradients whole and the fp32 gradient,
-//!   master and Adam of its partition.
+//!   master and Adam of its partition. Under a pipeline, bf16 at stage 0 runs
+//!   `BF16_Optimizer` too, its buffer in bf16 (the engine's default accumulation dtype):
+//!   2 + 2 + 2 whole, the fp32 master and Adam partitioned (6 + 12/d); without a pipeline
+//!   it is `FP16_Optimizer` in bf16, 2 + 2 + 12 whole.
 //! - torchtitan keeps parameters, gradients and Adam state in fp32 (`training.storage_dtype()`),
 //!   sharded by FSDP2; forward gathers each block in bf16 and, with reshard after forward
 //!   (ZeRO-3 here), frees it again, else (ZeRO-2) keeps it until its backward.
@@ -195,6 +198,16 @@ pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16:
 
 /// The layout of a scenario's framework, dtype and ZeRO stage.
 pub fn scenario_layout(s: &Scenario) -> StateLayout {
+    // DeepSpeed's BF16_Optimizer at ZeRO-0 (bf16 under a pipeline): the bf16 gradients and
+    // its bf16 accumulation buffer whole, the fp32 master and Adam partitioned over dp.
+    if s.parallel.zero == 0 && s.training.framework.bf16_optimizer(s) == Some(Dtype::Bf16) {
+        return StateLayout {
+            weights: PerParam::whole(2),
+            grads: PerParam::whole(4),
+            optimizer: PerParam::sharded(12),
+            grad_reduce: Dtype::Bf16,
+        };
+    }
     layout(s.training.framework, s.training.storage_dtype(), s.parallel.zero, s.training.grad_reduce_in_bf16)
 }
 

@@ -39,13 +39,14 @@
 //!   multiplication and a cast back ([`crate::plan::cost::vocab_parallel_cross_entropy`]):
 //!   a few dozen bytes per local logit, which a small model with a large vocabulary feels.
 //! - **DeepSpeed's `BF16_Optimizer`** (`runtime/bf16_optimizer.py`; the optimizer of bf16
-//!   with ZeRO-1, whose fp32 gradient buffer `accounting::states` counts): it does not fuse
+//!   with ZeRO-1, whose fp32 gradient buffer `accounting::states` counts, and of bf16 under a
+//!   pipeline at ZeRO-0, with a bf16 buffer: [`Framework::bf16_optimizer`]): it does not fuse
 //!   the gradient accumulation into the weight-gradient GEMMs as Megatron-LM's main gradients
 //!   do. Before each microbatch's backward `clear_lp_grads` zeroes the bf16 gradients
 //!   (`_foreach_zero_`), so autograd adds each new gradient into them in place; after it,
 //!   `update_hp_grads` (the pipeline engine's `_exec_backward_pass`, the engine's
 //!   `_backward_epilogue`; `immediate_grad_update` is off by default) casts every bf16
-//!   gradient to fp32 and adds it into the fp32 buffer, tensor by tensor. Those passes run on
+//!   gradient to the buffer's dtype and adds it in, tensor by tensor. Those passes run on
 //!   the compute stream between the backward and the next instruction (the pipeline send):
 //!   [`crate::plan::cost::bf16_optimizer_accumulate`]. Its gradients are then all-reduced
 //!   whole, not reduce-scattered: the engine's `buffered_allreduce_fallback` over the fp32
@@ -243,17 +244,38 @@ impl Framework {
         matches!(self, Framework::Megatron | Framework::DeepSpeed) && Mechanic::VocabCrossEntropy.on()
     }
 
-    /// Whether each microbatch's backward ends with DeepSpeed `BF16_Optimizer`'s fp32
-    /// gradient accumulation passes: DeepSpeed with bf16 weights under ZeRO-1, the layout
-    /// `accounting::states` gives an fp32 gradient buffer for every parameter.
+    /// Whether each microbatch's backward ends with DeepSpeed `BF16_Optimizer`'s gradient
+    /// accumulation passes ([`Self::bf16_optimizer`]).
     pub fn accumulates_hp_grads(self, s: &Scenario) -> bool {
-        self.runs_bf16_optimizer(s) && Mechanic::Bf16HpGrads.on()
+        self.bf16_optimizer(s).is_some() && Mechanic::Bf16HpGrads.on()
     }
 
-    /// Whether DeepSpeed's engine picks `BF16_Optimizer` for this run as Strata models it:
-    /// bf16 weights under ZeRO-1 (the export's `grad_accum_dtype = "fp32"`).
+    /// The dtype DeepSpeed's `BF16_Optimizer` accumulates gradients in, if the engine picks
+    /// it for this run (`engine.py` `_do_optimizer_sanity_check`), else `None`:
+    /// - bf16 weights under ZeRO-1 with `data_types.grad_accum_dtype = "fp32"` (which the
+    ///   export writes): an fp32 buffer;
+    /// - bf16 weights under a pipeline at ZeRO-0, where the gradient accumulation dtype is
+    ///   left at the model's: the engine warns that bf16 accumulation is not safe and picks
+    ///   `BF16_Optimizer` all the same, with a bf16 buffer. It partitions the fp32 master
+    ///   weights and Adam over the data-parallel ranks and all-gathers the bf16 weights after
+    ///   its step as ZeRO-1 does ([`crate::scenario::Scenario::zero_stage`]).
+    ///
+    /// Without a pipeline, bf16 at ZeRO-0 is `FP16_Optimizer` in bf16 (`DDP_BFLOAT16`): fp32
+    /// master and Adam whole, no separate buffer — plain ZeRO-0.
+    pub fn bf16_optimizer(self, s: &Scenario) -> Option<crate::scenario::Dtype> {
+        use crate::scenario::Dtype;
+        if self != Framework::DeepSpeed || s.training.dtype != Dtype::Bf16 {
+            return None;
+        }
+        match s.parallel.zero {
+            1 => Some(Dtype::Fp32),
+            0 if s.parallel.pp > 1 => Some(Dtype::Bf16),
+            _ => None,
+        }
+    }
+
     fn runs_bf16_optimizer(self, s: &Scenario) -> bool {
-        self == Framework::DeepSpeed && s.training.dtype == crate::scenario::Dtype::Bf16 && s.parallel.zero == 1
+        self.bf16_optimizer(s).is_some()
     }
 
     /// Whether ZeRO-1's data-parallel gradient reduction is an all-reduce of whole buckets

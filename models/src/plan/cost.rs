@@ -335,18 +335,24 @@ pub fn moe_layer_out_cost(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, phase
 
 /// DeepSpeed `BF16_Optimizer`'s gradient passes around one microbatch's backward over a
 /// rank's `params` parameters in `tensors` tensors (`runtime/bf16_optimizer.py`,
-/// [`crate::framework::mechanics`]), bf16 gradients (2 bytes) into an fp32 buffer (4):
-/// - `update_hp_grads` after every backward, per tensor `hp.add_(lp.grad.to(fp32))`: the
-///   cast reads 2 and writes a 4-byte temporary, the add reads 4 + 4 and writes 4 — 18 bytes,
-///   two kernels;
+/// [`crate::framework::mechanics`]), bf16 gradients (2 bytes) into a buffer of `hp_bytes`
+/// per element (4 for its fp32 buffer under ZeRO-1, 2 for the bf16 one of a pipeline at
+/// ZeRO-0):
+/// - `update_hp_grads` after every backward, per tensor `hp.add_(lp.grad.to(hp.dtype))`:
+///   into fp32 the cast reads 2 and writes a 4-byte temporary, the add reads 4 + 4 and
+///   writes 4 — 18 bytes, two kernels; into bf16 the cast is a no-op and the add reads
+///   2 + 2 and writes 2 — 6 bytes, one kernel;
 /// - on the first microbatch, the buffer zeroed by the previous step's `zero_grad`
-///   (`clear_hp_grads`, write 4): 22 bytes in all (the bf16 gradients are `None` then, and
-///   autograd stores the new ones without an add);
-/// - on every later microbatch, `clear_lp_grads` zeroes the kept bf16 gradients (write 2)
-///   and autograd's `AccumulateGrad` adds each new gradient into them in place (read 2 + 2,
-///   write 2): 26 bytes, four kernels per tensor.
-pub fn bf16_optimizer_accumulate(params: u64, tensors: u64, first_mb: bool) -> ComputeCost {
-    let (bytes, kernels) = if first_mb { (22, 2) } else { (26, 4) };
+///   (`clear_hp_grads`, one flat write of `hp_bytes`; the bf16 gradients are `None` then,
+///   and autograd stores the new ones without an add): 22 bytes (fp32) or 8 (bf16);
+/// - on every later microbatch, `clear_lp_grads` zeroes the kept bf16 gradients (write 2,
+///   one `_foreach_zero_` kernel per tensor) and autograd's `AccumulateGrad` adds each new
+///   gradient into them in place (read 2 + 2, write 2, one kernel): 26 bytes and four
+///   kernels per tensor (fp32), 14 bytes and three kernels (bf16).
+pub fn bf16_optimizer_accumulate(params: u64, tensors: u64, hp_bytes: u64, first_mb: bool) -> ComputeCost {
+    let (add_bytes, add_kernels) = if hp_bytes == 2 { (6, 1) } else { (2 + 4 + 3 * hp_bytes, 2) };
+    let (bytes, kernels) =
+        if first_mb { (add_bytes + hp_bytes, add_kernels) } else { (add_bytes + 8, add_kernels + 2) };
     let kernels = u32::try_from(kernels * tensors).unwrap_or(u32::MAX);
     cost(vec![], None, bytes * params, kernels)
 }

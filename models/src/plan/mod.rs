@@ -22,7 +22,7 @@ pub mod verify;
 pub use check::{CheckedPlan, PlanError};
 pub use grid::{Coord, Pipeline, RankGrid};
 pub use ir::*;
-pub use lower::{Planner, lower, unit_params, unit_tensors};
+pub use lower::{Planner, hp_buffer_bytes, lower, unit_params, unit_tensors};
 pub use lowered::{Bucket, Plan, Unit};
 pub use verify::{VerifyError, VerifyReport, verify};
 

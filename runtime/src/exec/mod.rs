@@ -349,9 +349,11 @@ impl RankExec {
             p.tp
         );
         let seed = s.training.seed;
+        // The stage the framework runs (DeepSpeed's BF16_Optimizer partitions at stage 0 under a pipeline).
+        let zero = s.zero_stage();
         let chunks = units::chunk_layouts(&plan, rank)?
             .into_iter()
-            .map(|(layout, buckets)| new_chunk(layout, buckets, seed, p.zero))
+            .map(|(layout, buckets)| new_chunk(layout, buckets, seed, zero))
             .collect();
         use GroupKind::{Cp, Dp, Embedding, Ep, ExpertDp, Tp, World};
         let groups = [Tp, Dp, Cp, Ep, ExpertDp, Embedding, World]
@@ -378,7 +380,7 @@ impl RankExec {
             m,
             tp: p.tp as usize,
             sp,
-            zero: p.zero,
+            zero,
             recompute: p.recompute,
             flash: t.flash_attention,
             grad_scale: 1.0 / (m as usize * p.dp as usize * cp * micro.tokens()) as f32,

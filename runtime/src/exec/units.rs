@@ -131,7 +131,7 @@ pub fn chunk_layouts(plan: &Plan, rank: u32) -> Result<Vec<(ParamLayout, Vec<Buc
             // experts over the expert-data-parallel group (the ranks holding the same experts).
             let group = |k| (plan.grid.position(rank, k) as usize, plan.grid.group_size(k) as usize);
             let (dp, edp) = (group(GroupKind::Dp), group(GroupKind::ExpertDp));
-            let buckets = chunk_buckets(&layout, &plan_buckets, dp, edp, p.zero)?;
+            let buckets = chunk_buckets(&layout, &plan_buckets, dp, edp, plan.scenario.zero_stage())?;
             Ok((layout, buckets))
         })
         .collect()

@@ -40,7 +40,7 @@ use strata_models::accounting::states::scenario_layout;
 use strata_models::parallel::Recompute;
 use strata_models::plan::cost::{bf16_optimizer_accumulate, optimizer_cost, piece_cost};
 use strata_models::plan::schedule::PassTimes;
-use strata_models::plan::{CollKind, Phase, Piece, TpSite, Unit, unit_tensors};
+use strata_models::plan::{CollKind, Phase, Piece, TpSite, Unit, hp_buffer_bytes, unit_tensors};
 
 use crate::compute::ComputeModel;
 use crate::net::closed_form::ClosedFormNetwork;
@@ -230,12 +230,12 @@ impl Estimator {
                 b += head_b;
                 w += head_w;
             }
-            // DeepSpeed's BF16_Optimizer: every microbatch's backward ends with its fp32
+            // DeepSpeed's BF16_Optimizer: every microbatch's backward ends with its
             // accumulation passes over the stage's parameters (`plan/lower/hp_grads.rs`).
             if s.training.framework.accumulates_hp_grads(s) {
                 let params = stage_params(m, p)[i as usize].dense_per_rank();
                 let tensors = layers as u64 * unit_tensors(s, Unit::Layer(0)) + 2;
-                b += self.compute.cost_s(&bf16_optimizer_accumulate(params, tensors, false));
+                b += self.compute.cost_s(&bf16_optimizer_accumulate(params, tensors, hp_buffer_bytes(s), false));
             }
             if i == 0 {
                 first_f = f;
@@ -287,7 +287,7 @@ impl Estimator {
         };
         let mut exposed = 0.0;
         if p.cp * p.dp > 1 {
-            let whole = p.zero == 0 || s.training.framework.all_reduces_zero1_grads(s);
+            let whole = s.zero_stage() == 0 || s.training.framework.all_reduces_zero1_grads(s);
             let grad_kind = if whole { CollKind::AllReduce } else { CollKind::ReduceScatter };
             let grads = dp_coll(self, grad_kind, psi * g_bytes) + expert_grads(self, grad_kind);
             if p.zero >= 2 {
@@ -308,12 +308,12 @@ impl Estimator {
                 let hidden = if p.overlap_grad_reduce { last_b } else { 0.0 };
                 exposed += (grads - hidden).max(0.0) + grads * 0.1;
             }
-            if (1..=2).contains(&p.zero) {
+            if (1..=2).contains(&s.zero_stage()) {
                 let gather = dp_coll(self, CollKind::AllGather, psi * w_bytes);
                 exposed += if p.overlap_param_gather { (gather - first_f).max(0.0) } else { gather };
             }
         }
-        let shard = if p.zero >= 1 { psi.div_ceil((p.cp * p.dp) as u64) } else { psi };
+        let shard = if s.zero_stage() >= 1 { psi.div_ceil((p.cp * p.dp) as u64) } else { psi };
         let optimizer = self.compute.cost_s(&optimizer_cost(shard, opt_g_bytes));
         pipe + exposed + optimizer
     }

@@ -1,4 +1,4 @@
-//! DeepSpeed `BF16_Optimizer`'s fp32 gradient accumulation
+//! DeepSpeed `BF16_Optimizer`'s gradient accumulation (into fp32, or bf16 under a pipeline at ZeRO-0)
 //! ([`crate::framework::mechanics`], [`crate::plan::cost::bf16_optimizer_accumulate`]): after
 //! each microbatch's backward of a model chunk, its passes over every parameter of the chunk
 //! run on the compute stream before the engine's next instruction (the pipeline send of the
@@ -39,6 +39,15 @@ pub fn unit_tensors(s: &Scenario, unit: Unit) -> u64 {
     }
 }
 
+/// Bytes per element of `BF16_Optimizer`'s gradient buffer: 4 (fp32) unless it accumulates
+/// in bf16 ([`crate::framework::Framework::bf16_optimizer`]).
+pub fn hp_buffer_bytes(s: &Scenario) -> u64 {
+    match s.training.framework.bf16_optimizer(s) {
+        Some(crate::scenario::Dtype::Bf16) => 2,
+        _ => 4,
+    }
+}
+
 /// The accumulation costs of every (stage, chunk), appended to `costs`, for the two ops a
 /// chunk's backward can end with. Empty unless the framework runs `BF16_Optimizer`.
 pub(super) fn hp_grad_costs(
@@ -51,6 +60,7 @@ pub(super) fn hp_grad_costs(
     if !s.training.framework.accumulates_hp_grads(s) {
         return out;
     }
+    let hp_bytes = hp_buffer_bytes(s);
     let ends = [cost_ids[&(Piece::Embed, Phase::BackwardWeight)], cost_ids[&(Piece::AttnIn, Phase::BackwardInput)]];
     for (stage, stage_buckets) in buckets.iter().enumerate() {
         for chunk in 0..s.parallel.vpp {
@@ -59,7 +69,7 @@ pub(super) fn hp_grad_costs(
             let tensors: u64 = of_chunk().flat_map(|b| b.units.iter()).map(|u| unit_tensors(s, *u)).sum();
             for base in ends {
                 for first in [true, false] {
-                    let extra = bf16_optimizer_accumulate(params, tensors, first);
+                    let extra = bf16_optimizer_accumulate(params, tensors, hp_bytes, first);
                     let mut c = costs[base as usize].clone();
                     c.mem_bytes += extra.mem_bytes;
                     c.kernels = c.kernels.saturating_add(extra.kernels);

@@ -68,7 +68,7 @@ use crate::scenario::{Scenario, ScenarioError};
 
 use buckets::stage_buckets;
 use emit::Emitter;
-pub use hp_grads::unit_tensors;
+pub use hp_grads::{hp_buffer_bytes, unit_tensors};
 use modules::ModuleState;
 pub use modules::piece_modules;
 pub use units::unit_params;
@@ -135,7 +135,7 @@ impl<'a> Planner<'a> {
             let (dense, expert) = moe::split_params(b.iter());
             // ZeRO shards dense state over the data-parallel group (cp · dp ranks), expert
             // state over the expert-data-parallel group.
-            let shard = if p.zero >= 1 {
+            let shard = if s.zero_stage() >= 1 {
                 dense.div_ceil(p.grad_ranks()) + expert.div_ceil(p.expert_dp().max(1))
             } else {
                 dense + expert
@@ -335,7 +335,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     }
 
     fn zero(&self) -> u8 {
-        self.s().parallel.zero
+        self.s().zero_stage()
     }
 
     fn dtype(&self) -> crate::scenario::Dtype {
@@ -446,7 +446,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         // ZeRO-1/2 overlapped: gather the shards the previous step updated, under the forward,
         // in the order the forward needs them (chunks in order, each chunk's buckets — kept in
         // backward order — reversed).
-        if (1..=2).contains(&p.zero) && p.overlap_param_gather {
+        if (1..=2).contains(&self.zero()) && p.overlap_param_gather {
             let mut order: Vec<usize> = (0..self.buckets().len()).collect();
             order.sort_by_key(|i| (self.buckets()[*i].chunk, std::cmp::Reverse(self.buckets()[*i].index)));
             for i in order {

@@ -31,7 +31,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let m = &self.s().model;
         if m.tied_embeddings() && p.pp > 1 && (self.stage == 0 || self.stage == p.pp - 1) {
             let rows = unit_params(self.s(), Unit::WordEmbedding);
-            let rows = if p.zero >= 1 { rows.div_ceil(p.grad_ranks()) } else { rows };
+            let rows = if self.zero() >= 1 { rows.div_ceil(p.grad_ranks()) } else { rows };
             let bytes = rows * self.grad_reduce_bytes();
             // The word embedding lives in chunk 0 of the first stage and the last chunk of the last.
             let grads = self.grads_buf(if self.stage == 0 { 0 } else { p.vpp - 1 });
@@ -60,7 +60,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 // Multi-token-prediction modules: their layer's and their three norms.
                 params += (m.layers..m.layers + m.mtp_layers).map(|l| replicated(l) + 3 * m.norm_params()).sum::<u64>();
             }
-            let owned = if p.zero >= 1 { params.div_ceil(p.grad_ranks()) } else { params };
+            let owned = if self.zero() >= 1 { params.div_ceil(p.grad_ranks()) } else { params };
             let bytes = owned * self.grad_reduce_bytes();
             let grads: Vec<BufId> = (0..p.vpp).map(|c| self.grads_buf(c)).collect();
             let op = self.grad_collective(
@@ -91,7 +91,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let bufs = self.persistent.clone();
         let step = self.e.op(Stream::Compute, &sync, &bufs, OpKind::Compute(op));
         self.last_compute = Some(step);
-        if (1..=2).contains(&p.zero) && !p.overlap_param_gather {
+        if (1..=2).contains(&self.zero()) && !p.overlap_param_gather {
             for i in 0..self.buckets().len() {
                 self.param_bucket_gather(i, &[step]);
             }

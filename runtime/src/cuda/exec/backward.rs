@@ -338,7 +338,7 @@ impl<D: Device> GpuRank<D> {
             let k = self.adam_steps.min(i32::MAX as u64) as i32;
             let cfg = self.adamw;
             let (bc1, bc2) = (1.0 - cfg.beta1.powi(k), 1.0 - cfg.beta2.powi(k));
-            let zero = self.plan.scenario.parallel.zero;
+            let zero = self.plan.scenario.zero_stage();
             for c in 0..self.bufs.len() {
                 let b = &self.bufs[c];
                 let (Some(p), Some(g), Some(o)) = (b.params.as_ref(), b.grads.as_ref(), b.opt.as_ref()) else {

@@ -19,7 +19,7 @@ impl<D: Device> GpuRank<D> {
     /// nothing on data-parallel replicas other than the first (their gradients are the
     /// first's after the all-reduce).
     pub(super) fn grad_sq_local(&mut self, s: Stream) -> Res<f64> {
-        if self.plan.scenario.parallel.zero == 0 && self.dp.0 != 0 {
+        if self.plan.scenario.zero_stage() == 0 && self.dp.0 != 0 {
             return Ok(0.0);
         }
         const PARTS: usize = 120;
@@ -28,7 +28,7 @@ impl<D: Device> GpuRank<D> {
         let total = self.take("the gradient norm", 8)?;
         let mut sum = 0.0f64;
         // ZeRO-2/3 hold the owned gradients only, in the masters' order.
-        let sharded = self.plan.scenario.parallel.zero >= 2;
+        let sharded = self.plan.scenario.zero_stage() >= 2;
         for c in 0..self.bufs.len() {
             let Some(g) = self.bufs[c].grads.as_ref().map(Tensor::ptr) else { continue };
             // The owned runs but the tied copy, merged where contiguous, in offset order.

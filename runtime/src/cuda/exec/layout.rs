@@ -197,7 +197,7 @@ mod tests {
                 // ZeRO shards round up in the plan (ceil(n/d) per bucket); the owned part of
                 // the last rank may be shorter, by less than one element per bucket.
                 let slack =
-                    if p.scenario.parallel.zero > 0 { 16 * chunks[chunk as usize].buckets.len() as u64 } else { 0 };
+                    if p.scenario.zero_stage() > 0 { 16 * chunks[chunk as usize].buckets.len() as u64 } else { 0 };
                 assert!(
                     got <= a.bytes && a.bytes - got <= slack,
                     "{sets:?} rank {rank} {}: device layout {got} B, plan {} B",

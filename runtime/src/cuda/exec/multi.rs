@@ -288,7 +288,7 @@ impl<D: Device> MultiGpu<D> {
             let s = self.ranks[a].open(&runs[a], pc(a))?.ok_or_else(|| internal("a collective on no stream".into()))?;
             streams.push(s);
         }
-        let zero = self.plan.scenario.parallel.zero;
+        let zero = self.plan.scenario.zero_stage();
         match c.purpose {
             CollPurpose::GradNorm => {
                 let mut total = 0.0;

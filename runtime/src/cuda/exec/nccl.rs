@@ -388,7 +388,7 @@ impl<D: Device, N: Nccl<D>> NcclRank<D, N> {
     fn collective(&mut self, run: &mut StepRun<D::Event>, k: usize, c: &CollectiveOp) -> Res<()> {
         let s = self.rank.open(run, k)?.ok_or_else(|| internal("a collective on no stream".into()))?;
         let comm = CommKey::Group(c.group);
-        let zero = self.rank.plan.scenario.parallel.zero;
+        let zero = self.rank.plan.scenario.zero_stage();
         match c.purpose {
             CollPurpose::GradNorm => self.grad_norm(s, comm)?,
             // ZeRO-0, and ZeRO-1 under DeepSpeed's BF16_Optimizer (whole buckets all-reduced).

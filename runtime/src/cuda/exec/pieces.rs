@@ -89,7 +89,7 @@ impl<D: Device> GpuRank<D> {
                 "chunk {chunk}'s parameters are used before the plan allocates them"
             )));
         };
-        let zero = self.plan.scenario.parallel.zero;
+        let zero = self.plan.scenario.zero_stage();
         if zero < 2 {
             return Ok((p.ptr() + 2 * o as u64, g.ptr() + 4 * o as u64));
         }

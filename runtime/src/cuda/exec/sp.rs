@@ -125,7 +125,7 @@ impl<D: Device> GpuRank<D> {
     /// replicated tensor but the position table, in offset order per chunk (at their
     /// place in the gradient shard under ZeRO-2/3).
     pub(super) fn sp_grad_runs(&self) -> Res<Vec<(Ptr, usize)>> {
-        let sharded = self.plan.scenario.parallel.zero >= 2;
+        let sharded = self.plan.scenario.zero_stage() >= 2;
         let mut out: Vec<(Ptr, usize)> = Vec::new();
         for (c, ch) in self.chunks.iter().enumerate() {
             let entries = ch.layout.entries();

@@ -114,6 +114,8 @@ fn pipeline_and_data_parallel_splits_match_the_single_rank_losses() {
         &["parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
         // DeepSpeed's BF16_Optimizer all-reduces ZeRO-1's buckets whole.
         &["parallel.pp=2", "parallel.dp=2", "parallel.zero=1", "training.framework=\"deepspeed\""],
+        // ... and at ZeRO-0 under a pipeline, where it partitions as ZeRO-1 does.
+        &["parallel.pp=2", "parallel.dp=2", "parallel.zero=0", "training.framework=\"deepspeed\""],
         &["parallel.tp=2"],
         &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
     ] {

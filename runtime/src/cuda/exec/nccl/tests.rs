@@ -305,6 +305,21 @@ fn deepspeed_bf16_zero_1_all_reduces_its_gradient_buckets() {
     assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0);
 }
 
+/// DeepSpeed bf16 at ZeRO-0 under a pipeline is BF16_Optimizer as well: the same whole-bucket
+/// all-reduce, the owners' partitions of the step broadcast as ZeRO-1's.
+#[test]
+fn deepspeed_bf16_zero_0_under_a_pipeline_runs_as_zero_1() {
+    let p = Arc::new(plan_with(0, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"deepspeed\""]));
+    assert_eq!(p.scenario.zero_stage(), 1);
+    check_plan(&p).unwrap();
+    let logs = logs(&p, None);
+    check(&p, &logs).unwrap();
+    let count = |f: fn(&Call) -> bool| logs.iter().flatten().filter(|(_, c)| f(c)).count();
+    assert!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })) > 0);
+    assert_eq!(count(|c| matches!(c, Call::Reduce { .. })), 0);
+    assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0);
+}
+
 /// A ZeRO-3 rank (tp 2 · dp 4, uneven shards): each microbatch's full-gradient buckets
 /// reduced to their four owners' parts, each unit's parameters broadcast by their owners
 /// into the plan's gathered buffers before its forward and again before its backward — one
