@@ -205,3 +205,43 @@ fn deepspeed_bf16_zero0_under_a_pipeline_is_bf16_optimizer_accumulating_in_bf16(
     assert!(!optimizer_bytes_and_gathers(&plan).1);
     assert_eq!(strata_models::accounting::states::scenario_layout(&flat).per_param(4), 16.0);
 }
+
+/// Whether every parameter-bucket all-gather of rank 0 comes after its optimizer step (in
+/// program order), and how many there are.
+fn gathers_after_the_step(plan: &Plan) -> (bool, usize) {
+    let ops = &plan.programs[0].ops;
+    let step = ops
+        .iter()
+        .position(|o| matches!(&o.kind, OpKind::Compute(c) if c.piece == Piece::Optimizer))
+        .expect("a step");
+    let gathers: Vec<usize> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            matches!(&o.kind, OpKind::Collective(c) if matches!(c.purpose, CollPurpose::ParamBucket { .. }) && c.kind == CollKind::AllGather)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    (gathers.iter().all(|&i| i > step && ops[i].deps.contains(&(step as OpId))), gathers.len())
+}
+
+/// DeepSpeed ZeRO-1/2 all-gathers the updated weights inside its step (`all_gather_dp_groups`
+/// in `stage_1_and_2.py` and `BF16_Optimizer.update_lp_params`), whatever
+/// `overlap_param_gather` says; Megatron-LM's `--overlap-param-gather` puts them under the
+/// next forward. `step-gather` off gives DeepSpeed the overlap back.
+#[test]
+fn deepspeed_gathers_the_updated_weights_inside_its_step() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    for (fw, dtype, zero) in [("deepspeed", "bf16", 1), ("deepspeed", "fp16", 1), ("deepspeed", "bf16", 0)] {
+        let s = scenario(fw, dtype, zero);
+        assert!(s.parallel.overlap_param_gather, "the default asks for the overlap");
+        let (after, n) = gathers_after_the_step(&lower(&s).unwrap());
+        assert!(after && n > 0, "{fw} {dtype} zero {zero}: {n} gathers, after the step: {after}");
+    }
+    let (after, n) = gathers_after_the_step(&lower(&scenario("megatron", "bf16", 1)).unwrap());
+    assert!(!after && n > 0, "Megatron-LM overlaps them with the forward");
+    set_disabled(&[Mechanic::StepGather]);
+    let off = lower(&scenario("deepspeed", "bf16", 1));
+    set_disabled(&[]);
+    assert!(!gathers_after_the_step(&off.unwrap()).0);
+}

@@ -54,6 +54,10 @@
 //!   bucket cast to `communication_data_type`; the step updates the rank's partition and
 //!   all-gathers the bf16 weights (`update_lp_params`) — ZeRO-1's two collectives with an
 //!   all-reduce in place of the reduce-scatter ([`Framework::all_reduces_zero1_grads`]).
+//! - **DeepSpeed ZeRO-1/2's weight all-gather** (`stage_1_and_2.py` `step`,
+//!   `bf16_optimizer.py` `update_lp_params`: `all_gather_dp_groups`) runs inside the step,
+//!   after the update, not under the next forward as Megatron-LM's `--overlap-param-gather`
+//!   does ([`Framework::overlaps_param_gather`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -91,10 +95,13 @@ pub enum Mechanic {
     /// DeepSpeed's `BF16_Optimizer`: its gradients all-reduced whole rather than
     /// reduce-scattered to the partitions' owners.
     Bf16AllReduce,
+    /// DeepSpeed ZeRO-1/2 (and `BF16_Optimizer`): the updated 16-bit weights all-gathered
+    /// inside the optimizer step, never under the next forward.
+    StepGather,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 12] = [
+    pub const ALL: [Mechanic; 13] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -107,6 +114,7 @@ impl Mechanic {
         Mechanic::FsdpPipeAccumulate,
         Mechanic::Bf16HpGrads,
         Mechanic::Bf16AllReduce,
+        Mechanic::StepGather,
     ];
 
     pub fn key(self) -> &'static str {
@@ -123,6 +131,7 @@ impl Mechanic {
             Mechanic::FsdpPipeAccumulate => "fsdp-pipe-accumulate",
             Mechanic::Bf16HpGrads => "bf16-hp-grads",
             Mechanic::Bf16AllReduce => "bf16-allreduce",
+            Mechanic::StepGather => "step-gather",
         }
     }
 
@@ -283,6 +292,22 @@ impl Framework {
     /// rather than a reduce-scatter to the partitions' owners.
     pub fn all_reduces_zero1_grads(self, s: &Scenario) -> bool {
         self.runs_bf16_optimizer(s) && Mechanic::Bf16AllReduce.on()
+    }
+
+    /// Whether ZeRO-1/2's all-gather of the updated weights runs under the next step's
+    /// forward (`parallel.overlap_param_gather`, Megatron-LM's `--overlap-param-gather`)
+    /// rather than at the end of the step. DeepSpeed has no such overlap: ZeRO-1/2's
+    /// `step` (`stage_1_and_2.py`) and `BF16_Optimizer`'s (`update_lp_params`) call
+    /// `all_gather_dp_groups` in the step itself, bucketed by `allgather_bucket_size`.
+    pub fn overlaps_param_gather(self, s: &Scenario) -> bool {
+        s.parallel.overlap_param_gather && !self.gathers_in_step()
+    }
+
+    /// Whether this framework all-gathers ZeRO-1/2's updated weights inside the step
+    /// whatever `parallel.overlap_param_gather` says (DeepSpeed), so that the flag changes
+    /// nothing there.
+    pub fn gathers_in_step(self) -> bool {
+        self == Framework::DeepSpeed && Mechanic::StepGather.on()
     }
 
     /// Whether a pipeline send holds up the stage's compute until it is delivered

@@ -263,7 +263,14 @@ pub fn enumerate(base: &Scenario, space: &SearchSpace) -> Enumeration {
                                                     s.training.framework = framework;
                                                     s.training.dtype =
                                                         if fp8 { Dtype::Fp8 } else { s.training.storage_dtype() };
-                                                    if let Some(v) = framework.violations(&s).first() {
+                                                    if (1..=2).contains(&s.zero_stage())
+                                                        && framework.gathers_in_step()
+                                                        && opg != space.overlap_param_gather[0]
+                                                    {
+                                                        // DeepSpeed gathers ZeRO-1/2's weights in
+                                                        // its step: the overlap flag is moot.
+                                                        out.duplicates += 1;
+                                                    } else if let Some(v) = framework.violations(&s).first() {
                                                         *out.unrunnable.entry(v.rule).or_default() += 1;
                                                     } else if limits::check_work(&s).is_err() {
                                                         *out.invalid.entry("work-budget").or_default() += 1;

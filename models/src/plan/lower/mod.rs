@@ -446,7 +446,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         // ZeRO-1/2 overlapped: gather the shards the previous step updated, under the forward,
         // in the order the forward needs them (chunks in order, each chunk's buckets — kept in
         // backward order — reversed).
-        if (1..=2).contains(&self.zero()) && p.overlap_param_gather {
+        if (1..=2).contains(&self.zero()) && self.s().training.framework.overlaps_param_gather(self.s()) {
             let mut order: Vec<usize> = (0..self.buckets().len()).collect();
             order.sort_by_key(|i| (self.buckets()[*i].chunk, std::cmp::Reverse(self.buckets()[*i].index)));
             for i in order {

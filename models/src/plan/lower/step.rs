@@ -91,7 +91,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let bufs = self.persistent.clone();
         let step = self.e.op(Stream::Compute, &sync, &bufs, OpKind::Compute(op));
         self.last_compute = Some(step);
-        if (1..=2).contains(&self.zero()) && !p.overlap_param_gather {
+        if (1..=2).contains(&self.zero()) && !self.s().training.framework.overlaps_param_gather(self.s()) {
             for i in 0..self.buckets().len() {
                 self.param_bucket_gather(i, &[step]);
             }
