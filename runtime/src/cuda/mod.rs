@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod measure;
 pub mod nccl_bench;
 pub mod nccl_comm;
+pub mod node_boot;
 pub mod peers;
 pub mod reference;
 

@@ -77,3 +77,4 @@ mod sp;
 pub mod step;
 pub mod train;
 pub mod train_nccl;
+pub mod train_node;
