@@ -4,7 +4,8 @@
 //! step's loss gathered over the job in rank order — the sum `train_multi` takes over the
 //! ranks it holds, so every rank reports the same curve. A rank's own trace and peak go in
 //! its result; a rank that fails (an NCCL error, a peer that never answers, a bad value)
-//! ends with an error naming it.
+//! ends with an error naming it. [`open_rank`] takes the GPU ordinal explicitly: the
+//! launcher's local rank here, the thread's rank in `train_node`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

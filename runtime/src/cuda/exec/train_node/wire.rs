@@ -31,11 +31,13 @@ use crate::cuda::node_boot::Halt;
 pub const WAIT: Duration = Duration::from_secs(60);
 
 type Key = (CommKey, u32, u64);
+/// Every member's input (in member order) and how many members took the result.
+type Inputs = (Vec<Option<Vec<f64>>>, usize);
 
 #[derive(Default)]
 struct WireState {
     /// Each collective under way: every member's input, and how many took the result.
-    meetings: BTreeMap<Key, (Vec<Option<Vec<f64>>>, usize)>,
+    meetings: BTreeMap<Key, Inputs>,
     mail: BTreeMap<(u32, u32), VecDeque<Vec<f64>>>,
 }
 
