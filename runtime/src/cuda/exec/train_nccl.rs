@@ -96,7 +96,15 @@ pub fn train_ranked<D: Device, N: Nccl<D>>(
     let mut result = TrainResult { start_step: 0, steps: Vec::new(), trace: None, memory: Vec::new(), cpu: Vec::new() };
     for step in 0..opts.steps {
         let t0 = Instant::now();
-        let rep = nr.step(step).map_err(|e| failed(&plan, rank, e))?;
+        let rep = match nr.step(step) {
+            Ok(rep) => rep,
+            Err(e) => {
+                // Abort, not destroy, the communicators: ncclCommDestroy would first wait
+                // for the step's calls still queued, which wait on peers that wait on us.
+                nr.nccl.abort();
+                return Err(failed(&plan, rank, e));
+            }
+        };
         let mine = if tp0 { rep.loss_sum.unwrap_or(f64::NAN) } else { 0.0 };
         let bad_here = f64::from(u8::from(rep.nonfinite_grad.is_some()));
         let all =

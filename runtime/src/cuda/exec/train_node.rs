@@ -212,7 +212,10 @@ impl<D: Device, N: Nccl<D>> Nccl<D> for Halting<N> {
     fn async_error(&mut self) -> u32 {
         if self.peer_left().is_some() { 6 } else { self.inner.async_error() }
     }
+    /// The driver aborts on its rank's failure, or on a peer's seen here: the first marks
+    /// this rank as the node's first failure before its thread even returns.
     fn abort(&mut self) {
+        self.halt.leave(self.rank);
         self.inner.abort();
     }
 }
