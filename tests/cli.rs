@@ -348,6 +348,8 @@ fn train_writes_its_outputs_and_refuses_bad_input() {
         &["no/such/corpus.txt"],
     );
     rejects(&strata(&["train", "scenarios/gpt3-175b-1024xa100.toml", "--ranks", "1024", "--steps", "1"]), &["cpu"]);
+    // One process for all GPUs is a CUDA run's.
+    rejects(&strata(&["train", "scenarios/tiny-gpt-cpu.toml", "--all-gpus", "--steps", "1"]), &["--backend cuda"]);
 }
 
 #[test]

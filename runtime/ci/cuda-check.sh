@@ -24,6 +24,9 @@ expect 2 "no GPU found" -- "$bin" train scenarios/tiny-gpt-cpu.toml --backend cu
 expect 2 "no GPU found" -- "$bin" train scenarios/tiny-llama-1xh200.toml --backend cuda
 # Started by mpirun as rank 3 of 8 (one process per GPU through NCCL): still no GPU, first.
 expect 2 "no GPU found" -- env OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_RANK=3 "$bin" train scenarios/tiny-gpt-1xh200.toml --backend cuda
+# One process for all GPUs of the node: still no GPU, first; without --backend cuda, said so.
+expect 2 "no GPU found" -- "$bin" train scenarios/tiny-gpt-1xh200.toml --backend cuda --all-gpus
+expect 2 "it needs --backend cuda" -- "$bin" train scenarios/tiny-gpt-cpu.toml --all-gpus
 expect 2 "no GPU found" -- "$bin" compare scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda
 expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backend cuda --out "$out/gpu.toml"
@@ -32,4 +35,4 @@ expect 2 "no GPU found" -- "$bin" calibrate scenarios/tiny-gpt-cpu.toml --backen
 expect 2 "no GPU found" -- "$bin" probe --out "$out/probe.toml"
 grep -q '^gpu = "cpu"' "$out/probe.toml" || { cat "$out/probe.toml"; fail "probe's file does not describe the CPU host"; }
 expect 0 "busbw" -- "$bin" collbench --cluster "$out/probe.toml" --ranks 2
-echo "cuda-check: 13 of 13 passed"
+echo "cuda-check: 15 of 15 passed"

@@ -51,13 +51,22 @@ pub struct Args {
     /// without sequence parallelism, ZeRO-0 to 3 — e.g. scenarios/gpt2-124m-1xh200.toml —
     /// every rank on GPU 0; or, launched as `mpirun -n N strata train --backend cuda …` by
     /// a build with `--features cuda,mpi`, one process per GPU through NCCL, N = tp · pp ·
-    /// dp; otherwise it says what is missing).
+    /// dp; or, with --all-gpus, this one process driving every GPU of the node; otherwise
+    /// it says what is missing).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     pub backend: String,
+    /// With --backend cuda: this process drives every GPU of its node, one rank of the plan
+    /// per GPU (rank i on GPU i, each on its own thread, their collectives and pipeline
+    /// messages through NCCL, which it needs: libnccl on LD_LIBRARY_PATH), instead of every
+    /// rank on GPU 0. No mpirun: the cluster is sized to the visible GPUs unless --ranks
+    /// says otherwise, and tp · pp · dp must equal them (CUDA_VISIBLE_DEVICES picks them).
+    #[arg(long)]
+    pub all_gpus: bool,
     /// Ranks to run, as threads of this process. On a CPU cluster (cpu-local) it sizes the
     /// cluster to N ranks and derives dp = N / (tp · pp); when tp · pp does not divide N and
     /// neither was set with --set, the split becomes tp = pp = 1, dp = N (a note says so).
-    /// With --backend cuda the cluster is sized the same way and all N ranks share one GPU.
+    /// With --backend cuda the cluster is sized the same way and all N ranks share one GPU
+    /// (one GPU each with --all-gpus).
     #[arg(long, value_name = "N")]
     pub ranks: Option<u32>,
     /// Steps to train [default: training.steps of the scenario].
@@ -94,8 +103,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Stop the job when no rank made progress for this many seconds (a dead peer). Under
-    /// `mpirun … --backend cuda`: the longest a rank waits for a step's NCCL work (or for
-    /// its peers at the gradient norm) before it ends the job naming itself.
+    /// `mpirun … --backend cuda` (or --all-gpus): the longest a rank waits for a step's NCCL
+    /// work (or for its peers at the gradient norm) before it ends the job naming itself.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
     /// Restart a failed attempt up to N times, every rank from the newest complete
@@ -146,6 +155,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::train_cuda::run(args, ordinal);
     }
     let _ = backend;
+    if args.all_gpus {
+        bail!(
+            "--all-gpus drives this node's GPUs, one rank each: it needs --backend cuda (the cpu backend runs ranks as threads already)"
+        );
+    }
     let mut s = args.scenario.load()?;
     if let Some(n) = args.ranks.filter(|n| s.cluster.gpu == GpuKind::Cpu && u64::from(*n) != s.parallel.ranks()) {
         let mut sized = args.scenario.clone();

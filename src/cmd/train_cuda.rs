@@ -6,7 +6,9 @@
 //! mark plus the CUDA context; predicted: the plan's live buffers). Checkpoints, restarts
 //! and injected faults are the CPU executor's: refused here, exit 2. Started by `mpirun -n
 //! N` (N > 1), each process trains one rank on its own GPU through NCCL instead
-//! (`train_nccl`).
+//! (`train_nccl`); with `--all-gpus`, this one process trains one rank per GPU of the node,
+//! each on its own thread through NCCL (`cuda::exec::train_node`), the cluster sized to the
+//! visible GPUs unless `--ranks` says otherwise.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,7 @@ use anyhow::{Context, bail};
 use strata_models::hardware::GpuKind;
 use strata_models::plan::{lower, verify};
 use strata_runtime::cuda::exec::train::train_cuda;
+use strata_runtime::cuda::exec::train_node::train_node;
 use strata_runtime::exec::ExecConfig;
 use strata_runtime::train::{StepRecord, TrainError, TrainOptions, TrainResult, write_outputs};
 
@@ -34,8 +37,16 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
         }
     }
     let world = super::train_nccl::mpi_world(|k| std::env::var(k).ok()).filter(|&n| n > 1);
+    if let (true, Some(n)) = (args.all_gpus, world) {
+        bail!(
+            "--all-gpus makes one process drive every GPU of the node, but this one was started by an MPI launcher as \
+             one of {n} processes (one GPU each): drop --all-gpus under mpirun, or run strata without mpirun"
+        );
+    }
+    // --all-gpus: the node's GPUs, one rank each.
+    let node = args.all_gpus.then(|| strata_runtime::cuda::exec::nccl_gpu::gpu_count() as u32);
     let mut s = args.scenario.load()?;
-    if let Some(n) = args.ranks.or(world).filter(|n| u64::from(*n) != s.parallel.ranks()) {
+    if let Some(n) = args.ranks.or(world).or(node).filter(|n| u64::from(*n) != s.parallel.ranks()) {
         let mut sized = args.scenario.clone();
         sized.overrides.extend(super::train::size_cluster(&s, n, &args.scenario.overrides)?);
         s = sized.load()?;
@@ -68,7 +79,17 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
         let opts = TrainOptions { steps, data_name, checkpoint: None, exec, faults: Vec::new() };
         return super::train_nccl::run(&args, Arc::new(plan), corpus, &opts, n);
     }
-    if !args.json {
+    if let (Some(n), false) = (node, args.json) {
+        println!(
+            "Training {} on the {n} GPUs of this node, one rank each on its own thread through NCCL (tp {} · pp {} · \
+             dp {}), {steps} steps of {} tokens; data {data_name}",
+            s.name,
+            s.parallel.tp,
+            s.parallel.pp,
+            s.parallel.dp,
+            s.tokens_per_step()
+        );
+    } else if !args.json {
         println!(
             "Training {} on GPU {ordinal} ({} rank{}: tp {} · pp {} · dp {}), {steps} steps of {} tokens; data {data_name}{}",
             s.name,
@@ -97,7 +118,11 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
         }
     };
     let plan = Arc::new(plan);
-    let run = train_cuda(plan.clone(), ordinal, Arc::new(corpus), &opts, Some(&mut progress));
+    let timeout = Duration::from_secs(args.timeout.max(1));
+    let run = match node {
+        Some(_) => train_node(plan.clone(), Arc::new(corpus), &opts, timeout, Some(&mut progress)),
+        None => train_cuda(plan.clone(), ordinal, Arc::new(corpus), &opts, Some(&mut progress)),
+    };
     bar.finish_and_clear();
     let (result, gpu) = run.map_err(|e| match e {
         TrainError::Setup(_) | TrainError::Checkpoint(_) => anyhow::Error::new(e),
@@ -108,10 +133,14 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     }
     if args.json {
         return common::print_json(&serde_json::json!({
-            "scenario": s.name, "backend": "cuda", "gpu": gpu, "steps": result.steps, "memory": result.memory,
+            "scenario": s.name, "backend": "cuda", "gpu": gpu, "gpus": node.unwrap_or(1), "steps": result.steps,
+            "memory": result.memory,
         }));
     }
-    println!("GPU {ordinal}: {gpu}");
+    match node {
+        Some(n) => println!("{n} GPUs, one rank each (GPU 0: {gpu}); every rank's trace and memory"),
+        None => println!("GPU {ordinal}: {gpu}"),
+    }
     summary(&result, args.out.as_deref());
     Ok(())
 }

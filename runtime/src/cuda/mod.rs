@@ -5,7 +5,9 @@
 //! HBM and the attention kernels timed for a GPU profile; `nccl_bench`: NCCL all-reduce
 //! bus bandwidth over the node's GPUs; `peers`: which GPUs reach each other, for
 //! `strata probe`), and the CUDA executor (`exec`: plans on one GPU, every rank of a
-//! tp · pp · dp plan on it through the shared-GPU communicator; NCCL is not built yet).
+//! tp · pp · dp plan on it through the shared-GPU communicator, or one rank per GPU through
+//! NCCL — one process per GPU under MPI, or one process for a node's GPUs with its ranks as
+//! threads, `node_boot` their bootstrap).
 //!
 //! cudarc loads the driver and cuBLAS when first called (dynamic loading), so this builds
 //! on a machine without CUDA; there, every call returns an error that says so (the
@@ -17,6 +19,7 @@ pub mod kernels;
 pub mod measure;
 pub mod nccl_bench;
 pub mod nccl_comm;
+pub mod node_boot;
 pub mod peers;
 pub mod reference;
 

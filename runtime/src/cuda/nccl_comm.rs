@@ -7,7 +7,8 @@
 //! timeout passes).
 //!
 //! The bootstrap is [`bootstrap_id`] over any [`Bootstrap`] transport (MPI's, with the
-//! `mpi` feature: `exec::nccl_gpu::MpiBootstrap`; a fake in the tests), and each process
+//! `mpi` feature: `exec::nccl_gpu::MpiBootstrap`; the threads of one process driving a
+//! node's GPUs: `node_boot::ThreadBootstrap`; a fake in the tests), and each process
 //! picks its GPU from the launcher's local rank ([`local_rank`]). The communicators built
 //! from these and the calls on them are `exec::nccl` (the driver) and `exec::nccl_gpu`
 //! (cudarc's NCCL).

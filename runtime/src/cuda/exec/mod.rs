@@ -28,7 +28,11 @@
 //! - [`nccl`]: one rank per process, its collectives and pipeline messages as NCCL calls
 //!   behind a trait (tested with a recording fake); [`nccl_gpu`]: cudarc's NCCL behind
 //!   it; [`train_nccl`]: a one-process-per-GPU run (`mpirun -n N strata train --backend
-//!   cuda`, bootstrapped over MPI).
+//!   cuda`, bootstrapped over MPI); [`train_node`]: one process for all GPUs of a node
+//!   (`strata train --backend cuda --all-gpus`), a thread per rank and GPU, each the same
+//!   NCCL rank, bootstrapped in shared memory (`cuda::node_boot`), the first failing rank
+//!   named (tested with a fake NCCL that moves the data between the threads with NCCL's
+//!   stream semantics, `train_node/wire.rs`).
 //!
 //! Runs dense GPT and dense Llama blocks (RMSNorm, SwiGLU with FC1 as [gate | up] per tp
 //! rank, half-split RoPE, grouped-query attention on the kernels' own kv-head indexing —
@@ -47,7 +51,7 @@
 //! reduce-scattered into the rank's shard, AdamW on the shards, and ZeRO-3's pieces read
 //! each unit from the plan's gathered buffers (not torchtitan's unsharded accumulation
 //! under a pipeline: refused); other plans (MoE, MLA, MTP, cp, the zero-bubble schedules among them) are refused naming
-//! why. Not built: one process driving all GPUs of a node.
+//! why.
 
 mod backward;
 mod comm;
@@ -77,3 +81,4 @@ mod sp;
 pub mod step;
 pub mod train;
 pub mod train_nccl;
+pub mod train_node;

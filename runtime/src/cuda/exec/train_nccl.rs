@@ -4,7 +4,8 @@
 //! step's loss gathered over the job in rank order — the sum `train_multi` takes over the
 //! ranks it holds, so every rank reports the same curve. A rank's own trace and peak go in
 //! its result; a rank that fails (an NCCL error, a peer that never answers, a bad value)
-//! ends with an error naming it.
+//! ends with an error naming it. [`open_rank`] takes the GPU ordinal explicitly: the
+//! launcher's local rank here, the thread's rank in `train_node`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,19 +21,19 @@ use crate::data::Corpus;
 use crate::error::RuntimeError;
 use crate::train::{RankMemory, StepRecord, TrainError, TrainOptions, TrainResult};
 
-fn bad(why: String) -> TrainError {
+pub(super) fn bad(why: String) -> TrainError {
     TrainError::Setup(RuntimeError::BadSetting(why))
 }
 
-fn failed(plan: &Plan, rank: u32, e: GpuExecError) -> TrainError {
+pub(super) fn failed(plan: &Plan, rank: u32, e: GpuExecError) -> TrainError {
     match e {
         GpuExecError::Unsupported(why) => bad(format!("the CUDA executor cannot run this plan: {why}")),
         other => TrainError::RankFailed { rank, label: plan.grid.label(rank), reason: other.to_string() },
     }
 }
 
-/// Trains this process's rank of `plan` on its GPU, its peers reached through NCCL;
-/// `timeout` bounds every wait on them.
+/// Trains this process's rank of `plan` on its GPU — the launcher's local rank names it
+/// ([`local_rank`]) —, its peers reached through NCCL; `timeout` bounds every wait on them.
 pub fn train_nccl(
     plan: Arc<Plan>,
     corpus: Arc<Corpus>,
@@ -53,12 +54,29 @@ pub fn train_nccl(
     check_plan(&plan).map_err(|e| failed(&plan, rank, e))?;
     let local = local_rank(|k| std::env::var(k).ok()).map_err(bad)?;
     let ordinal = pick_gpu(rank, local, gpu_count()).map_err(bad)?;
-    let gpu = Gpu::open(ordinal).map_err(|e| failed(&plan, rank, e.into()))?;
+    let nr = open_rank(&plan, corpus, boot, ordinal, opts, timeout)?;
+    train_ranked(plan, nr, boot, opts, progress)
+}
+
+/// Rank `boot.rank()` of `plan` on GPU `ordinal`, ready to train: the GPU opened, NCCL's
+/// unique id from rank 0 through `boot`, the rank's communicators (`ncclCommInitRank`,
+/// which every rank of the job must call concurrently: processes, or threads of one) and
+/// its buffers. The one-process-per-GPU run passes its local rank's GPU; the run of a
+/// whole node in one process (`train_node`) passes GPU i to its thread of rank i.
+pub fn open_rank(
+    plan: &Arc<Plan>,
+    corpus: Arc<Corpus>,
+    boot: &mut dyn Bootstrap,
+    ordinal: usize,
+    opts: &TrainOptions,
+    timeout: Duration,
+) -> Result<NcclRank<Gpu, GpuNccl>, TrainError> {
+    let rank = boot.rank();
+    let gpu = Gpu::open(ordinal).map_err(|e| failed(plan, rank, e.into()))?;
     let id = bootstrap_id(boot, unique_id).map_err(bad)?;
-    let nccl = GpuNccl::open(&gpu, &plan, rank, id).map_err(|e| failed(&plan, rank, e))?;
-    let g =
-        GpuRank::for_rank(plan.clone(), rank, gpu, corpus, opts.exec.clone()).map_err(|e| failed(&plan, rank, e))?;
-    train_ranked(plan, NcclRank::new(g, nccl, timeout), boot, opts, progress)
+    let nccl = GpuNccl::open(&gpu, plan, rank, id).map_err(|e| failed(plan, rank, e))?;
+    let g = GpuRank::for_rank(plan.clone(), rank, gpu, corpus, opts.exec.clone()).map_err(|e| failed(plan, rank, e))?;
+    Ok(NcclRank::new(g, nccl, timeout))
 }
 
 /// The steps of one rank through NCCL (on a GPU, or the tests' stand-ins): after each, the
@@ -78,7 +96,15 @@ pub fn train_ranked<D: Device, N: Nccl<D>>(
     let mut result = TrainResult { start_step: 0, steps: Vec::new(), trace: None, memory: Vec::new(), cpu: Vec::new() };
     for step in 0..opts.steps {
         let t0 = Instant::now();
-        let rep = nr.step(step).map_err(|e| failed(&plan, rank, e))?;
+        let rep = match nr.step(step) {
+            Ok(rep) => rep,
+            Err(e) => {
+                // Abort, not destroy, the communicators: ncclCommDestroy would first wait
+                // for the step's calls still queued, which wait on peers that wait on us.
+                nr.nccl.abort();
+                return Err(failed(&plan, rank, e));
+            }
+        };
         let mine = if tp0 { rep.loss_sum.unwrap_or(f64::NAN) } else { 0.0 };
         let bad_here = f64::from(u8::from(rep.nonfinite_grad.is_some()));
         let all =
