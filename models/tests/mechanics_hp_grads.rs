@@ -210,10 +210,8 @@ fn deepspeed_bf16_zero0_under_a_pipeline_is_bf16_optimizer_accumulating_in_bf16(
 /// program order), and how many there are.
 fn gathers_after_the_step(plan: &Plan) -> (bool, usize) {
     let ops = &plan.programs[0].ops;
-    let step = ops
-        .iter()
-        .position(|o| matches!(&o.kind, OpKind::Compute(c) if c.piece == Piece::Optimizer))
-        .expect("a step");
+    let step =
+        ops.iter().position(|o| matches!(&o.kind, OpKind::Compute(c) if c.piece == Piece::Optimizer)).expect("a step");
     let gathers: Vec<usize> = ops
         .iter()
         .enumerate()

@@ -310,7 +310,8 @@ impl Estimator {
             }
             if (1..=2).contains(&s.zero_stage()) {
                 let gather = dp_coll(self, CollKind::AllGather, psi * w_bytes);
-                exposed += if s.training.framework.overlaps_param_gather(s) { (gather - first_f).max(0.0) } else { gather };
+                exposed +=
+                    if s.training.framework.overlaps_param_gather(s) { (gather - first_f).max(0.0) } else { gather };
             }
         }
         let shard = if s.zero_stage() >= 1 { psi.div_ceil((p.cp * p.dp) as u64) } else { psi };
