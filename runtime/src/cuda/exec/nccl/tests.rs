@@ -291,33 +291,22 @@ fn every_ranks_nccl_calls_match_its_peers_and_the_plan() {
     }
 }
 
-/// DeepSpeed's BF16_Optimizer under ZeRO-1: the gradient buckets all-reduced whole on the dp
-/// communicator (no per-owner reduces), the owners' updated parameters still broadcast.
+/// DeepSpeed's BF16_Optimizer under ZeRO-1 — and at ZeRO-0 under a pipeline, where the engine
+/// picks it too and it partitions as ZeRO-1 does: the gradient buckets all-reduced whole on
+/// the dp communicator (no per-owner reduces), the owners' updated parameters still broadcast.
 #[test]
-fn deepspeed_bf16_zero_1_all_reduces_its_gradient_buckets() {
-    let p = Arc::new(plan_with(1, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"deepspeed\""]));
-    check_plan(&p).unwrap();
-    let logs = logs(&p, None);
-    check(&p, &logs).unwrap();
-    let count = |f: fn(&Call) -> bool| logs.iter().flatten().filter(|(_, c)| f(c)).count();
-    assert!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })) > 0);
-    assert_eq!(count(|c| matches!(c, Call::Reduce { .. })), 0);
-    assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0);
-}
-
-/// DeepSpeed bf16 at ZeRO-0 under a pipeline is BF16_Optimizer as well: the same whole-bucket
-/// all-reduce, the owners' partitions of the step broadcast as ZeRO-1's.
-#[test]
-fn deepspeed_bf16_zero_0_under_a_pipeline_runs_as_zero_1() {
-    let p = Arc::new(plan_with(0, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"deepspeed\""]));
-    assert_eq!(p.scenario.zero_stage(), 1);
-    check_plan(&p).unwrap();
-    let logs = logs(&p, None);
-    check(&p, &logs).unwrap();
-    let count = |f: fn(&Call) -> bool| logs.iter().flatten().filter(|(_, c)| f(c)).count();
-    assert!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })) > 0);
-    assert_eq!(count(|c| matches!(c, Call::Reduce { .. })), 0);
-    assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0);
+fn deepspeed_bf16_optimizer_all_reduces_its_gradient_buckets() {
+    for zero in [1, 0] {
+        let p = Arc::new(plan_with(zero, &["parallel.pp=2", "parallel.dp=2", "training.framework=\"deepspeed\""]));
+        assert_eq!(p.scenario.zero_stage(), 1, "zero {zero}");
+        check_plan(&p).unwrap();
+        let logs = logs(&p, None);
+        check(&p, &logs).unwrap();
+        let count = |f: fn(&Call) -> bool| logs.iter().flatten().filter(|(_, c)| f(c)).count();
+        assert!(count(|c| matches!(c, Call::AllReduce { comm: CommKey::Group(GroupKind::Dp), .. })) > 0, "zero {zero}");
+        assert_eq!(count(|c| matches!(c, Call::Reduce { .. })), 0, "zero {zero}");
+        assert!(count(|c| matches!(c, Call::Broadcast { .. })) > 0, "zero {zero}");
+    }
 }
 
 /// A ZeRO-3 rank (tp 2 · dp 4, uneven shards): each microbatch's full-gradient buckets
