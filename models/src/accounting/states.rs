@@ -198,17 +198,14 @@ pub fn layout(framework: Framework, dtype: Dtype, zero: u8, grad_reduce_in_bf16:
 
 /// The layout of a scenario's framework, dtype and ZeRO stage.
 pub fn scenario_layout(s: &Scenario) -> StateLayout {
-    // DeepSpeed's BF16_Optimizer at ZeRO-0 (bf16 under a pipeline): the bf16 gradients and
-    // its bf16 accumulation buffer whole, the fp32 master and Adam partitioned over dp.
-    if s.parallel.zero == 0 && s.training.framework.bf16_optimizer(s) == Some(Dtype::Bf16) {
-        return StateLayout {
-            weights: PerParam::whole(2),
-            grads: PerParam::whole(4),
-            optimizer: PerParam::sharded(12),
-            grad_reduce: Dtype::Bf16,
-        };
+    // The stage the framework runs: DeepSpeed's BF16_Optimizer at ZeRO-0 under a pipeline
+    // is ZeRO-1's layout with its buffer in bf16 (2 + 2 bytes of gradients, not 2 + 4).
+    let mut l =
+        layout(s.training.framework, s.training.storage_dtype(), s.zero_stage(), s.training.grad_reduce_in_bf16);
+    if s.training.framework.bf16_optimizer(s) == Some(Dtype::Bf16) {
+        l.grads = PerParam::whole(4);
     }
-    layout(s.training.framework, s.training.storage_dtype(), s.parallel.zero, s.training.grad_reduce_in_bf16)
+    l
 }
 
 /// Model-state bytes on one rank of a stage, (weights, gradients, optimizer): the dense

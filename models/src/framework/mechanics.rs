@@ -283,15 +283,11 @@ impl Framework {
         }
     }
 
-    fn runs_bf16_optimizer(self, s: &Scenario) -> bool {
-        self.bf16_optimizer(s).is_some()
-    }
-
     /// Whether ZeRO-1's data-parallel gradient reduction is an all-reduce of whole buckets
     /// (DeepSpeed's `BF16_Optimizer`, the same condition as [`Self::accumulates_hp_grads`])
     /// rather than a reduce-scatter to the partitions' owners.
     pub fn all_reduces_zero1_grads(self, s: &Scenario) -> bool {
-        self.runs_bf16_optimizer(s) && Mechanic::Bf16AllReduce.on()
+        self.bf16_optimizer(s).is_some() && Mechanic::Bf16AllReduce.on()
     }
 
     /// Whether ZeRO-1/2's all-gather of the updated weights runs under the next step's

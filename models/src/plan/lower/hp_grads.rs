@@ -42,10 +42,7 @@ pub fn unit_tensors(s: &Scenario, unit: Unit) -> u64 {
 /// Bytes per element of `BF16_Optimizer`'s gradient buffer: 4 (fp32) unless it accumulates
 /// in bf16 ([`crate::framework::Framework::bf16_optimizer`]).
 pub fn hp_buffer_bytes(s: &Scenario) -> u64 {
-    match s.training.framework.bf16_optimizer(s) {
-        Some(crate::scenario::Dtype::Bf16) => 2,
-        _ => 4,
-    }
+    s.training.framework.bf16_optimizer(s).map_or(4, |d| d.bytes())
 }
 
 /// The accumulation costs of every (stage, chunk), appended to `costs`, for the two ops a
