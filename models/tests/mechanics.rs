@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use strata_models::Scenario;
 use strata_models::framework::mechanics::DEEPSPEED_ZERO3;
 use strata_models::plan::*;
+use strata_models::{Scenario, TrainingConfig};
 
 fn scenario(framework: &str, preset: &str, tp: u32, pp: u32, dp: u32, zero: u8, extra: &str) -> Scenario {
     let text = format!(
@@ -165,19 +165,24 @@ fn llama3_70b_zero3_transients_follow_the_prefetch_bucket() {
 
 #[test]
 fn deepspeed_charges_host_time_per_hooked_module() {
-    let plan = lower(&scenario("deepspeed", "llama3-8b", 1, 1, 16, 3, "")).unwrap();
+    // Each hooked module's hooks, and per fetch (1 + tensors) views per rank of the
+    // partition group: Llama's modules gather one tensor each (no biases).
     let per = DEEPSPEED_ZERO3.host_ns_per_module;
-    let mut seen = BTreeMap::new();
-    for op in &plan.programs[0].ops {
-        if let OpKind::Compute(c) = &op.kind
-            && c.phase == Phase::Forward
-        {
-            seen.insert(c.piece, plan.host_ns(c.cost));
+    for dp in [16u32, 512] {
+        let plan = lower(&scenario("deepspeed", "llama3-8b", 1, 1, dp, 3, "")).unwrap();
+        let mut seen = BTreeMap::new();
+        for op in &plan.programs[0].ops {
+            if let OpKind::Compute(c) = &op.kind
+                && c.phase == Phase::Forward
+            {
+                seen.insert(c.piece, plan.host_ns(c.cost));
+            }
         }
+        let views = |modules: u64| modules * DEEPSPEED_ZERO3.fetch_host_ns(dp as u64, 1);
+        assert_eq!(seen[&Piece::Attn], 4 * per + views(4), "dp {dp}: q, k, v, o");
+        assert_eq!(seen[&Piece::Mlp], 3 * per + views(3), "dp {dp}: gate, up, down");
+        assert_eq!(seen[&Piece::AttnIn], 0);
     }
-    assert_eq!(seen[&Piece::Attn], 4 * per, "q, k, v, o");
-    assert_eq!(seen[&Piece::Mlp], 3 * per, "gate, up, down");
-    assert_eq!(seen[&Piece::AttnIn], 0);
     // Not under ZeRO-1, nor under another framework.
     let z1 = lower(&scenario("deepspeed", "llama3-8b", 1, 1, 16, 1, "")).unwrap();
     assert!(z1.host_ns.is_empty());
@@ -449,4 +454,83 @@ fn torchtitan_pipelines_reduce_scatter_once_after_each_chunks_last_backward() {
     // Without a pipeline FSDP2 reduces every microbatch (`fsdp2_reduces_one_unit_per_collective`).
     let s = scenario("torchtitan", "gpt2-350m", 1, 1, 8, 2, "");
     assert!(!s.training.framework.accumulates_unsharded(&s));
+}
+
+/// (ops, total FLOPs) of the `Attn` `Recompute` ops of stage 0.
+fn core_recomputes(s: &Scenario) -> (usize, u64) {
+    let plan = lower(s).unwrap();
+    verify(&plan).unwrap();
+    plan.programs[0]
+        .ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            OpKind::Compute(c) if c.piece == Piece::Attn && c.phase == Phase::Recompute => Some(plan.cost(c.cost)),
+            _ => None,
+        })
+        .fold((0, 0), |(n, f), c| (n + 1, f + c.flops))
+}
+
+#[test]
+fn megatron_selective_recomputation_reruns_a_fused_attention_core() {
+    // megatron-core checkpoints the core attention (`recompute_modules = ["core_attn"]`) even
+    // when it is the fused kernel: one recomputed core forward per layer and microbatch,
+    // costed as the fused forward (no scores through memory, no buffer for them).
+    let sel = "recompute = \"selective\"\nsequence_parallel = true";
+    let s = scenario("megatron", "llama3-8b", 2, 1, 4, 1, sel);
+    assert!(s.training.flash_attention);
+    let (n, flops) = core_recomputes(&s);
+    let mbs = s.parallel.global_batch / (s.parallel.dp * s.parallel.micro_batch);
+    assert_eq!(n as u32, 32 * mbs, "every layer of every microbatch");
+    let one = strata_models::plan::cost::piece_cost(
+        &s.model,
+        &s.parallel,
+        s.training.dtype,
+        true,
+        Piece::Attn,
+        Phase::Recompute,
+    );
+    assert_eq!(flops, one.flops * n as u64);
+    assert!(one.attention.is_some_and(|a| a.fused) && one.gemms.len() == 2 && one.mem_bytes == 0);
+    let plan = lower(&s).unwrap();
+    assert!(!plan.programs[0].ops.iter().any(|o| matches!(&o.kind, OpKind::Alloc(a) if a.name.starts_with("scores "))));
+    // torchtitan's selective checkpointing keeps the flash kernel's outputs, and
+    // Megatron-DeepSpeed's flash path is not checkpointed: nothing recomputed.
+    assert_eq!(core_recomputes(&scenario("torchtitan", "llama3-8b", 2, 1, 4, 2, sel)).0, 0);
+    assert_eq!(core_recomputes(&scenario("deepspeed", "llama3-8b", 1, 1, 8, 1, "recompute = \"selective\"")).0, 0);
+    // Without flash every framework re-runs the unfused core into its scores.
+    let unfused = scenario("torchtitan", "llama3-8b", 2, 1, 4, 2, sel);
+    let unfused = Scenario { training: TrainingConfig { flash_attention: false, ..unfused.training }, ..unfused };
+    assert_eq!(core_recomputes(&unfused).0 as u32, 32 * mbs);
+    // The step's hardware FLOPs count the recomputation exactly where the plan runs it.
+    let flops = |s: &Scenario| strata_models::accounting::flops::scenario_step_flops(s).hardware;
+    let titan = scenario("torchtitan", "llama3-8b", 2, 1, 4, 2, sel);
+    let core = strata_models::accounting::flops::attention_core_forward_flops_per_token(&s.model) as f64;
+    let extra = s.tokens_per_step() as f64 * 32.0 * core;
+    assert!((flops(&s) - flops(&titan) - extra).abs() < 1e-9 * flops(&s), "{} vs {}", flops(&s), flops(&titan));
+}
+
+#[test]
+fn the_fetch_host_time_is_the_measured_one() {
+    // PyTorch running DeepSpeed's per-fetch loops (bench_zero3_fetch_host.py): host time
+    // grows as ranks · (1 + tensors) views; the constant is the median per view.
+    let csv = include_str!("data/zero3_fetch_host.csv");
+    let rows: Vec<(u64, u64, f64)> = csv
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("ranks"))
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .filter(|r| r.0 >= 64)
+        .collect();
+    assert_eq!(rows.len(), 12);
+    let mut per_view: Vec<f64> = rows.iter().map(|(n, t, us)| us * 1e3 / (n * (1 + t)) as f64).collect();
+    per_view.sort_by(f64::total_cmp);
+    let median = (per_view[5] + per_view[6]) / 2.0;
+    let fitted = DEEPSPEED_ZERO3.host_ns_per_rank_view as f64;
+    assert!((fitted / median - 1.0).abs() < 0.03, "constant {fitted} ns, measured median {median:.0} ns");
+    for (n, t, us) in rows {
+        let model = DEEPSPEED_ZERO3.fetch_host_ns(n, t) as f64 / 1e3;
+        assert!((model / us - 1.0).abs() < 0.15, "{n} ranks, {t} tensors: {model:.0} µs modelled, {us} measured");
+    }
 }

@@ -156,7 +156,8 @@ pub struct ProfileTimer {
     shapes: ComputeModel,
     step_overhead_ns: u64,
     loop_ns: u64,
-    /// Host time per cost id beside the device time (DeepSpeed ZeRO-3's module hooks).
+    /// Host time per cost id beside the device time (DeepSpeed ZeRO-3's module hooks),
+    /// overlapping it.
     host_ns: Vec<u64>,
 }
 
@@ -191,8 +192,10 @@ impl ComputeTimer for ProfileTimer {
             None if op.piece == Piece::Experts => (self.shapes.piece_cost_s(op.piece, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
         };
+        // The host runs ahead of the device (its launches are asynchronous): an op takes
+        // its device time or its host time, whichever is longer.
         let host = self.host_ns.get(op.cost as usize).copied().unwrap_or(0);
-        ns + extra + self.loop_ns + host
+        ns.max(host) + extra + self.loop_ns
     }
 }
 

@@ -121,6 +121,10 @@ pub fn step_flops(m: &ModelSpec, global_batch: u64, recompute: Recompute) -> Ste
 pub fn scenario_step_flops(s: &crate::scenario::Scenario) -> StepFlops {
     let m = &s.model;
     let mut f = step_flops(m, s.parallel.global_batch as u64, s.parallel.recompute);
+    if s.parallel.recompute == Recompute::Selective && !s.training.framework.recomputes_attention_core(s) {
+        // A fused core that the framework does not checkpoint is not run again.
+        f.hardware -= s.tokens_per_step() as f64 * m.layers as f64 * attention_core_forward_flops_per_token(m) as f64;
+    }
     if s.training.flash_attention || s.parallel.cp > 1 {
         // QKᵀ: 2·s·a·d_qk per token and layer (half the core when d_qk = d_v), MTP layers too.
         let tokens = s.tokens_per_step() as f64;

@@ -58,6 +58,16 @@
 //!   `bf16_optimizer.py` `update_lp_params`: `all_gather_dp_groups`) runs inside the step,
 //!   after the update, not under the next forward as Megatron-LM's `--overlap-param-gather`
 //!   does ([`Framework::overlaps_param_gather`]).
+//! - **Megatron-LM's selective recomputation** (megatron-core `transformer_config.py`:
+//!   `recompute_modules` defaults to `["core_attn"]`; `attention.py`:
+//!   `checkpoint_core_attention` wraps the core attention in `tensor_parallel.checkpoint`
+//!   whatever its backend) re-runs the attention core's forward in the backward even when
+//!   that core is a fused (flash) kernel, which stores no scores to save; the config only
+//!   warns that it may be unneeded. Strata's CUDA executor does the same (it keeps no
+//!   log-sum-exp under selective). Megatron-DeepSpeed's flash path
+//!   (`core_attention_flash`) and torchtitan's selective activation checkpointing (whose
+//!   save list keeps the flash kernel's outputs) recompute nothing
+//!   ([`Framework::recomputes_attention_core`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -98,10 +108,13 @@ pub enum Mechanic {
     /// DeepSpeed ZeRO-1/2 (and `BF16_Optimizer`): the updated 16-bit weights all-gathered
     /// inside the optimizer step, never under the next forward.
     StepGather,
+    /// Megatron-LM's selective recomputation re-running a fused attention core's forward in
+    /// the backward (`recompute_modules = ["core_attn"]`).
+    CoreAttnRecompute,
 }
 
 impl Mechanic {
-    pub const ALL: [Mechanic; 13] = [
+    pub const ALL: [Mechanic; 14] = [
         Mechanic::Zero3Modules,
         Mechanic::Zero3Host,
         Mechanic::PipeFlushReduce,
@@ -115,6 +128,7 @@ impl Mechanic {
         Mechanic::Bf16HpGrads,
         Mechanic::Bf16AllReduce,
         Mechanic::StepGather,
+        Mechanic::CoreAttnRecompute,
     ];
 
     pub fn key(self) -> &'static str {
@@ -132,6 +146,7 @@ impl Mechanic {
             Mechanic::Bf16HpGrads => "bf16-hp-grads",
             Mechanic::Bf16AllReduce => "bf16-allreduce",
             Mechanic::StepGather => "step-gather",
+            Mechanic::CoreAttnRecompute => "core-attn-recompute",
         }
     }
 
@@ -169,6 +184,12 @@ pub struct Zero3Mechanics {
     pub max_reuse_distance: u64,
     /// Host nanoseconds per hooked module per pass (pre- and post-hook, fetch, release).
     pub host_ns_per_module: u64,
+    /// Host nanoseconds per rank of the partition group and per view a fetch builds: the
+    /// launch (`_all_gather_dtype`) narrows the flat output into one partition per rank,
+    /// and the wait (`AllGatherCoalescedHandle.wait`) narrows every gathered tensor's piece
+    /// out of each rank's partition and concatenates them — (1 + tensors) · ranks views
+    /// in Python per fetch ([`Self::fetch_host_ns`]).
+    pub host_ns_per_rank_view: u64,
     /// Whether the prefetch queue counts, against its budget, the trace entries it pops of
     /// modules already gathered (`fetch_sub_module`: every popped parameter adds its
     /// elements, gathered or not). It matters where a module recurs: a recomputed module's
@@ -177,6 +198,11 @@ pub struct Zero3Mechanics {
 }
 
 /// DeepSpeed's documented defaults (`runtime/zero/config.py`: 5e7, 1e9, 1e5 and 1e9 elements).
+///
+/// The host time per rank and view is measured, not fitted to a run: PyTorch 2.15 running
+/// the fetch's Python loops on host tensors (`models/tests/data/bench_zero3_fetch_host.py`,
+/// its figures in `zero3_fetch_host.csv` beside it; the test `the_fetch_host_time_is_the_
+/// measured_one` holds the constant to them).
 ///
 /// The host time per module is a first-principles estimate, not a fit to any run: the pre-
 /// and post-hook walk a handful of Python calls each (trace step, queue pops, status checks,
@@ -190,8 +216,13 @@ pub const DEEPSPEED_ZERO3: Zero3Mechanics = Zero3Mechanics {
     persistence_threshold: 100_000,
     max_reuse_distance: 1_000_000_000,
     host_ns_per_module: 100_000,
+    host_ns_per_rank_view: HOST_NS_PER_RANK_VIEW,
     queue_counts_gathered: true,
 };
+
+/// See [`Zero3Mechanics::host_ns_per_rank_view`]: the median, over the measured fetches of
+/// 64 ranks or more, of host time ÷ (ranks · (1 + tensors)) (`models/tests/data/zero3_fetch_host.csv`).
+pub const HOST_NS_PER_RANK_VIEW: u64 = 1_550;
 
 /// How a framework gathers and reduces ZeRO units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,11 +238,16 @@ impl Framework {
     pub fn zero3_gathering(self) -> Gathering {
         match self {
             Framework::DeepSpeed if Mechanic::Zero3Modules.on() => {
-                let host = if Mechanic::Zero3Host.on() { DEEPSPEED_ZERO3.host_ns_per_module } else { 0 };
+                let (host, per_view) = if Mechanic::Zero3Host.on() {
+                    (DEEPSPEED_ZERO3.host_ns_per_module, DEEPSPEED_ZERO3.host_ns_per_rank_view)
+                } else {
+                    (0, 0)
+                };
                 // Without the reuse rule every recomputed module is kept for its backward.
                 let reuse = if Mechanic::Zero3Reuse.on() { DEEPSPEED_ZERO3.max_reuse_distance } else { u64::MAX };
                 Gathering::PerModule(Zero3Mechanics {
                     host_ns_per_module: host,
+                    host_ns_per_rank_view: per_view,
                     max_reuse_distance: reuse,
                     queue_counts_gathered: Mechanic::Zero3Queue.on(),
                     ..DEEPSPEED_ZERO3
@@ -306,6 +342,24 @@ impl Framework {
         self == Framework::DeepSpeed && Mechanic::StepGather.on()
     }
 
+    /// Whether the backward re-runs each layer's attention core (its forward, from the saved
+    /// q, k and v) before the attention's backward: selective recomputation of an unfused
+    /// core under every framework (its s×s scores are what selective drops), and of a fused
+    /// (flash) core where the framework checkpoints it regardless — Megatron-LM (its default
+    /// `recompute_modules = ["core_attn"]`) and Strata's own executor. Context parallelism's
+    /// attention keeps its own rule (its lowering recomputes nothing outside the kernels).
+    pub fn recomputes_attention_core(self, s: &Scenario) -> bool {
+        if s.parallel.recompute != crate::parallel::Recompute::Selective {
+            return false;
+        }
+        if !s.training.flash_attention {
+            return true;
+        }
+        s.parallel.cp <= 1
+            && matches!(self, Framework::Megatron | Framework::Strata)
+            && Mechanic::CoreAttnRecompute.on()
+    }
+
     /// Whether a pipeline send holds up the stage's compute until it is delivered
     /// (DeepSpeed's PipelineEngine: blocking broadcasts in the instruction stream).
     pub fn sends_block_compute(self, s: &Scenario) -> bool {
@@ -314,6 +368,13 @@ impl Framework {
 }
 
 impl Zero3Mechanics {
+    /// Host nanoseconds of one module's fetch over a partition group of `ranks` ranks that
+    /// gathers `tensors` tensors: the per-rank views of its launch and its wait (the hooks'
+    /// fixed cost is [`Self::host_ns_per_module`], charged per hooked module).
+    pub fn fetch_host_ns(&self, ranks: u64, tensors: u64) -> u64 {
+        self.host_ns_per_rank_view * ranks * (1 + tensors)
+    }
+
     /// Under full recomputation, which of a layer's gathered modules (element counts, in
     /// forward order) stay gathered from their recomputed forward to their backward. The
     /// trace after recomputed module *t* is the recomputation's modules after it, then the

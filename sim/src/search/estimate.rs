@@ -168,7 +168,7 @@ impl Estimator {
         let layer_w = w_attn + w_mlp + if p.sequence_parallel { 2.0 * gather } else { 0.0 };
         let recompute = match p.recompute {
             Recompute::None => 0.0,
-            Recompute::Selective if flash => 0.0,
+            Recompute::Selective if !s.training.framework.recomputes_attention_core(s) => 0.0,
             Recompute::Selective => piece(self, Piece::Attn, Phase::Recompute),
             Recompute::Full => layer_f,
         };

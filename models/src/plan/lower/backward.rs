@@ -164,21 +164,6 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                 continue;
             }
             let mut wait = Vec::new();
-            let mut scores = None;
-            // Selective recomputation re-runs the attention core; fused attention already
-            // recomputes its scores inside the backward kernel.
-            if piece == Piece::Attn && p.recompute == Recompute::Selective && !self.s().training.flash_attention {
-                let s = self.s();
-                let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.storage_dtype(), false).scores
-                    / p.tp as f64)
-                    .ceil() as u64;
-                let (buf, _) =
-                    self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("scores L{layer} mb{mb}"));
-                let mut b = bufs.clone();
-                b.push(buf);
-                self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &[], &b);
-                scores = Some(buf);
-            }
             // Under sequence parallelism the saved input is gathered again for the weight
             // gradient; issued before the input-gradient pass, it overlaps it (Megatron-LM).
             let mut saved = None;
@@ -188,6 +173,33 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                     saved =
                         Some(self.tp_coll(TpSite::GatherSaved, piece, Phase::BackwardWeight, mb, chunk, layer, prev));
                 }
+            }
+            let mut scores = None;
+            // Selective recomputation re-runs the attention core: an unfused core into its
+            // s×s scores; a fused one where the framework checkpoints it all the same
+            // (Megatron-LM), into nothing the plan holds (the kernel keeps no scores).
+            // Autograd reaches the checkpoint once the output projection's input gradient
+            // exists, so under sequence parallelism it waits for that gradient's gather.
+            let s = self.s();
+            if piece == Piece::Attn && s.training.framework.recomputes_attention_core(s) {
+                let mut b = bufs.clone();
+                if !s.training.flash_attention {
+                    let bytes = (layer_activation_parts(&s.model, p.micro_batch, s.training.storage_dtype(), false)
+                        .scores
+                        / p.tp as f64)
+                        .ceil() as u64;
+                    let (buf, _) = self.e.alloc(
+                        Stream::Compute,
+                        &[],
+                        BufClass::Activations,
+                        bytes,
+                        format!("scores L{layer} mb{mb}"),
+                    );
+                    b.push(buf);
+                    scores = Some(buf);
+                }
+                let after = wait.clone();
+                self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &after, &b);
             }
             let walk = if p.recompute == Recompute::Full { Walk::BackwardRecomputed } else { Walk::Backward };
             let (mdeps, mbufs) = self.fetch_modules(chunk, layer, piece, mb, walk);

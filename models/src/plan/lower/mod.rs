@@ -70,7 +70,7 @@ use buckets::stage_buckets;
 use emit::Emitter;
 pub use hp_grads::{hp_buffer_bytes, unit_tensors};
 use modules::ModuleState;
-pub use modules::piece_modules;
+pub use modules::{piece_module_tensors, piece_modules};
 pub use units::unit_params;
 use zero::BucketState;
 
@@ -145,8 +145,10 @@ impl<'a> Planner<'a> {
         let moe_out_ids = moe::moe_costs(s, &mut costs, &mut cost_ids);
         mtp::mtp_costs(s, &mut costs, &mut cost_ids);
         // DeepSpeed ZeRO-3: every hooked module of a piece costs host time in each pass that
-        // runs it (forward, recomputation, backward), charged to the piece as a copy of its
-        // cost with the host time beside it.
+        // runs it (forward, recomputation, backward) — its hooks, and per fetch the Python
+        // views over the partition group's ranks — charged to the piece as a copy of its
+        // cost with the host time beside it. (A backward whose module the reuse distance kept
+        // gathered fetches nothing; it is charged as one that does.)
         let mut host_ns = Vec::new();
         let mut host_cost_ids = BTreeMap::new();
         if let (3, crate::framework::mechanics::Gathering::PerModule(mech)) =
@@ -155,11 +157,15 @@ impl<'a> Planner<'a> {
             host_ns = vec![0; costs.len()];
             for piece in [Attn, Mlp] {
                 let hooked = piece_modules(&s.model, p.tp, piece, 0).len() as u64;
+                let fetches: u64 = piece_module_tensors(&s.model, p.tp, piece, mech.persistence_threshold)
+                    .into_iter()
+                    .map(|tensors| mech.fetch_host_ns(p.grad_ranks(), tensors))
+                    .sum();
                 for phase in [Phase::Forward, Phase::BackwardInput, Phase::Recompute] {
                     let base = cost_ids[&(piece, phase)];
                     host_cost_ids.insert((piece, phase), costs.len() as CostId);
                     costs.push(costs[base as usize].clone());
-                    host_ns.push(hooked * mech.host_ns_per_module);
+                    host_ns.push(hooked * mech.host_ns_per_module + fetches);
                 }
             }
         }

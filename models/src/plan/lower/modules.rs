@@ -28,6 +28,18 @@ use crate::plan::lower::StageLowering;
 /// rank, in execution order (forward). Parameters at or under the persistence threshold
 /// are left out. Only `Attn` and `Mlp` carry such modules.
 pub fn piece_modules(m: &ModelSpec, tp: u32, piece: Piece, persist: u64) -> Vec<u64> {
+    gathered_modules(m, tp, piece, persist).into_iter().map(|(elements, _)| elements).collect()
+}
+
+/// Per module of [`piece_modules`] (the same order), how many tensors a fetch gathers: the
+/// weight, and the bias where it is above the persistence threshold. DeepSpeed's host work
+/// per fetch grows with them (see [`Zero3Mechanics::fetch_host_ns`]).
+pub fn piece_module_tensors(m: &ModelSpec, tp: u32, piece: Piece, persist: u64) -> Vec<u64> {
+    gathered_modules(m, tp, piece, persist).into_iter().map(|(_, tensors)| tensors).collect()
+}
+
+/// (gathered elements, gathered tensors) per weight-bearing module with anything gathered.
+fn gathered_modules(m: &ModelSpec, tp: u32, piece: Piece, persist: u64) -> Vec<(u64, u64)> {
     let h = m.hidden as u64;
     let t = tp as u64;
     let (q, kv) = (m.q_dim(), m.kv_dim());
@@ -45,12 +57,11 @@ pub fn piece_modules(m: &ModelSpec, tp: u32, piece: Piece, persist: u64) -> Vec<
     shapes
         .into_iter()
         .map(|(w, b)| {
-            let w = w / t;
-            let gathered = |n: u64| if n > persist { n } else { 0 };
             // The row-parallel bias (projection, FC2) is replicated; the count is per rank.
-            gathered(w) + gathered(b.div_ceil(t))
+            let gathered = [w / t, b.div_ceil(t)].into_iter().filter(|n| *n > persist);
+            gathered.fold((0, 0), |(e, k), n| (e + n, k + 1))
         })
-        .filter(|n| *n > 0)
+        .filter(|(elements, _)| *elements > 0)
         .collect()
 }
 

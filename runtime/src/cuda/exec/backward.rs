@@ -129,16 +129,19 @@ impl<D: Device> GpuRank<D> {
                 let (q, k, v) = (ac.qkv, ac.qkv + 2 * dc as u64, ac.qkv + 2 * (dc + dkv) as u64);
                 let (dq, dk, dv) = (dqkv.ptr(), dqkv.ptr() + 2 * dc as u64, dqkv.ptr() + 2 * (dc + dkv) as u64);
                 let scale = Arg::F(1.0 / (d.hd as f32).sqrt());
-                // Selective recomputation kept no statistics (`saved_acts`): the core's
-                // forward again, from the saved q, k, v, for its log-sum-exp.
-                let stats = if ac.lse == 0 {
+                // Selective recomputation kept no statistics (`saved_acts`): the log-sum-exp of
+                // the plan's recomputation op, or — for a plan without one (a framework that
+                // does not checkpoint a fused core) — the core's forward again here.
+                let stats = if ac.lse != 0 {
+                    None
+                } else if self.flight.contains_key(&(chunk, mb, W::Lse)) {
+                    Some(self.got_here(chunk, mb, W::Lse)?)
+                } else {
                     let lse = self.ws("the attention's recomputed log-sum-exp", 4 * rows)?;
                     let ctx = self.ws("the attention's recomputed context (unread)", 2 * d.t * dc)?;
                     self.attn_core_fwd(ac.qkv, ctx.ptr(), lse.ptr())?;
                     self.give(ctx);
                     Some(lse)
-                } else {
-                    None
                 };
                 let lse = stats.as_ref().map_or(ac.lse, super::rank::Tensor::ptr);
                 let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(lse), Arg::P(delta.ptr())];

@@ -7,9 +7,13 @@
 //! The plan's two modes, as lowered (`plan::lower::backward`): full recomputation keeps
 //! only a layer's input in `act L mb`, allocates `recompute L mb` at the layer's backward
 //! and runs its five forward pieces again (`Phase::Recompute`) into it; selective
-//! recomputation with flash attention emits no recompute op — its `act L mb` lacks the
-//! attention's log-sum-exp statistics (`layer_activation_bytes`: the flash form of the
-//! scores), which the GPU's attention backward therefore recomputes from q and k.
+//! recomputation with flash attention keeps no log-sum-exp statistics in `act L mb`
+//! (`layer_activation_bytes`: the flash form of the scores). Under Megatron-LM (and
+//! Strata's own framework) the plan re-runs the core's forward before each attention
+//! backward (an `Attn` `Recompute` op, megatron-core's `core_attn` checkpoint), which the
+//! GPU runs for the statistics; under a framework that does not checkpoint a fused core
+//! (torchtitan, DeepSpeed) the plan has no such op and the GPU's attention backward
+//! recomputes them itself.
 
 use std::sync::Arc;
 
@@ -41,19 +45,37 @@ fn cpu_losses(sets: &[&str]) -> Vec<f64> {
     r.steps.iter().map(|s| s.loss).collect()
 }
 
+/// Selective recomputation under a framework that does not checkpoint a fused core.
+const TORCHTITAN: &str = "training.framework=\"torchtitan\"";
+
+fn recompute_ops(sets: &[&str]) -> (usize, usize) {
+    let p = plan(sets, false);
+    let ops = &p.program(0).ops;
+    let recomputes = ops.iter().filter(|o| matches!(&o.kind, OpKind::Compute(c) if c.phase == Phase::Recompute));
+    let bufs = ops.iter().filter(|o| matches!(&o.kind, OpKind::Alloc(a) if a.name.starts_with("recompute ")));
+    (recomputes.count(), bufs.count())
+}
+
 #[test]
-fn the_plans_recompute_ops_are_full_recomputations_only_under_flash_attention() {
-    let count = |rc: &str| {
-        let p = plan(&[&format!("parallel.recompute=\"{rc}\"")], false);
-        let ops = &p.program(0).ops;
-        let recomputes = ops.iter().filter(|o| matches!(&o.kind, OpKind::Compute(c) if c.phase == Phase::Recompute));
-        let bufs = ops.iter().filter(|o| matches!(&o.kind, OpKind::Alloc(a) if a.name.starts_with("recompute ")));
-        (recomputes.count(), bufs.count())
-    };
+fn the_plans_recompute_ops_under_flash_attention_follow_the_framework() {
+    let count = |rc: &str| recompute_ops(&[&format!("parallel.recompute=\"{rc}\"")]);
     // tiny GPT: 4 layers, 8 microbatches; five pieces per recomputed layer.
     assert_eq!(count("none"), (0, 0));
-    assert_eq!(count("selective"), (0, 0), "flash attention: the plan recomputes nothing outside the kernel");
+    assert_eq!(count("selective"), (4 * 8, 0), "megatron-core checkpoints the fused core: one op per layer and mb");
     assert_eq!(count("full"), (5 * 4 * 8, 4 * 8));
+    let titan = recompute_ops(&["parallel.recompute=\"selective\"", TORCHTITAN]);
+    assert_eq!(titan, (0, 0), "torchtitan keeps the flash kernel's outputs: nothing recomputed outside it");
+}
+
+#[test]
+fn selective_recomputation_without_the_plans_op_trains_the_same() {
+    // torchtitan's plan has no core recomputation: the attention backward recomputes the
+    // statistics itself, to the same losses as the op's path.
+    let (op, _) = gpu_run(&["parallel.recompute=\"selective\""]);
+    let (inline, _) = gpu_run(&["parallel.recompute=\"selective\"", TORCHTITAN]);
+    let d = worst(&inline, &op);
+    eprintln!("selective: with the op {op:?}, without {inline:?}, worst {d:.3e} nats");
+    assert!(d <= LOSS_TOL_NATS, "selective without the op {inline:?} against with it {op:?}");
 }
 
 #[test]

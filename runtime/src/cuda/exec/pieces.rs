@@ -55,6 +55,9 @@ pub enum W {
     /// residual gradient; and a weight pass's saved input gathered again (T, h).
     Full,
     Saved,
+    /// Selective recomputation: the attention core's log-sum-exp (B·heads·s fp32), from its
+    /// forward re-run by the plan's `Attn` `Recompute` op, for the attention's backward.
+    Lse,
 }
 
 pub use super::saved::{Acts, HeadActs, acts, head_acts, saved_acts};
@@ -436,6 +439,15 @@ impl<D: Device> GpuRank<D> {
                 self.gpu.copy(C, ac.r_in, r.ptr(), 2 * th)?;
                 self.ln_fwd(r.ptr(), g, b, ac.a, ac.ln1_mean, ac.ln1_rstd)?;
                 self.put(chunk, mb, W::R, r)
+            }
+            Piece::Attn if phase == Phase::Recompute && !full => {
+                // Selective recomputation of a fused core (Megatron-LM's `core_attn`): its
+                // forward again from the saved q, k, v, for the log-sum-exp the backward reads.
+                let lse = self.ws("the attention's recomputed log-sum-exp", 4 * d.b * d.heads * d.s)?;
+                let ctx = self.ws("the attention's recomputed context (unread)", 2 * d.t * d.q_dim())?;
+                self.attn_core_fwd(ac.qkv, ctx.ptr(), lse.ptr())?;
+                self.give(ctx);
+                self.put(chunk, mb, W::Lse, lse)
             }
             Piece::Attn => {
                 let (wq, bq, wp) = (p(ParamKind::QkvW)?, lp[ix(ParamKind::QkvB)].0, p(ParamKind::ProjW)?);
