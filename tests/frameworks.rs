@@ -73,3 +73,57 @@ fn search_keeps_to_one_framework_and_takes_a_split_it_cannot_run() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--framework bogus") && err.contains("\"torchtitan\""), "{err}");
 }
+
+#[test]
+fn simulate_names_deepspeed_zero3_host_bound_time() {
+    // Llama 3 8B under DeepSpeed ZeRO-3 over 512 H100 at one 4k-token microbatch: every
+    // module fetch builds two views per rank of the group in Python, longer than the
+    // module's kernels, so the GPU waits for the host; the report says so.
+    let sets = [
+        "--set",
+        "cluster.gpu=\"h100-sxm\"",
+        "--set",
+        "cluster.nodes=64",
+        "--set",
+        "model.seq_len=4096",
+        "--set",
+        "parallel.tp=1",
+        "--set",
+        "parallel.pp=1",
+        "--set",
+        "parallel.dp=512",
+        "--set",
+        "parallel.micro_batch=1",
+        "--set",
+        "parallel.global_batch=1024",
+        "--set",
+        "parallel.zero=3",
+        "--set",
+        "parallel.sequence_parallel=false",
+        "--set",
+        "training.framework=\"deepspeed\"",
+    ];
+    let mut args = vec!["simulate", LLAMA8, "--json"];
+    args.extend(sets);
+    let v = json(&strata(&args));
+    let b = &v["breakdown_s"];
+    let host = b["host_bound"].as_f64().unwrap();
+    let step = v["step_time_s"].as_f64().unwrap();
+    assert!(host > 0.2 * step, "host-bound {host} s of {step} s");
+    args.retain(|a| *a != "--json");
+    let text = String::from_utf8_lossy(&strata(&args).stdout).to_string();
+    assert!(text.contains("host-bound") && text.contains("DeepSpeed's host work"), "{text}");
+    // Over 16 ranks the same fetches hide under the device: no host-bound time.
+    let small: Vec<&str> = args
+        .iter()
+        .map(|a| match *a {
+            "cluster.nodes=64" => "cluster.nodes=2",
+            "parallel.dp=512" => "parallel.dp=16",
+            "parallel.global_batch=1024" => "parallel.global_batch=32",
+            a => a,
+        })
+        .chain(["--json"])
+        .collect();
+    let v = json(&strata(&small));
+    assert_eq!(v["breakdown_s"]["host_bound"].as_f64().unwrap(), 0.0);
+}

@@ -13,6 +13,9 @@
 //!   send (or a send for its receive) → `bubble`: waiting for a peer stage's work;
 //! - before such an op itself started, whatever held *it* up (its own blocker), and so on.
 //!
+//! A compute op paced by the host beyond its device time (`OpInfo::Compute::host`) charges
+//! that share of its run to `host_bound`.
+//!
 //! Three causes get lines of their own, whatever stream their collectives are on: a MoE
 //! layer's dispatch and combine (`CollPurpose::Moe`) → `ep_exposed` for their transfer time
 //! and `moe_imbalance` for the time a rank waits at them for its EP group (the most loaded
@@ -56,6 +59,10 @@ pub struct Breakdown {
     /// most loaded expert-parallel rank.
     #[serde(default)]
     pub moe_imbalance: f64,
+    /// Compute ops paced by the framework's host work beyond their device time (DeepSpeed
+    /// ZeRO-3's module hooks and fetch loops): the device idles, waiting for launches.
+    #[serde(default)]
+    pub host_bound: f64,
 }
 
 impl Breakdown {
@@ -69,6 +76,7 @@ impl Breakdown {
             + self.ep_exposed
             + self.cp_exposed
             + self.moe_imbalance
+            + self.host_bound
     }
 }
 
@@ -81,8 +89,9 @@ const OPTIMIZER: usize = 5;
 const EP: usize = 6;
 const CP: usize = 7;
 const IMBALANCE: usize = 8;
+const HOST: usize = 9;
 /// The number of causes.
-pub const CAUSES: usize = 9;
+pub const CAUSES: usize = 10;
 
 /// Nanoseconds by cause; sums to `run.finish_ns`.
 pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> [u64; CAUSES] {
@@ -90,7 +99,7 @@ pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> 
     let mut busy_until = 0u64;
     for &op in &table.streams[Stream::Compute.index()] {
         let o = op as usize;
-        let OpInfo::Compute { optimizer, .. } = table.info[o] else { continue };
+        let OpInfo::Compute { optimizer, host, .. } = table.info[o] else { continue };
         let (start, end) = (run.start_ns[o], run.end_ns[o]);
         if start > busy_until {
             let b = blocker(run, table, program, op);
@@ -102,7 +111,9 @@ pub fn breakdown_ns(run: &ActorRun, table: &ProgramTable, program: &Program) -> 
             Err(_) => 0,
         };
         acc[IMBALANCE] += over;
-        acc[if optimizer { OPTIMIZER } else { COMPUTE }] += ran - over;
+        let paced = ((ran - over) as f64 * host).round() as u64;
+        acc[HOST] += paced;
+        acc[if optimizer { OPTIMIZER } else { COMPUTE }] += ran - over - paced;
         busy_until = busy_until.max(end);
     }
     if run.finish_ns > busy_until {
@@ -127,6 +138,7 @@ pub fn to_seconds(ns: [u64; CAUSES]) -> Breakdown {
         ep_exposed: s(EP),
         cp_exposed: s(CP),
         moe_imbalance: s(IMBALANCE),
+        host_bound: s(HOST),
     }
 }
 

@@ -20,17 +20,43 @@ use crate::error::SimError;
 /// How long a compute op takes before any slowdown.
 pub trait ComputeTimer {
     fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64;
+
+    /// Of [`Self::duration_ns`], the part the host sets the pace of beyond the device's own
+    /// time (a framework's per-op host work longer than the op's kernels); 0 by default.
+    fn host_excess_ns(&self, _op: &ComputeOp, _cost: &ComputeCost) -> u64 {
+        0
+    }
 }
 
 /// What the engine needs to know of an op.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpInfo {
-    Compute { ns: u64, optimizer: bool },
-    Collective { group: GroupKind, kind: CollKind, bytes: u64 },
-    Send { peer: Peer, bytes: u64 },
-    Recv { peer: Peer, bytes: u64 },
-    Alloc { bytes: u64 },
-    Free { bytes: u64 },
+    /// `host`: the share of the op's time that waits on the host beyond its device time
+    /// ([`ComputeTimer::host_excess_ns`] ÷ its duration; 0 for most ops).
+    Compute {
+        ns: u64,
+        optimizer: bool,
+        host: f64,
+    },
+    Collective {
+        group: GroupKind,
+        kind: CollKind,
+        bytes: u64,
+    },
+    Send {
+        peer: Peer,
+        bytes: u64,
+    },
+    Recv {
+        peer: Peer,
+        bytes: u64,
+    },
+    Alloc {
+        bytes: u64,
+    },
+    Free {
+        bytes: u64,
+    },
 }
 
 /// One program, compiled. Dereferences to its [`ProgramGraph`].
@@ -79,7 +105,10 @@ impl ProgramTable {
                         .get(c.cost as usize)
                         .ok_or_else(|| bad(i, format!("cost id {} is out of range", c.cost)))?;
                     flops += cost.flops as f64;
-                    OpInfo::Compute { ns: timer.duration_ns(c, cost), optimizer: c.piece == Piece::Optimizer }
+                    let ns = timer.duration_ns(c, cost);
+                    let excess = timer.host_excess_ns(c, cost).min(ns);
+                    let host = if excess > 0 { excess as f64 / ns as f64 } else { 0.0 };
+                    OpInfo::Compute { ns, optimizer: c.piece == Piece::Optimizer, host }
                 }
                 OpKind::Collective(c) => OpInfo::Collective { group: c.group, kind: c.kind, bytes: c.bytes },
                 OpKind::Send(p) => OpInfo::Send { peer: p.peer, bytes: p.bytes },

@@ -183,19 +183,35 @@ impl ProfileTimer {
     }
 }
 
-impl ComputeTimer for ProfileTimer {
-    fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
-        let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
-        let ns = match &self.model {
+impl ProfileTimer {
+    /// The op's device time from the profile (no host time, no per-step extras).
+    fn device_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
+        match &self.model {
             Some(m) => (m.op_cost_s(op.piece, op.phase, cost) * 1e9).ceil() as u64,
             // Experts run as one grouped GEMM: their time is the piece's, not the cost's.
             None if op.piece == Piece::Experts => (self.shapes.piece_cost_s(op.piece, cost) * 1e9).ceil() as u64,
             None => self.ns[op.cost as usize],
-        };
+        }
+    }
+
+    fn host(&self, op: &ComputeOp) -> u64 {
+        self.host_ns.get(op.cost as usize).copied().unwrap_or(0)
+    }
+}
+
+impl ComputeTimer for ProfileTimer {
+    fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
+        let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
         // The host runs ahead of the device (its launches are asynchronous): an op takes
         // its device time or its host time, whichever is longer.
-        let host = self.host_ns.get(op.cost as usize).copied().unwrap_or(0);
-        ns.max(host) + extra + self.loop_ns
+        self.device_ns(op, cost).max(self.host(op)) + extra + self.loop_ns
+    }
+
+    fn host_excess_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
+        match self.host(op) {
+            0 => 0,
+            host => host.saturating_sub(self.device_ns(op, cost)),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Host time beside device time (`Plan::host_ns`: DeepSpeed ZeRO-3's module hooks and
 //! fetch loops). The host runs ahead of the device, so an op costs whichever is longer:
 //! host time that fits inside the device time changes nothing; host time beyond it sets
-//! the pace, op by op.
+//! the pace, op by op, and the breakdown charges it to `host_bound`, not to compute.
 
 use strata_models::Scenario;
 use strata_models::plan::{OpKind, Plan, lower};
@@ -18,7 +18,11 @@ fn plan(dp: u32) -> Plan {
 }
 
 fn step(p: &Plan) -> f64 {
-    simulate(p, &SimOptions::default()).unwrap().step_time_s
+    report(p).step_time_s
+}
+
+fn report(p: &Plan) -> strata_sim::SimReport {
+    simulate(p, &SimOptions::default()).unwrap()
 }
 
 /// The plan with every host time set by `f` (cost ids that carry none stay at none).
@@ -42,7 +46,9 @@ fn host_time_within_the_device_time_costs_nothing() {
     let none = with_host(&p, |_| 0);
     // Llama 3 8B's layer pieces take milliseconds on an H100; a microsecond of host time
     // per op hides under them.
-    assert_eq!(step(&with_host(&p, |_| 1_000)), step(&none));
+    let hidden = report(&with_host(&p, |_| 1_000));
+    assert_eq!(hidden.step_time_s, step(&none));
+    assert_eq!(hidden.breakdown_s.host_bound, 0.0, "nothing is host-bound");
 }
 
 #[test]
@@ -58,6 +64,10 @@ fn host_time_beyond_the_device_time_sets_the_pace() {
     // step; the 128k-vocabulary head, the optimizer and the gathers are the rest) hides
     // under the host's. Added instead, the excess over the floor would be ≈ 0.98 of `none`.
     let excess = (t - floor) / none;
+    // The breakdown names it: what the host added is host-bound time, not compute.
+    let b = report(&slow).breakdown_s;
+    assert!(b.host_bound >= t - none && b.host_bound <= floor, "host-bound {} s in a {t} s step", b.host_bound);
+    assert!((b.total() - t).abs() < 1e-6, "the causes sum to the step: {b:?}");
     assert!(
         excess < 0.85,
         "{t} s: host and device time added, not overlapped ({excess:.2} of {none} s over the floor)"

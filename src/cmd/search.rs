@@ -227,12 +227,17 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
         // ranked candidate splits the sequence.
         let moe = base.model.moe.is_some();
         let cp = r.ranking.iter().any(|&i| r.candidates[i].scenario.parallel.cp > 1);
+        // A host-bound column where a ranked candidate waits on its framework's host work.
+        let host = search_ties::rows(r, top).iter().any(|row| row.report.breakdown_s.host_bound > 0.0);
         let mut extra_head = String::new();
         if moe {
             extra_head += &format!(" {:>5} {:>5}", "a2a", "imbal");
         }
         if cp {
             extra_head += &format!(" {:>5}", "cp");
+        }
+        if host {
+            extra_head += &format!(" {:>5}", "host");
         }
         let _ = writeln!(
             o,
@@ -252,6 +257,9 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
             }
             if cp {
                 extra += &format!(" {:>4.1}%", pct(b.cp_exposed));
+            }
+            if host {
+                extra += &format!(" {:>4.1}%", pct(b.host_bound));
             }
             let _ = writeln!(
                 o,

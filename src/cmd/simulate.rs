@@ -209,12 +209,20 @@ pub fn text(r: &SimReport, s: &strata_models::Scenario) -> String {
         ("expert all-to-all exposed", b.ep_exposed, moe),
         ("context-parallel exposed", b.cp_exposed, cp),
         ("MoE imbalance", b.moe_imbalance, moe),
+        ("host-bound", b.host_bound, b.host_bound > 0.0),
         (if what_ifs { "bubble, waiting on peers" } else { "pipeline bubble" }, b.bubble, true),
         ("optimizer", b.optimizer, true),
     ] {
         if shown {
             let _ = writeln!(o, "  {name:<27} {v:>10.4} s {:>6.1}%", 100.0 * v / r.step_time_s.max(f64::MIN_POSITIVE));
         }
+    }
+    if b.host_bound > 0.0 {
+        let _ = writeln!(
+            o,
+            "  (host-bound: the GPU waits for {}'s host work — ZeRO-3's module hooks and per-rank fetch views)",
+            s.training.framework.name()
+        );
     }
     if moe && let Some(g) = strata_sim::router::model_gini(&s.model) {
         let _ = writeln!(o, "  (router imbalance: Gini {g} of tokens over experts, drawn per layer and microbatch)");
