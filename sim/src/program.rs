@@ -21,10 +21,11 @@ use crate::error::SimError;
 pub trait ComputeTimer {
     fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64;
 
-    /// Of [`Self::duration_ns`], the part the host sets the pace of beyond the device's own
-    /// time (a framework's per-op host work longer than the op's kernels); 0 by default.
-    fn host_excess_ns(&self, _op: &ComputeOp, _cost: &ComputeCost) -> u64 {
-        0
+    /// [`Self::duration_ns`] and, of it, the part the host sets the pace of beyond the
+    /// device's own time (a framework's per-op host work longer than the op's kernels);
+    /// none by default.
+    fn timing_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> (u64, u64) {
+        (self.duration_ns(op, cost), 0)
     }
 }
 
@@ -32,7 +33,7 @@ pub trait ComputeTimer {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpInfo {
     /// `host`: the share of the op's time that waits on the host beyond its device time
-    /// ([`ComputeTimer::host_excess_ns`] ÷ its duration; 0 for most ops).
+    /// (the host excess of [`ComputeTimer::timing_ns`] ÷ its duration; 0 for most ops).
     Compute {
         ns: u64,
         optimizer: bool,
@@ -105,8 +106,8 @@ impl ProgramTable {
                         .get(c.cost as usize)
                         .ok_or_else(|| bad(i, format!("cost id {} is out of range", c.cost)))?;
                     flops += cost.flops as f64;
-                    let ns = timer.duration_ns(c, cost);
-                    let excess = timer.host_excess_ns(c, cost).min(ns);
+                    let (ns, excess) = timer.timing_ns(c, cost);
+                    let excess = excess.min(ns);
                     let host = if excess > 0 { excess as f64 / ns as f64 } else { 0.0 };
                     OpInfo::Compute { ns, optimizer: c.piece == Piece::Optimizer, host }
                 }

@@ -201,17 +201,15 @@ impl ProfileTimer {
 
 impl ComputeTimer for ProfileTimer {
     fn duration_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
+        self.timing_ns(op, cost).0
+    }
+
+    fn timing_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> (u64, u64) {
         let extra = if op.piece == Piece::Optimizer { self.step_overhead_ns } else { 0 };
         // The host runs ahead of the device (its launches are asynchronous): an op takes
         // its device time or its host time, whichever is longer.
-        self.device_ns(op, cost).max(self.host(op)) + extra + self.loop_ns
-    }
-
-    fn host_excess_ns(&self, op: &ComputeOp, cost: &ComputeCost) -> u64 {
-        match self.host(op) {
-            0 => 0,
-            host => host.saturating_sub(self.device_ns(op, cost)),
-        }
+        let (device, host) = (self.device_ns(op, cost), self.host(op));
+        (device.max(host) + extra + self.loop_ns, host.saturating_sub(device))
     }
 }
 

@@ -228,7 +228,8 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
         let moe = base.model.moe.is_some();
         let cp = r.ranking.iter().any(|&i| r.candidates[i].scenario.parallel.cp > 1);
         // A host-bound column where a ranked candidate waits on its framework's host work.
-        let host = search_ties::rows(r, top).iter().any(|row| row.report.breakdown_s.host_bound > 0.0);
+        let rows = search_ties::rows(r, top);
+        let host = rows.iter().any(|row| row.report.breakdown_s.host_bound > 0.0);
         let mut extra_head = String::new();
         if moe {
             extra_head += &format!(" {:>5} {:>5}", "a2a", "imbal");
@@ -246,7 +247,7 @@ fn text(base: &Scenario, r: &SearchResult, top: usize, wall: f64) -> String {
         );
         // Ranked candidates are simulated; one without a report has no row to show. Exact
         // ties share a row (the CSV and the JSON keep every candidate).
-        for (rank, row) in search_ties::rows(r, top).iter().enumerate() {
+        for (rank, row) in rows.iter().enumerate() {
             let rep = row.report;
             let b = &rep.breakdown_s;
             let pct = |x: f64| 100.0 * x / rep.step_time_s;

@@ -198,8 +198,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
                     b.push(buf);
                     scores = Some(buf);
                 }
-                let after = wait.clone();
-                self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &after, &b);
+                self.compute(Piece::Attn, Phase::Recompute, mb, chunk, layer, &wait, &b);
             }
             let walk = if p.recompute == Recompute::Full { Walk::BackwardRecomputed } else { Walk::Backward };
             let (mdeps, mbufs) = self.fetch_modules(chunk, layer, piece, mb, walk);
