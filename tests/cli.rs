@@ -353,6 +353,28 @@ fn train_writes_its_outputs_and_refuses_bad_input() {
 }
 
 #[test]
+fn ranks_size_a_one_gpu_scenario_before_its_split_is_checked() {
+    // A one-GPU scenario asked for tp 2 · pp 2 on 8 ranks: the cluster is sized to the ranks
+    // first, so the split is valid (as `cargo xtask device-check` runs it on one H200).
+    let one = "scenarios/tiny-gpt-1xh200.toml";
+    let cpu = ["--set", "cluster.preset=\"cpu-local\"", "--set", "cluster.nics_per_node=0"];
+    for split in [
+        &["--set", "parallel.tp=2", "--set", "parallel.pp=2", "--ranks", "8"][..],
+        &["--set", "parallel.tp=2", "--ranks", "2"],
+    ] {
+        let mut args = vec!["train", one, "--steps", "1"];
+        args.extend(cpu);
+        args.extend(split);
+        let out = strata(&args);
+        assert!(out.status.success(), "{split:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Without --ranks the one-GPU cluster still refuses the split, naming it.
+    let mut args = vec!["train", one, "--steps", "1", "--set", "parallel.tp=2"];
+    args.extend(cpu);
+    rejects(&strata(&args), &["parallel.tp"]);
+}
+
+#[test]
 fn calibrate_compare_and_report_refuse_bad_input() {
     rejects(&strata(&["compare", "--steps", "0"]), &["--steps 0", "at least one step"]);
     rejects(&strata(&["compare", "--plan", "bogus"]), &["bogus", "KEY=VALUE"]);

@@ -160,12 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--all-gpus drives this node's GPUs, one rank each: it needs --backend cuda (the cpu backend runs ranks as threads already)"
         );
     }
-    let mut s = args.scenario.load()?;
-    if let Some(n) = args.ranks.filter(|n| s.cluster.gpu == GpuKind::Cpu && u64::from(*n) != s.parallel.ranks()) {
-        let mut sized = args.scenario.clone();
-        sized.overrides.extend(size_cluster(&s, n, &args.scenario.overrides)?);
-        s = sized.load()?;
-    }
+    let mut s = load_sized(&args.scenario, args.ranks, |s| s.cluster.gpu == GpuKind::Cpu)?;
     if s.cluster.gpu != GpuKind::Cpu {
         bail!(
             "strata train runs CPU ranks, but the scenario's cluster has cluster.gpu = \"{}\"; use cluster.preset = \"cpu-local\" with cluster.gpus_per_node = tp · pp · dp",
@@ -387,6 +382,26 @@ pub(super) fn overhead_line(peaks: &strata_runtime::exec::MemoryPeaks) -> Option
         .map(|(k, v)| format!("{} {k} {}", if **v < 0 { "−" } else { "+" }, common::bytes(v.unsigned_abs() as f64)))
         .collect();
     Some(format!("measured = predicted {}", t.join(" ")))
+}
+
+/// The scenario, sized to `n` ranks ([`size_cluster`]) when `n` is given, `applies` to it
+/// and is not already a split of `n` ranks on a cluster of `n` GPUs. The split is checked against the cluster only after
+/// the sizing, so `--set parallel.tp=2 --ranks 8` works on a one-GPU scenario (read first
+/// as a search reads it: its own split need not fit its cluster yet).
+pub(super) fn load_sized(
+    args: &ScenarioArgs,
+    n: Option<u32>,
+    applies: impl Fn(&strata_models::Scenario) -> bool,
+) -> anyhow::Result<strata_models::Scenario> {
+    let Some(n) = n else { return args.load() };
+    let loose = args.load_for_search()?;
+    let gpus = u64::from(loose.cluster.nodes) * u64::from(loose.cluster.gpus_per_node);
+    if !applies(&loose) || (u64::from(n) == loose.parallel.ranks() && gpus == u64::from(n)) {
+        return args.load();
+    }
+    let mut sized = args.clone();
+    sized.overrides.extend(size_cluster(&loose, n, &args.overrides)?);
+    sized.load()
 }
 
 /// The `--set` overrides that size a CPU cluster to `n` ranks: one node of `n`, dp derived

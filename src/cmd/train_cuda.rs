@@ -45,12 +45,7 @@ pub fn run(args: Args, ordinal: usize) -> anyhow::Result<()> {
     }
     // --all-gpus: the node's GPUs, one rank each.
     let node = args.all_gpus.then(|| strata_runtime::cuda::exec::nccl_gpu::gpu_count() as u32);
-    let mut s = args.scenario.load()?;
-    if let Some(n) = args.ranks.or(world).or(node).filter(|n| u64::from(*n) != s.parallel.ranks()) {
-        let mut sized = args.scenario.clone();
-        sized.overrides.extend(super::train::size_cluster(&s, n, &args.scenario.overrides)?);
-        s = sized.load()?;
-    }
+    let s = super::train::load_sized(&args.scenario, args.ranks.or(world).or(node), |_| true)?;
     if s.cluster.gpu == GpuKind::Cpu {
         bail!(
             "--backend cuda trains a GPU cluster's plan, but the scenario's cluster is cpu-local; use a GPU scenario, e.g. scenarios/gpt2-124m-1xh200.toml"
