@@ -1,40 +1,80 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (`cargo xtask device-check` prepares the binary and
 # prints how to launch it). No Rust and no network there: the CUDA libraries are those of
-# the machine's Python environment. About 8 minutes: the steps' timeouts sum to 535 s (they
-# are bounds, not measured durations, except where a step says what it took on a 2-core
-# host); a failed step is reported and the next one still runs.
-# Full logs under $OUT.
+# the machine's Python environment. The steps' timeouts are bounds, not durations; a failed
+# step is reported and the next one still runs. STRATA_CHECK_BUDGET (seconds, default 520)
+# caps the whole run: a step gets at most what is left of it, and none starts with under 5 s
+# left, so the lease's minutes are never spent past the budget.
+# Only a few files come back from a lent machine: every step's log goes to a work folder,
+# packed at the end (also on an early exit) into $OUT/logs.tgz beside summary.txt and
+# table.txt.
 # Usage: bash xtask/device/check.sh [BINARY]
 set -uo pipefail
 BIN="${1:-target/device/strata}"
 OUT="${OUT:-/tmp/strata-device}"
+BUDGET="${STRATA_CHECK_BUDGET:-520}"
 mkdir -p "$OUT"
+LOGS="$(mktemp -d /tmp/strata-check.XXXXXX)"
+pack() {
+  cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null
+  [ -s "$LOGS/table.txt" ] && cp "$LOGS/table.txt" "$OUT/"
+  tar -czf "$OUT/logs.tgz" -C "$LOGS" --exclude=.lib . 2>/dev/null
+}
+trap pack EXIT
+export RUST_BACKTRACE=1
 NV="$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')"
-SHIM="$OUT/.lib"; mkdir -p "$SHIM"
+SHIM="$LOGS/.lib"; mkdir -p "$SHIM"
 # cudarc looks for libnccl.so; the pip wheel ships only libnccl.so.2.
-for f in "$NV"/nccl/lib/libnccl.so.2; do [ -e "$f" ] && ln -sf "$f" "$SHIM/libnccl.so"; done
+for f in "$NV"/nccl/lib/libnccl.so.2 "$NV"/cu13/lib/libnccl.so.2; do [ -e "$f" ] && ln -sf "$f" "$SHIM/libnccl.so"; done
 LIBS="$(find "$NV" -maxdepth 3 -type d -name lib | sort | tr '\n' ':')"
 export LD_LIBRARY_PATH="$SHIM:$LIBS${LD_LIBRARY_PATH:-}"
-status() { printf '%-44s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
-run() { # run NAME SECONDS command… (stdout to $OUT/NAME.out, stderr to $OUT/NAME.err)
+status() { printf '%-44s %s\n' "$1" "$2" | tee -a "$LOGS/summary.txt"; }
+run() { # run NAME SECONDS command… (stdout to NAME.out, stderr to NAME.err in the logs)
   local name="$1" secs="$2"; shift 2
+  local left=$((BUDGET - SECONDS))
+  if [ "$left" -lt 5 ]; then status "$name" "skipped: the budget of $BUDGET s is spent"; return 124; fi
+  [ "$secs" -gt "$left" ] && secs=$left
   local t0=$SECONDS
-  timeout "$secs" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+  timeout "$secs" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
   local rc=$?
   status "$name" "exit $rc in $((SECONDS - t0)) s"
   return $rc
 }
-: >"$OUT/summary.txt"
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
-# presets, the simulations and the CPU runs of the tiny models: under 0.4 s each on a 2-core host.
+: >"$LOGS/summary.txt"
+{ nvidia-smi; echo; uname -a; ldd --version | head -1; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH";
+  ls -l "$SHIM"; ldd "$BIN"; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)';
+  python3 -m pip list 2>/dev/null | grep -i -E "^nvidia|^torch "; } >"$LOGS/env.txt" 2>&1
+# Most telling first, so a budget cut drops the least. Presets, the simulations and the CPU
+# runs of the tiny models take under 0.4 s each on a 2-core host.
 run devices 5 "$BIN" presets >/dev/null
 run kernels 80 "$BIN" kernels --check --json
-run probe 15 "$BIN" probe --out "$OUT/cluster.toml" --json
+# The tensor-core attention (head_dim 64 and 128) runs only where its kernel checks passed;
+# otherwise every later step runs the scalar kernels (STRATA_ATTENTION=scalar), and says so.
+if python3 -c 'import json,sys; k=json.load(open(sys.argv[1])); sys.exit(0 if [c for c in k["checks"] if "_tc" in c["kernel"]] and all(c["passed"] for c in k["checks"] if "_tc" in c["kernel"]) else 1)' "$LOGS/kernels.out" 2>/dev/null; then
+  status attention "tensor-core kernels (their checks passed)"
+else
+  export STRATA_ATTENTION=scalar
+  status attention "scalar kernels: the tensor-core checks failed or did not run"
+fi
 # The CUDA executor against the CPU executor on the tiny GPT first: same weights, data and
 # plan (bf16 storage on the GPU, fp32 on the CPU); the table prints the largest loss gap.
 run tiny-cuda 35 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --json
 run tiny-cpu 10 "$BIN" train scenarios/tiny-gpt-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
+# The step predicted with the built-in (published-fit) profile, then trained for real.
+run predicted-builtin 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
+run train-1rank 75 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 20 --json --out "$LOGS/train-1rank"
+# The same step with the scalar attention kernels, for the table's comparison.
+[ -z "${STRATA_ATTENTION:-}" ] && STRATA_ATTENTION=scalar run train-scalar-attn 40 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 5 --json
+run pytorch-eager 80 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024
+# The tiny Llama (RMSNorm, SwiGLU, RoPE, 4 query heads sharing 2 key/value heads, untied
+# output layer) the same way: the CUDA executor's Llama pieces against the CPU executor.
+run tiny-llama-cuda 30 "$BIN" train scenarios/tiny-llama-1xh200.toml --backend cuda --json
+run tiny-llama-cpu 10 "$BIN" train scenarios/tiny-llama-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
+run calibrate 70 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --out "$OUT/h200-measured.toml" --json
+# The step predicted with the measured profile, beside the built-in one.
+if [ -s "$OUT/h200-measured.toml" ]; then
+  run predicted-measured 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --profile "$OUT/h200-measured.toml" --json
+fi
 # Eight ranks of the same tiny GPT (tp 2 · pp 2 · dp 2) on this one GPU through the
 # shared-GPU communicator: the same global batch, so its losses are the single rank's above.
 run tiny-tp2pp2dp2 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.tp=2 --set parallel.pp=2 --ranks 8 --json
@@ -52,16 +92,5 @@ run tiny-pp2vpp2 25 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda -
 # summed over tp): the single rank's losses within tp's bound (host stand-in: 5.4e-5 nats
 # over 3 steps, bound 2e-4).
 run tiny-tp2-sp 20 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --set parallel.tp=2 --set parallel.sequence_parallel=true --ranks 2 --json
-# The tiny Llama (RMSNorm, SwiGLU, RoPE, 4 query heads sharing 2 key/value heads, untied
-# output layer) the same way: the CUDA executor's Llama pieces against the CPU executor.
-run tiny-llama-cuda 30 "$BIN" train scenarios/tiny-llama-1xh200.toml --backend cuda --json
-run tiny-llama-cpu 10 "$BIN" train scenarios/tiny-llama-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
-run calibrate 70 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda --out "$OUT/h200-measured.toml" --json
-# The step predicted with the measured profile, beside the built-in (published-fit) one.
-run predicted-builtin 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
-if [ -s "$OUT/h200-measured.toml" ]; then
-  run predicted-measured 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --profile "$OUT/h200-measured.toml" --json
-fi
-run train-1rank 75 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 20 --json --out "$OUT/train-1rank"
-run pytorch-eager 80 python3 xtask/device/torch_gpt2.py --steps 20 --batch 8 --seq 1024
-python3 xtask/device/table.py "$OUT" | tee "$OUT/table.txt"
+run probe 15 "$BIN" probe --out "$OUT/cluster.toml" --json
+python3 xtask/device/table.py "$LOGS" | tee "$LOGS/table.txt"

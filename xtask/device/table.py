@@ -17,10 +17,15 @@ def first_line(name):
 
 
 rows = []
+summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
+attn = [l.split(None, 1)[1].strip() for l in summary.splitlines() if l.startswith("attention ")]
+if attn:
+    rows.append(("attention kernels used", attn[0]))
 k = load("kernels")
 if k:
     bad = [c["kernel"] for c in k["checks"] if not c["passed"]]
-    worst = max(k["checks"], key=lambda c: c["rel_error"] / c["bound"])
+    # A bound of 0 means bit-exact: any error is infinitely over it.
+    worst = max(k["checks"], key=lambda c: c["rel_error"] / c["bound"] if c["bound"] else (float("inf") if c["rel_error"] else 0.0))
     rows.append(("kernels within bound", f"{len(k['checks']) - len(bad)} of {len(k['checks'])} (seed {k['seed']}); worst {worst['kernel']} {worst['rel_error']:.2e} / {worst['bound']:.0e}" + (f"; FAILED {' '.join(bad)}" if bad else "")))
 else:
     rows.append(("kernels within bound", "not run: " + first_line("kernels")))
@@ -70,6 +75,10 @@ if tr and tr.get("steps"):
     if terms:
         rows.append(("measured - predicted, by name", ", ".join(f"{k} {v / 2**20:+.1f} MiB" for v, k in terms)))
     rows.append(("step time predicted / measured", (f"{sim['step_time_s'] * 1e3:.1f} ms / " if sim else "not simulated / ") + f"{step_s * 1e3:.1f} ms"))
+    sc = load("train-scalar-attn")
+    if sc and sc.get("steps"):
+        s_steady = sorted(st["seconds"] for st in sc["steps"][1:] or sc["steps"])
+        rows.append(("GPT-2 124M step, scalar attention kernels", f"{s_steady[len(s_steady) // 2] * 1e3:.1f} ms median ({len(sc['steps'])} steps)"))
 else:
     rows.append(("GPT-2 124M tokens/s, Strata", "not run: " + first_line("train-1rank")))
     rows.append(("step time predicted / measured", "not available: the training step did not run"))

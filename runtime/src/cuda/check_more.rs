@@ -5,7 +5,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rand::RngExt;
 
 use super::super::reference as r;
-use super::{Gpu, Res, Store, blocks, per_row};
+use super::{Gpu, Res, Store, blocks, per_cols, per_row};
 
 fn plus(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
@@ -123,7 +123,7 @@ pub(super) fn elementwise<S: Store>(g: &mut Gpu) -> Res<()> {
     g.record(format!("add_bias_{}", S::SUFFIX), S::SUFFIX, format!("{rows}×{cols}"), &[e], S::BOUND);
     let d0 = g.random(cols);
     let mut db = g.up_f32(&d0)?;
-    launch!(g, format!("col_sum_{}", S::SUFFIX), blocks(cols), &x, &mut db, &rr, &ci);
+    launch!(g, format!("col_sum_{}", S::SUFFIX), per_cols(cols), &x, &mut db, &rr, &ci);
     let want: Vec<f64> = (0..cols).map(|c| d0[c] + (0..rows).map(|r| xs[r * cols + c]).sum::<f64>()).collect();
     let e = r::rel_error(&g.down(&db)?, &want);
     g.record(format!("col_sum_{}", S::SUFFIX), S::SUFFIX, format!("{rows}×{cols}"), &[e], S::ACC_BOUND);

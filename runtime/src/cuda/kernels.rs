@@ -51,6 +51,7 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("kernels/attention.cu"),
         entries: both!("attn_fwd", "attn_bwd_delta", "attn_bwd_dq", "attn_bwd_dkdv"),
     },
+    Source { file: "attention_tc.cu", text: include_str!("kernels/attention_tc.cu"), entries: ATTN_TC_ENTRIES },
     Source { file: "loss.cu", text: include_str!("kernels/loss.cu"), entries: LOSS_ENTRIES },
     Source { file: "optim.cu", text: include_str!("kernels/optim.cu"), entries: OPTIM_ENTRIES },
     Source {
@@ -59,6 +60,79 @@ pub const SOURCES: &[Source] = &[
         entries: both!("add", "add_bias", "col_sum"),
     },
 ];
+
+const ATTN_TC_ENTRIES: &[&str] = &[
+    "attn_fwd_tc64_bf16",
+    "attn_bwd_dq_tc64_bf16",
+    "attn_bwd_dkdv_tc64_bf16",
+    "attn_fwd_tc128_bf16",
+    "attn_bwd_dq_tc128_bf16",
+    "attn_bwd_dkdv_tc128_bf16",
+];
+
+/// The causal attention kernels that run one head size in bf16, and their launch shape.
+/// Head sizes 64 and 128 run on the tensor cores (`attention_tc.cu`: mma.sync, 16 rows per
+/// warp, 64 per block of 128 threads); every other head size — and any when the environment
+/// sets `STRATA_ATTENTION=scalar` — runs `attention.cu`'s scalar kernels (one warp per row,
+/// 8 rows per block of 256 threads). The delta kernel is `attention.cu`'s either way. Both
+/// families take the same arguments in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnKernels {
+    pub fwd: &'static str,
+    pub delta: &'static str,
+    pub dq: &'static str,
+    pub dkdv: &'static str,
+    /// The file that defines `fwd`, `dq` and `dkdv`.
+    pub file: &'static str,
+    /// Rows (queries, or keys for dk/dv) per block, and threads per block.
+    pub block_rows: u32,
+    pub threads: u32,
+}
+
+const ATTN_SCALAR: AttnKernels = AttnKernels {
+    fwd: "attn_fwd_bf16",
+    delta: "attn_bwd_delta_bf16",
+    dq: "attn_bwd_dq_bf16",
+    dkdv: "attn_bwd_dkdv_bf16",
+    file: "attention.cu",
+    block_rows: 8,
+    threads: 256,
+};
+
+/// What the delta kernel's launch always is (`attention.cu`'s blocks of 8 rows).
+pub const ATTN_DELTA: AttnKernels = ATTN_SCALAR;
+
+/// The kernels for head size `head_dim` (see [`AttnKernels`]).
+pub fn attn_kernels(head_dim: usize) -> AttnKernels {
+    static SCALAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let scalar = *SCALAR.get_or_init(|| std::env::var("STRATA_ATTENTION").is_ok_and(|v| v == "scalar"));
+    let tc = |fwd, dq, dkdv| AttnKernels {
+        fwd,
+        delta: ATTN_SCALAR.delta,
+        dq,
+        dkdv,
+        file: "attention_tc.cu",
+        block_rows: 64,
+        threads: 128,
+    };
+    match head_dim {
+        64 if !scalar => tc("attn_fwd_tc64_bf16", "attn_bwd_dq_tc64_bf16", "attn_bwd_dkdv_tc64_bf16"),
+        128 if !scalar => tc("attn_fwd_tc128_bf16", "attn_bwd_dq_tc128_bf16", "attn_bwd_dkdv_tc128_bf16"),
+        _ => ATTN_SCALAR,
+    }
+}
+
+impl AttnKernels {
+    /// The grid over `seq` rows of `heads` heads (query heads, or kv heads for dk/dv) and
+    /// `batch` sequences.
+    pub fn grid(&self, seq: usize, heads: usize, batch: usize) -> cudarc::driver::LaunchConfig {
+        cudarc::driver::LaunchConfig {
+            grid_dim: (seq.div_ceil(self.block_rows as usize) as u32, heads as u32, batch as u32),
+            block_dim: (self.threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
 
 const LOSS_ENTRIES: &[&str] = &["xent_stats_f32", "xent_stats_bf16", "xent_grad_f32", "xent_grad_bf16", "xent_combine"];
 const OPTIM_ENTRIES: &[&str] =
@@ -260,6 +334,12 @@ pub fn signatures() -> Result<std::collections::BTreeMap<String, Vec<Param>>, St
                     out.insert(format!("{base}f32"), params.clone());
                     out.insert(format!("{base}bf16"), params);
                 }
+                // A head-size macro's entry (`NAME##D##_bf16`): one per `MACRO(D)` line.
+                None if name.contains("##D##") => {
+                    for d in size_instances(&text) {
+                        out.insert(name.replace("##D##", &d), params.clone());
+                    }
+                }
                 None => {
                     out.insert(name.to_string(), params);
                 }
@@ -268,6 +348,19 @@ pub fn signatures() -> Result<std::collections::BTreeMap<String, Vec<Param>>, St
         }
     }
     Ok(out)
+}
+
+/// The sizes a file instantiates its `#define MACRO(D)` with: the `MACRO(64)` lines.
+fn size_instances(text: &str) -> Vec<String> {
+    let macros: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("#define ")?.split_once("(D)").map(|(m, _)| m.trim())).collect();
+    text.lines()
+        .filter_map(|l| {
+            let (m, rest) = l.trim().split_once('(')?;
+            let d = rest.strip_suffix(')')?;
+            (macros.contains(&m) && !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())).then(|| d.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -284,6 +377,14 @@ mod signature_tests {
         }
         use Param::*;
         assert_eq!(sigs["attn_fwd_bf16"], [Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I64, I64, I64, F32]);
+        // The tensor-core kernels take the scalar ones' arguments: the executor swaps names.
+        for (tc, plain) in
+            [("attn_fwd_tc", "attn_fwd"), ("attn_bwd_dq_tc", "attn_bwd_dq"), ("attn_bwd_dkdv_tc", "attn_bwd_dkdv")]
+        {
+            for d in [64, 128] {
+                assert_eq!(sigs[&format!("{tc}{d}_bf16")], sigs[&format!("{plain}_bf16")], "{tc}{d}");
+            }
+        }
         assert_eq!(sigs["add_bias_f32"], [Ptr, Ptr, I64, I32]);
         assert_eq!(sigs["xent_combine"], [Ptr, Ptr, Ptr, I32, I32]);
         assert_eq!(sigs["adamw_step"], [[Ptr; 5].as_slice(), &[I64], &[F32; 8]].concat());

@@ -1,19 +1,20 @@
 //! What `strata calibrate --backend cuda` times on a GPU beside cuBLAS's GEMMs: HBM (a
 //! device-to-device copy, and the model's element-wise `add_bf16` kernel) and the model's
-//! fused causal attention kernels (`attn_fwd_bf16`; backward = `attn_bwd_delta_bf16` +
-//! `attn_bwd_dq_bf16` + `attn_bwd_dkdv_bf16`) at given shapes. Each is one warm-up launch,
+//! fused causal attention kernels the executor runs at each head size (forward; backward =
+//! delta + dq + dk/dv: the tensor-core kernels at head_dim 64 and 128, else the scalar
+//! ones — `kernels::attn_kernels`) at given shapes. Each is one warm-up launch,
 //! then `reps` launches between two CUDA events; inputs are seeded random bf16 values.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::kernels::{SOURCES, compile};
+use super::kernels::{ATTN_DELTA, SOURCES, attn_kernels, compile};
 use super::{CudaError, fail, require_driver};
 
 /// Memory rates, bytes read + written per second / 1e9.
@@ -93,12 +94,15 @@ impl Gpu {
 }
 
 fn function(ctx: &Arc<CudaContext>, file: &str, name: &str, arch: &'static str) -> Result<CudaFunction, CudaError> {
+    module(ctx, file, arch)?.load_function(name).map_err(|e| fail(format!("loading kernel {name}"))(&e))
+}
+
+fn module(ctx: &Arc<CudaContext>, file: &str, arch: &'static str) -> Result<Arc<CudaModule>, CudaError> {
     let s = SOURCES
         .iter()
         .find(|s| s.file == file)
         .ok_or_else(|| CudaError { what: format!("finding {file}"), cause: "not among the kernel sources".into() })?;
-    let module = ctx.load_module(compile(s, arch)?).map_err(|e| fail(format!("loading {file}"))(&e))?;
-    module.load_function(name).map_err(|e| fail(format!("loading kernel {name}"))(&e))
+    ctx.load_module(compile(s, arch)?).map_err(|e| fail(format!("loading {file}"))(&e))
 }
 
 /// HBM on GPU `ordinal`: a copy of `bytes`, and with an `arch` to compile it for, the
@@ -145,11 +149,20 @@ pub fn time_attention_bf16(
     reps: u32,
 ) -> Result<Vec<AttentionTiming>, CudaError> {
     let (ctx, mut g) = Gpu::open(ordinal)?;
-    let f = |name: &str| function(&ctx, "attention.cu", name, arch);
-    let (fwd, delta, dq_k, dkdv_k) =
-        (f("attn_fwd_bf16")?, f("attn_bwd_delta_bf16")?, f("attn_bwd_dq_bf16")?, f("attn_bwd_dkdv_bf16")?);
     let mut out = Vec::new();
+    // Each file compiled and loaded once.
+    let mut modules: std::collections::BTreeMap<&'static str, Arc<CudaModule>> = Default::default();
+    let mut f = |file: &'static str, name: &str| -> Result<CudaFunction, CudaError> {
+        if !modules.contains_key(file) {
+            modules.insert(file, module(&ctx, file, arch)?);
+        }
+        modules[file].load_function(name).map_err(|e| fail(format!("loading kernel {name}"))(&e))
+    };
     for &(batch, seq, heads, d) in shapes {
+        // The kernels the executor runs at this head size (tensor-core ones at 64 and 128).
+        let ak = attn_kernels(d as usize);
+        let (fwd, dq_k, dkdv_k) = (f(ak.file, ak.fwd)?, f(ak.file, ak.dq)?, f(ak.file, ak.dkdv)?);
+        let delta = f(ATTN_DELTA.file, ATTN_DELTA.delta)?;
         if d == 0 || d > 256 || seq == 0 || batch == 0 || heads == 0 {
             return Err(CudaError {
                 what: format!("timing attention at batch {batch}, seq {seq}, {heads} heads of {d}"),
@@ -165,11 +178,9 @@ pub fn time_attention_bf16(
         let (bi, si, hi, di) = (batch as i32, seq as i32, heads as i32, d as i32);
         let stride = (heads * d) as i64;
         let scale = 1.0 / (d as f32).sqrt();
-        let cfg = LaunchConfig {
-            grid_dim: (seq.div_ceil(8) as u32, heads as u32, batch as u32),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let (seq_n, heads_n, batch_n) = (seq as usize, heads as usize, batch as usize);
+        let cfg = ak.grid(seq_n, heads_n, batch_n);
+        let delta_cfg = ATTN_DELTA.grid(seq_n, heads_n, batch_n);
         let shape = format!("attention b{batch} s{seq} h{heads} d{d}");
         let launched = |r: Result<(), cudarc::driver::DriverError>, name: &str| {
             r.map_err(|e| fail(format!("launching {name} for {shape}"))(&e))
@@ -183,22 +194,22 @@ pub fn time_attention_bf16(
             let mut b = stream.launch_builder(&fwd);
             b.arg(&q).arg(&k).arg(&v).arg(&mut o).arg(&mut lse);
             b.arg(&bi).arg(&si).arg(&hi).arg(&hi).arg(&di).arg(&stride).arg(&stride).arg(&stride).arg(&scale);
-            launched(unsafe { b.launch(cfg) }.map(|_| ()), "attn_fwd_bf16")
+            launched(unsafe { b.launch(cfg) }.map(|_| ()), ak.fwd)
         })?;
         let bwd_s = g.time(&shape, reps, &mut || {
             let mut b = stream.launch_builder(&delta);
             b.arg(&o).arg(&dout).arg(&mut dl).arg(&bi).arg(&si).arg(&hi).arg(&di).arg(&stride);
-            launched(unsafe { b.launch(cfg) }.map(|_| ()), "attn_bwd_delta_bf16")?;
+            launched(unsafe { b.launch(delta_cfg) }.map(|_| ()), ATTN_DELTA.delta)?;
             let mut b = stream.launch_builder(&dq_k);
             b.arg(&q).arg(&k).arg(&v).arg(&dout).arg(&lse).arg(&dl).arg(&mut dq);
             b.arg(&bi).arg(&si).arg(&hi).arg(&hi).arg(&di).arg(&stride).arg(&stride).arg(&stride).arg(&stride);
             b.arg(&scale);
-            launched(unsafe { b.launch(cfg) }.map(|_| ()), "attn_bwd_dq_bf16")?;
+            launched(unsafe { b.launch(cfg) }.map(|_| ()), ak.dq)?;
             let mut b = stream.launch_builder(&dkdv_k);
             b.arg(&q).arg(&k).arg(&v).arg(&dout).arg(&lse).arg(&dl).arg(&mut dk).arg(&mut dv);
             b.arg(&bi).arg(&si).arg(&hi).arg(&hi).arg(&di).arg(&stride).arg(&stride).arg(&stride).arg(&stride);
             b.arg(&scale);
-            launched(unsafe { b.launch(cfg) }.map(|_| ()), "attn_bwd_dkdv_bf16")
+            launched(unsafe { b.launch(cfg) }.map(|_| ()), ak.dkdv)
         })?;
         out.push(AttentionTiming { batch, seq, heads, head_dim: d, fwd_s, bwd_s });
     }

@@ -6,8 +6,9 @@
 use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
 use super::device::{Arg, Device, blocks, per_row};
-use super::pieces::{C, W, attn_grid};
+use super::pieces::{C, W};
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
+use crate::cuda::kernels::{ATTN_DELTA, attn_kernels};
 use crate::params::ParamKind;
 
 impl<D: Device> GpuRank<D> {
@@ -122,7 +123,7 @@ impl<D: Device> GpuRank<D> {
                 );
                 let (os, qs) = (Arg::L(dc as i64), Arg::L(w as i64));
                 let delta_args = [Arg::P(ac.ctx), Arg::P(dctx.ptr()), Arg::P(delta.ptr()), bi, si, hi, di, os];
-                self.k("attn_bwd_delta_bf16", attn_grid(&d, d.heads), &delta_args)?;
+                self.k(ATTN_DELTA.delta, ATTN_DELTA.grid(d.s, d.heads, d.b), &delta_args)?;
                 // [dQ | dK | dV] in one (T, D + 2·Dkv) tensor: the kv gradients of a group's
                 // query heads summed by the dk/dv kernel (one block per kv head).
                 let dqkv = self.ws("the qkv gradient, kept for the weight pass", 2 * d.t * w)?;
@@ -147,10 +148,11 @@ impl<D: Device> GpuRank<D> {
                 let common = [Arg::P(q), Arg::P(k), Arg::P(v), Arg::P(dctx.ptr()), Arg::P(lse), Arg::P(delta.ptr())];
                 let mut dq_args = common.to_vec();
                 dq_args.extend([Arg::P(dq), bi, si, hi, ki, di, qs, qs, os, qs, scale]);
-                self.k("attn_bwd_dq_bf16", attn_grid(&d, d.heads), &dq_args)?;
+                let ak = attn_kernels(d.hd);
+                self.k(ak.dq, ak.grid(d.s, d.heads, d.b), &dq_args)?;
                 let mut dkv_args = common.to_vec();
                 dkv_args.extend([Arg::P(dk), Arg::P(dv), bi, si, hi, ki, di, qs, qs, os, qs, scale]);
-                self.k("attn_bwd_dkdv_bf16", attn_grid(&d, d.kv), &dkv_args)?;
+                self.k(ak.dkdv, ak.grid(d.s, d.kv, d.b), &dkv_args)?;
                 self.give(delta);
                 self.give(dctx);
                 if let Some(t) = stats {

@@ -389,6 +389,12 @@ pub fn blocks(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// The column reductions' launch (`col_sum`, `*_bwd_params`): a block of 1,024 threads per
+/// 32 columns (32 columns × 32 row lanes, combined in a fixed order).
+pub fn per_cols(cols: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (cols.div_ceil(32).max(1) as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }
+}
+
 /// One block of 256 threads per row.
 pub fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }

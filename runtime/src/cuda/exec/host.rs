@@ -348,6 +348,36 @@ mod tests {
     }
 
     #[test]
+    fn head_sizes_64_and_128_launch_the_tensor_core_attention_on_its_grid() {
+        // One head of 64, then of 128 (tiny GPT's hidden size): the executor names
+        // attention_tc.cu's kernels, and the stand-in holds each launch to that kernel's grid
+        // (blocks of 64 rows) and head size; the delta kernel stays attention.cu's.
+        for (hidden, tc) in [(64, "tc64"), (128, "tc128")] {
+            let hidden_set = format!("model.hidden={hidden}");
+            let ffn_set = format!("model.ffn_hidden={}", 4 * hidden);
+            let p = Arc::new(plan(&["model.heads=1", "model.kv_heads=1", &hidden_set, &ffn_set]));
+            let (corpus, _, _) =
+                crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();
+            let dev = HostDevice::new(80 << 30);
+            let state = dev.state.clone();
+            let mut rank = GpuRank::with_device(p.clone(), dev, Arc::new(corpus), ExecConfig::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let report = rank.step(0).unwrap_or_else(|e| panic!("hidden {hidden}: {e}"));
+            assert!(report.loss_sum.is_some_and(f64::is_finite), "hidden {hidden}: loss sum {:?}", report.loss_sum);
+            let (layers, m) = (p.scenario.model.layers as usize, p.scenario.parallel.microbatches() as usize);
+            let launches = state.borrow().launches.clone();
+            let count = |k: &str| launches.iter().filter(|l| *l == k).count();
+            for k in
+                [format!("attn_fwd_{tc}_bf16"), format!("attn_bwd_dq_{tc}_bf16"), format!("attn_bwd_dkdv_{tc}_bf16")]
+            {
+                assert_eq!(count(&k), layers * m, "{k}");
+            }
+            assert_eq!(count("attn_bwd_delta_bf16"), layers * m);
+            assert_eq!(count("attn_fwd_bf16"), 0, "hidden {hidden}: the scalar forward ran");
+        }
+    }
+
+    #[test]
     fn training_steps_run_end_to_end_on_the_host_stand_in() {
         let p = Arc::new(plan(&[]));
         let (corpus, _, _) = crate::train::synthetic_corpus(p.scenario.model.vocab, p.scenario.training.seed).unwrap();

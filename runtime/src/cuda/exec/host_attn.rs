@@ -98,18 +98,40 @@ impl Sh {
 /// The grid the kernels index by: (query blocks of 8 rows, `heads`, batch) — the kernels
 /// read their head and sequence from blockIdx.y and .z, so another grid computes other rows
 /// (or, for dk/dv over query heads, reads past the tensors).
-fn check_grid(kernel: &str, grid: (u32, u32, u32), sh: &Sh, heads: usize) -> Result<(), String> {
-    let want = (sh.s.div_ceil(8) as u32, heads as u32, sh.b as u32);
+fn check_grid(kernel: &str, grid: (u32, u32, u32), sh: &Sh, heads: usize, family: Family) -> Result<(), String> {
+    let rows = match family {
+        Family::Scalar => 8,
+        Family::TensorCore { head_dim } if head_dim == sh.d => 64,
+        Family::TensorCore { head_dim } => {
+            return Err(format!("{kernel}: the head_dim-{head_dim} kernel launched for head_dim {}", sh.d));
+        }
+    };
+    let want = (sh.s.div_ceil(rows) as u32, heads as u32, sh.b as u32);
     if grid != want {
         return Err(format!("{kernel}: launched on grid {grid:?}, its rows need {want:?}"));
     }
     Ok(())
 }
 
-pub fn run(st: &mut HostState, kernel: &str, ty: Ty, grid: (u32, u32, u32), a: &[Arg]) -> Result<(), String> {
+/// Which kernel file's launch shape a call must have: `attention.cu` (blocks of 8 rows) or
+/// `attention_tc.cu` (blocks of 64 rows, one head size per kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Scalar,
+    TensorCore { head_dim: usize },
+}
+
+pub fn run(
+    st: &mut HostState,
+    kernel: &str,
+    ty: Ty,
+    grid: (u32, u32, u32),
+    a: &[Arg],
+    family: Family,
+) -> Result<(), String> {
     if kernel == "attn_bwd_delta" {
         let sh = Sh { b: arg_n(a, 3), s: arg_n(a, 4), hq: arg_n(a, 5), hkv: 1, d: arg_n(a, 6) };
-        check_grid(kernel, grid, &sh, sh.hq)?;
+        check_grid(kernel, grid, &sh, sh.hq, family)?;
         let os = arg_n(a, 7);
         let (w, n) = (sh.hq * sh.d, sh.tokens());
         let o = load(st, ty, &V { base: arg_p(a, 0), stride: os }, n, w)?;
@@ -141,7 +163,7 @@ pub fn run(st: &mut HostState, kernel: &str, ty: Ty, grid: (u32, u32, u32), a: &
         return Err(format!("{kernel}: {} query heads over {} kv heads", sh.hq, sh.hkv));
     }
     // dk/dv: one block per key/value head (it sums its group's query heads).
-    check_grid(kernel, grid, &sh, if kernel == "attn_bwd_dkdv" { sh.hkv } else { sh.hq })?;
+    check_grid(kernel, grid, &sh, if kernel == "attn_bwd_dkdv" { sh.hkv } else { sh.hq }, family)?;
     let n = sh.tokens();
     let (qw, kw) = (sh.hq * sh.d, sh.hkv * sh.d);
     let q = load(st, ty, &V { base: arg_p(a, 0), stride: qs }, n, qw)?;

@@ -293,7 +293,21 @@ pub fn run(st: &mut HostState, name: &str, grid: (u32, u32, u32), args: &[Arg]) 
             st.wr(ty, a.p(0), &x)
         }
         "attn_fwd" | "attn_bwd_delta" | "attn_bwd_dq" | "attn_bwd_dkdv" => {
-            super::host_attn::run(st, base, ty, grid, args)
+            super::host_attn::run(st, base, ty, grid, args, super::host_attn::Family::Scalar)
+        }
+        // attention_tc.cu's kernels: the same results, blocks of 64 rows, one head size each.
+        "attn_fwd_tc64"
+        | "attn_bwd_dq_tc64"
+        | "attn_bwd_dkdv_tc64"
+        | "attn_fwd_tc128"
+        | "attn_bwd_dq_tc128"
+        | "attn_bwd_dkdv_tc128" => {
+            let (plain, width) = base.rsplit_once("_tc").expect("the names above hold _tc");
+            let head_dim = width.parse().expect("the names above end in a number");
+            if ty != Ty::Bf16 {
+                return Err(format!("{name}: the tensor-core attention kernels are bf16 only"));
+            }
+            super::host_attn::run(st, plain, ty, grid, args, super::host_attn::Family::TensorCore { head_dim })
         }
         "xent_stats" => {
             let (rows, cols, v0) = (a.i(3), a.i(4), a.i(5));

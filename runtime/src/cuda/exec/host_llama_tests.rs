@@ -8,7 +8,7 @@
 use cudarc::driver::LaunchConfig;
 use strata_models::plan::Stream;
 
-use super::device::{Arg, Device, Ptr, blocks, per_row};
+use super::device::{Arg, Device, Ptr, blocks, per_cols, per_row};
 use super::host::HostDevice;
 use super::pool::DeviceMemory;
 use crate::llama::{Rope, rmsnorm_backward, rmsnorm_forward, swiglu_backward, swiglu_forward};
@@ -80,7 +80,7 @@ fn rmsnorm_is_the_cpu_executors() {
     close("rmsnorm rstd", &dev.get(pr, rows), &rstd, 1e-6);
     let dx_args = [Arg::P(pdy), Arg::P(px), Arg::P(pg), Arg::P(pr), Arg::P(pdx), r, c];
     dev.launch("rmsnorm_bwd_dx_f32", per_row(rows), &dx_args);
-    dev.launch("rmsnorm_bwd_params_f32", blocks(cols), &[Arg::P(pdy), Arg::P(px), Arg::P(pr), Arg::P(pdg), r, c]);
+    dev.launch("rmsnorm_bwd_params_f32", per_cols(cols), &[Arg::P(pdy), Arg::P(px), Arg::P(pr), Arg::P(pdg), r, c]);
     close("rmsnorm dx", &dev.get(pdx, rows * cols), &dx, 1e-5);
     close("rmsnorm dgamma (accumulated)", &dev.get(pdg, cols), &dg, 1e-5);
 }

@@ -19,8 +19,9 @@
 use strata_models::Recompute;
 use strata_models::plan::{ComputeOp, Phase, Piece, Stream};
 
-use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_row, t};
+use super::device::{Arg, Device, Dt, Ptr, blocks, n, per_cols, per_row, t};
 use super::rank::{GpuExecError, GpuRank, Res, Tensor};
+use crate::cuda::kernels::attn_kernels;
 use crate::exec::pool::BufKey;
 use crate::params::LAYER_KINDS;
 use crate::params::ParamKind;
@@ -255,14 +256,14 @@ impl<D: Device> GpuRank<D> {
             let dx_args = [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
             self.k("rmsnorm_bwd_dx_bf16", per_row(self.dims.rows), &dx_args)?;
             let p_args = [Arg::P(dy), Arg::P(x), Arg::P(rstd), Arg::P(dg), Arg::I(rows), Arg::I(cols)];
-            return self.k("rmsnorm_bwd_params_bf16", blocks(self.dims.h), &p_args);
+            return self.k("rmsnorm_bwd_params_bf16", per_cols(self.dims.h), &p_args);
         }
         let dx_args =
             [Arg::P(dy), Arg::P(x), Arg::P(g), Arg::P(mean), Arg::P(rstd), Arg::P(dx), Arg::I(rows), Arg::I(cols)];
         self.k("layernorm_bwd_dx_bf16", per_row(self.dims.rows), &dx_args)?;
         let p_args =
             [Arg::P(dy), Arg::P(x), Arg::P(mean), Arg::P(rstd), Arg::P(dg), Arg::P(db), Arg::I(rows), Arg::I(cols)];
-        self.k("layernorm_bwd_params_bf16", blocks(self.dims.h), &p_args)
+        self.k("layernorm_bwd_params_bf16", per_cols(self.dims.h), &p_args)
     }
 
     /// RoPE in place on `heads` heads of every token's row (`stride` elements apart) from
@@ -309,7 +310,7 @@ impl<D: Device> GpuRank<D> {
         if db == 0 {
             return Ok(());
         }
-        self.k("col_sum_bf16", blocks(cols), &[Arg::P(dy), Arg::P(db), Arg::L(rows as i64), Arg::I(cols as i32)])
+        self.k("col_sum_bf16", per_cols(cols), &[Arg::P(dy), Arg::P(db), Arg::L(rows as i64), Arg::I(cols as i32)])
     }
 
     /// y (T×k→n) = x·W (+ b, unless null): bf16 out.
@@ -556,16 +557,7 @@ impl<D: Device> GpuRank<D> {
             Arg::L(os),
             Arg::F(1.0 / (d.hd as f32).sqrt()),
         ];
-        self.k("attn_fwd_bf16", attn_grid(&d, d.heads), &args)
-    }
-}
-
-/// The attention kernels' grid: blocks of 8 rows, per head and sequence — query heads for
-/// the forward, delta and dq kernels, key/value heads for dk/dv (each block sums its group).
-pub(super) fn attn_grid(d: &super::rank::Dims, heads: usize) -> cudarc::driver::LaunchConfig {
-    cudarc::driver::LaunchConfig {
-        grid_dim: (d.s.div_ceil(8) as u32, heads as u32, d.b as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
+        let ak = attn_kernels(d.hd);
+        self.k(ak.fwd, ak.grid(d.s, d.heads, d.b), &args)
     }
 }

@@ -58,3 +58,17 @@ __device__ float block_max(float v) {
     return part[0];
 }
 
+// Column reductions (launched per_cols: blockDim.x = 1024, 32 columns × 32 row lanes): the
+// 32 row lanes' partial sums of this thread's column, added in lane order 0, 1, …, 31 — the
+// result for lane row 0 (every thread of the block must call it).
+__device__ float col_combine(float v) {
+    __shared__ float part[32][33];
+    int col = threadIdx.x & 31, lane_row = threadIdx.x >> 5;
+    __syncthreads();
+    part[lane_row][col] = v;
+    __syncthreads();
+    float total = 0.0f;
+    if (lane_row == 0)
+        for (int l = 0; l < 32; ++l) total += part[l][col];
+    return total;
+}

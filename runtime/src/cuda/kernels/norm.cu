@@ -66,19 +66,24 @@ __device__ void norm_bwd_dx_impl(const T* dy, const T* x, const T* gamma, const 
 }
 
 // dγ[c] += Σ_r dy[r, c]·x̂[r, c], dβ[c] += Σ_r dy[r, c] (fp32; dbeta may be null).
+// Launched per_cols (a block of 32 × 32 threads per 32 columns): row lane l sums rows l,
+// l + 32, …, and the lanes' sums add in lane order (common.cuh's col_combine): deterministic.
 template <typename T>
 __device__ void norm_bwd_params_impl(const T* dy, const T* x, const float* mean, const float* rstd,
                                      float* dgamma, float* dbeta, int rows, int cols, bool rms) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lane_row = threadIdx.x >> 5;
     float dg = 0.0f, db = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-        long long o = (long long)r * cols + c;
-        float g = to_f32(dy[o]);
-        float mu = rms ? 0.0f : mean[r];
-        dg += g * (to_f32(x[o]) - mu) * rstd[r];
-        db += g;
-    }
+    if (c < cols)
+        for (int r = lane_row; r < rows; r += 32) {
+            long long o = (long long)r * cols + c;
+            float g = to_f32(dy[o]);
+            float mu = rms ? 0.0f : mean[r];
+            dg += g * (to_f32(x[o]) - mu) * rstd[r];
+            db += g;
+        }
+    dg = col_combine(dg);
+    db = col_combine(db);
+    if (c >= cols || lane_row != 0) return;
     dgamma[c] += dg;
     if (dbeta) dbeta[c] += db;
 }
