@@ -257,23 +257,29 @@ fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     Some((0..k).map(|i| a[i][k] / a[i][i]).collect())
 }
 
-fn fit_pieces(p: &mut HardwareProfile, pieces: &[PieceTiming]) {
-    if pieces.is_empty() {
-        return;
-    }
-    // Every distinct (piece, phase, cost) measured: its median time.
-    type OpKey = (Piece, Phase, Vec<[u64; 4]>, u64);
+/// Every distinct (piece, phase, cost) measured: its cost and times.
+type OpKey = (Piece, Phase, Vec<[u64; 4]>, u64);
+
+fn by_op(pieces: &[PieceTiming]) -> BTreeMap<OpKey, (&ComputeCost, Vec<f64>)> {
     let mut ops: BTreeMap<OpKey, (&ComputeCost, Vec<f64>)> = BTreeMap::new();
     for s in pieces {
         let gemms = s.cost.gemms.iter().map(|g| [g.m, g.n, g.k, g.batch]).collect();
         ops.entry((s.piece, s.phase, gemms, s.cost.mem_bytes)).or_insert((&s.cost, Vec::new())).1.push(s.seconds);
     }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    p.compute.ops = ops
+    ops
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The measured-op table of a profile (`compute.ops`): each distinct (piece, phase, cost)
+/// at the median of its samples (the upper one of an even count). A plan op of exactly
+/// that cost then takes this time; others use the fitted models.
+pub fn measured_ops(pieces: &[PieceTiming]) -> Vec<MeasuredOp> {
+    by_op(pieces)
         .iter()
         .map(|((piece, phase, gemms, bytes), (_, t))| MeasuredOp {
             piece: *piece,
@@ -282,7 +288,15 @@ fn fit_pieces(p: &mut HardwareProfile, pieces: &[PieceTiming]) {
             mem_bytes: *bytes,
             us: median(t) * 1e6,
         })
-        .collect();
+        .collect()
+}
+
+fn fit_pieces(p: &mut HardwareProfile, pieces: &[PieceTiming]) {
+    if pieces.is_empty() {
+        return;
+    }
+    let ops = by_op(pieces);
+    p.compute.ops = measured_ops(pieces);
     // For ops of other shapes, per (piece, phase): t ≈ s·T_gemm + bytes/B + c over the
     // measured ones, least squares on relative error, every coefficient ≥ 0.
     let model = ComputeModel::new(p, strata_models::Dtype::Fp32);
@@ -349,6 +363,30 @@ fn fit_comm(comm: &[CommTiming]) -> Vec<CommFit> {
 mod tests {
     use super::*;
     use strata_models::plan::Gemm;
+
+    #[test]
+    fn measured_ops_take_the_median_per_piece_phase_and_cost() {
+        let cost = |bytes| ComputeCost {
+            flops: 0,
+            gemms: vec![Gemm { m: 64, n: 64, k: 64, batch: 1, fp8: false }],
+            attention: None,
+            mem_bytes: bytes,
+            kernels: 1,
+        };
+        let t = |piece, phase, bytes, seconds| PieceTiming { piece, phase, cost: cost(bytes), seconds };
+        // Twelve layers' attention forward (the same cost), one slow outlier; one backward.
+        let mut pieces: Vec<PieceTiming> =
+            (0..11).map(|i| t(Piece::Attn, Phase::Forward, 100, 1e-3 + 1e-6 * i as f64)).collect();
+        pieces.push(t(Piece::Attn, Phase::Forward, 100, 9e-3));
+        pieces.push(t(Piece::Attn, Phase::BackwardInput, 100, 2e-3));
+        pieces.push(t(Piece::Attn, Phase::Forward, 200, 5e-3));
+        let ops = measured_ops(&pieces);
+        assert_eq!(ops.len(), 3, "one line per (piece, phase, cost)");
+        let fwd = ops.iter().find(|o| o.phase == Phase::Forward && o.mem_bytes == 100).unwrap();
+        assert!((fwd.us - 1006.0).abs() < 1e-9, "the median, not the outlier: {}", fwd.us);
+        assert!(ops.iter().any(|o| o.phase == Phase::Forward && o.mem_bytes == 200 && (o.us - 5000.0).abs() < 1e-9));
+        assert_eq!(fwd.gemms, vec![[64, 64, 64, 1]]);
+    }
 
     #[test]
     fn a_fitted_profile_reproduces_its_samples() {

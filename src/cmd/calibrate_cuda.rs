@@ -6,7 +6,10 @@
 //! without it). `strata_sim::gpu_fit` fits them with the published microbenchmarks' own
 //! fits; the residuals are printed, and the fit beside the built-in profile of the GPU.
 //! With two GPUs or more, NCCL all-reduce bus bandwidth (1 MiB to 1 GiB) is measured and
-//! set beside the simulator's NCCL model (residuals; nothing is fitted to it).
+//! set beside the simulator's NCCL model (residuals; nothing is fitted to it). Last, a
+//! one-rank plan trains a few steps on the CUDA executor and each of its compute ops' CUDA-event
+//! time becomes the profile's measured-op table (`compute.ops`, as the CPU calibration's
+//! pieces do): the plan's own shapes at their measured times.
 
 use anyhow::bail;
 use strata_runtime::cuda::{self, kernels, measure, nccl_bench};
@@ -146,6 +149,30 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .collect(),
     };
     let mut fit = gpu_fit::fit(&measurements).map_err(|e| RunFailure(format!("fitting the GPU profile: {e}")))?;
+    // The plan's own ops, timed in training steps of the executor: their measured table.
+    let op_steps = if args.quick { 3 } else { OP_STEPS };
+    let ops = match arch {
+        Some(_) => {
+            log(format!("calibrate: the plan's compute ops over {op_steps} training steps of the CUDA executor"));
+            match plan_op_timings(&s, op_steps) {
+                Ok(t) => t,
+                Err(why) => {
+                    notes.push(format!("the plan's ops were not timed: {why}"));
+                    Vec::new()
+                }
+            }
+        }
+        None => Vec::new(),
+    };
+    if !ops.is_empty() {
+        fit.profile.compute.ops = strata_sim::calibrate::measured_ops(&ops);
+        notes.push(format!(
+            "{} distinct compute ops of the plan measured ({} samples, the last of {op_steps} training steps on GPU 0; \
+             the median per op): a plan op of the same shape takes its measured time, others the fitted models",
+            fit.profile.compute.ops.len(),
+            ops.len()
+        ));
+    }
     fit.notes.extend(notes);
     let text = profile_text(&fit, d.name.as_str());
     match &args.out {
@@ -160,6 +187,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "memory": memory,
             "attention": attention,
             "all_reduce": all_reduce,
+            "ops_measured": fit.profile.compute.ops.len(),
             "fit": fit,
             "builtin": HardwareProfile::builtin(kind),
         }));
@@ -173,6 +201,51 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("wrote {} (use it with --profile {})", path.display(), path.display());
     }
     Ok(())
+}
+
+/// Training steps `calibrate --backend cuda` runs to time the plan's ops (the last traced;
+/// the first ones warm the pool and the kernels).
+const OP_STEPS: u32 = 4;
+
+/// Every compute op of the scenario's plan as it ran on GPU 0 in the last of `steps`
+/// training steps of the CUDA executor (CUDA-event spans). Only a one-rank plan: ranks
+/// sharing the GPU would time each other's kernels.
+fn plan_op_timings(s: &strata_models::Scenario, steps: u32) -> Result<Vec<strata_sim::calibrate::PieceTiming>, String> {
+    use std::sync::Arc;
+    use strata_models::plan::OpKind;
+    let plan = Arc::new(strata_models::plan::lower(s).map_err(|e| e.to_string())?);
+    if plan.grid.ranks() != 1 {
+        return Err(format!(
+            "the plan has {} ranks, which would share GPU 0 (calibrate a one-rank split to time them)",
+            plan.grid.ranks()
+        ));
+    }
+    strata_runtime::cuda::exec::rank::check_plan(&plan).map_err(|e| e.to_string())?;
+    let (corpus, _, _) = super::train::load_corpus(None, s).map_err(|e| e.to_string())?;
+    let opts = strata_runtime::train::TrainOptions {
+        steps,
+        data_name: "calibration".into(),
+        checkpoint: None,
+        exec: strata_runtime::exec::ExecConfig { trace_step: steps.checked_sub(1), ..Default::default() },
+        faults: Vec::new(),
+    };
+    let (result, _) = strata_runtime::cuda::exec::train::train_cuda(plan.clone(), 0, Arc::new(corpus), &opts, None)
+        .map_err(|e| e.to_string())?;
+    let trace = result.trace.ok_or("the executor recorded no trace")?;
+    let ops = &plan.program(0).ops;
+    Ok(trace
+        .spans
+        .iter()
+        .filter_map(|span| match &ops.get(span.op as usize)?.kind {
+            OpKind::Compute(c) => Some(strata_sim::calibrate::PieceTiming {
+                piece: c.piece,
+                phase: c.phase,
+                cost: plan.cost(c.cost).clone(),
+                seconds: span.end_ns.saturating_sub(span.start_ns) as f64 * 1e-9,
+            }),
+            _ => None,
+        })
+        .collect())
 }
 
 /// Attention shapes: the plan's (the model's sequence and head size, its heads over every
