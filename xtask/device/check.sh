@@ -60,6 +60,10 @@ fi
 # plan (bf16 storage on the GPU, fp32 on the CPU); the table prints the largest loss gap.
 run tiny-cuda 35 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --json
 run tiny-cpu 10 "$BIN" train scenarios/tiny-gpt-1xh200.toml --set 'cluster.preset="cpu-local"' --set cluster.nics_per_node=0 --json
+# The NCCL path of one process driving the node's GPUs (--all-gpus): on a one-GPU machine a
+# one-rank job, so libnccl loads, its communicators initialise and the step runs through the
+# NCCL executor — the single rank's losses again.
+run tiny-nccl-all-gpus 30 "$BIN" train scenarios/tiny-gpt-1xh200.toml --backend cuda --all-gpus --json
 # The step predicted with the built-in (published-fit) profile, then trained for real.
 run predicted-builtin 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --json
 run train-1rank 75 "$BIN" train scenarios/gpt2-124m-1xh200.toml --backend cuda --steps 20 --json --out "$LOGS/train-1rank"
@@ -74,6 +78,11 @@ run calibrate 70 "$BIN" calibrate scenarios/gpt2-124m-1xh200.toml --backend cuda
 # The step predicted with the measured profile, beside the built-in one.
 if [ -s "$OUT/h200-measured.toml" ]; then
   run predicted-measured 5 "$BIN" simulate scenarios/gpt2-124m-1xh200.toml --profile "$OUT/h200-measured.toml" --json
+fi
+# Predicted against measured through compare --backend cuda (with that profile): its report
+# inputs land in the logs (build the report anywhere with `strata report compare`).
+if [ -s "$OUT/h200-measured.toml" ]; then
+  run compare-cuda 45 "$BIN" compare scenarios/gpt2-124m-1xh200.toml --backend cuda --profile "$OUT/h200-measured.toml" --steps 5 --out "$LOGS/compare"
 fi
 # Eight ranks of the same tiny GPT (tp 2 · pp 2 · dp 2) on this one GPU through the
 # shared-GPU communicator: the same global batch, so its losses are the single rank's above.

@@ -82,6 +82,10 @@ if tr and tr.get("steps"):
 else:
     rows.append(("GPT-2 124M tokens/s, Strata", "not run: " + first_line("train-1rank")))
     rows.append(("step time predicted / measured", "not available: the training step did not run"))
+cmp_err = out / "compare-cuda.err"
+if cmp_err.exists():
+    line = next((l for l in cmp_err.read_text().splitlines() if "predicted" in l and "measured" in l), None)
+    rows.append(("compare --backend cuda (measured profile)", line.strip()[:150] if line else "not run: " + first_line("compare-cuda")))
 gc, cc = load("tiny-cuda"), load("tiny-cpu")
 if gc and cc:
     pairs = list(zip([st["loss"] for st in gc["steps"]], [st["loss"] for st in cc["steps"]]))
@@ -96,6 +100,7 @@ for run, what, note in [
     ("tiny-recompute-full", "full recomputation vs none", "host stand-in: 0"),
     ("tiny-pp2vpp2", "pp2·vpp2 (interleaved) vs single rank", "host stand-in: 0"),
     ("tiny-tp2-sp", "tp2 + sequence parallelism vs single rank", "host stand-in bound 2e-4 under tp"),
+    ("tiny-nccl-all-gpus", "NCCL executor (--all-gpus, 1 GPU) vs single rank", "the same one-rank plan"),
 ]:
     r = load(run)
     if gc and r:
