@@ -28,6 +28,10 @@ use strata_models::GpuKind;
 use crate::microbench::{self, Kind, Point};
 use crate::profile::{HardwareProfile, MeasuredGemm};
 
+/// A measured GEMM faster than this per call is launch-bound (a kernel launch and its
+/// completion take several µs on current GPUs): the tile model is not fitted to it.
+pub const LAUNCH_BOUND_S: f64 = 20e-6;
+
 /// A bf16 GEMM C (m×n) = A (m×k) · B (k×n) at its measured rate.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GemmRate {
@@ -89,7 +93,8 @@ pub struct Residual {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GpuFit {
     pub profile: HardwareProfile,
-    /// Worst |residual| of the tile model over the GEMM rows (the exact table aside).
+    /// Worst |residual| of the tile model over the GEMM rows it was fitted to (the exact table
+    /// aside; launch-bound rows left out, see [`LAUNCH_BOUND_S`]).
     pub gemm_worst: Option<f64>,
     pub attention_worst: Option<f64>,
     pub residuals: Vec<Residual>,
@@ -183,7 +188,20 @@ pub fn fit(m: &GpuMeasurements) -> Result<GpuFit, String> {
     }
 
     let gemm_rows: Vec<Point> = m.gemms.iter().map(|g| gemm_point(m.gpu, g, &m.source)).collect();
-    let refs: Vec<&Point> = gemm_rows.iter().collect();
+    // The tile model has no per-call term, so a GEMM that takes a few launch latencies is
+    // left out of its fit (kept in the exact table, and in the residuals).
+    let launch_bound = |r: &&Point| 2.0 * (r.m * r.n * r.k) as f64 / (r.value * 1e12) < LAUNCH_BOUND_S;
+    let all: Vec<&Point> = gemm_rows.iter().collect();
+    let refs: Vec<&Point> = all.iter().copied().filter(|r| !launch_bound(r)).collect();
+    let refs = if refs.is_empty() { all.clone() } else { refs };
+    if refs.len() < all.len() {
+        notes.push(format!(
+            "{} of the {} GEMM shapes ran under {:.0} µs a call, launch-bound: kept in the table, left out of the tile              model's fit (which has no per-call term)",
+            all.len() - refs.len(),
+            all.len(),
+            LAUNCH_BOUND_S * 1e6
+        ));
+    }
     let (eff, k_half, worst) = microbench::fit_gemm(&p, &refs);
     p.compute.gemm_efficiency = eff;
     p.compute.gemm_k_half = k_half;

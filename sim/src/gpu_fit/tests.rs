@@ -218,3 +218,25 @@ fn all_reduce_is_compared_with_the_nccl_model() {
     m.all_reduce[1].busbw_gbps = f64::NAN;
     assert!(fit(&m).unwrap_err().contains("over 2 GPUs"));
 }
+
+#[test]
+fn launch_bound_gemms_stay_in_the_table_but_out_of_the_tile_fit() {
+    // A 1024×64×1024 GEMM at 10 TFLOP/s (13 µs a call, as cuBLAS ran it on the H200): the
+    // tile model cannot express the launch, so fitting to it would bend every other shape.
+    let t = truth();
+    let mut m = samples(&t, &|_| 1.0);
+    m.gemms.push(GemmRate { m: 1024, n: 64, k: 1024, tflops: 10.0 });
+    let f = fit(&m).unwrap();
+    let c = &f.profile.compute;
+    assert!(
+        (c.gemm_efficiency - 0.77).abs() < 1e-9 && c.gemm_k_half == 150.0,
+        "{} {}",
+        c.gemm_efficiency,
+        c.gemm_k_half
+    );
+    assert!(f.gemm_worst.unwrap() < 1e-9, "the fitted rows stay exact: {:?}", f.gemm_worst);
+    assert!(c.gemms.iter().any(|g| (g.m, g.n, g.k) == (1024, 64, 1024) && (g.gflops - 10e3).abs() < 1e-6));
+    let r = f.residuals.iter().find(|r| r.label == "gemm 1024x64x1024").expect("its residual is reported");
+    assert!(r.residual > 1.0, "the tile model is far off a launch-bound call: {r:?}");
+    assert!(f.notes.iter().any(|n| n.contains("launch-bound")), "{:?}", f.notes);
+}
