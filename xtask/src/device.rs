@@ -38,7 +38,9 @@ pub fn device_check() -> anyhow::Result<()> {
         "device-check is ready: {} ({:.1} MiB, release, --features cuda).\n\n\
          On the lent GPU machine, from the repository root, carrying target/device:\n\
          \x20 bash xtask/device/check.sh target/device/strata\n\n\
-         (timeout about 540 s; it writes summary.txt, table.txt and every step's logs under $OUT)",
+         (it keeps to STRATA_CHECK_BUDGET seconds, default 520: give the call a little more; on an H200 it\n\
+         took 122 s. It writes summary.txt, table.txt, logs.tgz (every step's logs) and the measured\n\
+         profile under $OUT)",
         carried.display(),
         size as f64 / (1u64 << 20) as f64
     );
