@@ -104,7 +104,8 @@ pub struct Args {
     pub out: Option<PathBuf>,
     /// Stop the job when no rank made progress for this many seconds (a dead peer). Under
     /// `mpirun … --backend cuda` (or --all-gpus): the longest a rank waits for a step's NCCL
-    /// work (or for its peers at the gradient norm) before it ends the job naming itself.
+    /// work or for its peers at the gradient norm before it ends the job naming itself; under
+    /// mpirun also for NCCL's communicator set-up (every peer must join).
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
     /// Restart a failed attempt up to N times, every rank from the newest complete

@@ -55,6 +55,7 @@
 
 mod backward;
 mod comm;
+pub mod deadline;
 pub mod device;
 #[cfg(test)]
 mod host;

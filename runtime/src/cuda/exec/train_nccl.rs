@@ -54,7 +54,7 @@ pub fn train_nccl(
     check_plan(&plan).map_err(|e| failed(&plan, rank, e))?;
     let local = local_rank(|k| std::env::var(k).ok()).map_err(bad)?;
     let ordinal = pick_gpu(rank, local, gpu_count()).map_err(bad)?;
-    let nr = open_rank(&plan, corpus, boot, ordinal, opts, timeout)?;
+    let nr = open_rank(&plan, corpus, boot, ordinal, opts, timeout, Some(timeout))?;
     train_ranked(plan, nr, boot, opts, progress)
 }
 
@@ -63,6 +63,9 @@ pub fn train_nccl(
 /// which every rank of the job must call concurrently: processes, or threads of one) and
 /// its buffers. The one-process-per-GPU run passes its local rank's GPU; the run of a
 /// whole node in one process (`train_node`) passes GPU i to its thread of rank i.
+/// `init_deadline`: how long the communicators' set-up may take before this process exits
+/// naming the rank (the one-process-per-GPU run's `timeout`); `None` for `train_node`, whose
+/// halting ends a node's job from the first failing rank and must keep that rank's error.
 pub fn open_rank(
     plan: &Arc<Plan>,
     corpus: Arc<Corpus>,
@@ -70,11 +73,31 @@ pub fn open_rank(
     ordinal: usize,
     opts: &TrainOptions,
     timeout: Duration,
+    init_deadline: Option<Duration>,
 ) -> Result<NcclRank<Gpu, GpuNccl>, TrainError> {
     let rank = boot.rank();
     let gpu = Gpu::open(ordinal).map_err(|e| failed(plan, rank, e.into()))?;
     let id = bootstrap_id(boot, unique_id).map_err(bad)?;
-    let nccl = GpuNccl::open(&gpu, plan, rank, id).map_err(|e| failed(plan, rank, e))?;
+    // ncclCommInitRank waits for every rank: a peer that never joins would block it for
+    // ever, beyond NCCL's errors and the step timeout, so the set-up gets a deadline.
+    let n = plan.grid.ranks();
+    let open = || GpuNccl::open(&gpu, plan, rank, id);
+    let nccl = match init_deadline {
+        Some(limit) => {
+            let on_expiry = move || {
+                eprintln!(
+                    "error: rank {rank}: NCCL's communicator set-up (ncclCommInitRank of the {n}-rank job) did not finish \
+                     within {} s (--timeout): a peer never joined — it died, was not started, or cannot reach this one; \
+                     ending the job",
+                    limit.as_secs()
+                );
+                std::process::exit(1)
+            };
+            super::deadline::run_with_deadline(limit, on_expiry, open)
+        }
+        None => open(),
+    }
+    .map_err(|e| failed(plan, rank, e))?;
     let g = GpuRank::for_rank(plan.clone(), rank, gpu, corpus, opts.exec.clone()).map_err(|e| failed(plan, rank, e))?;
     Ok(NcclRank::new(g, nccl, timeout))
 }

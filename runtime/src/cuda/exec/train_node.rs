@@ -58,7 +58,7 @@ pub fn train_node(
     let (p, o) = (plan.clone(), opts.clone());
     let open = move |boot: &mut ThreadBootstrap| {
         let rank = crate::cuda::nccl_comm::Bootstrap::rank(boot);
-        open_rank(&p, corpus.clone(), boot, rank as usize, &o, timeout)
+        open_rank(&p, corpus.clone(), boot, rank as usize, &o, timeout, None)
     };
     run_node(plan, opts, timeout, progress, open)
 }
