@@ -364,16 +364,20 @@ mod tests {
     use super::*;
     use strata_models::plan::Gemm;
 
-    #[test]
-    fn measured_ops_take_the_median_per_piece_phase_and_cost() {
-        let cost = |bytes| ComputeCost {
+    /// A cost of one n³ GEMM and `bytes` of element-wise traffic over `kernels` launches.
+    fn cube_cost(n: u64, bytes: u64, kernels: u32) -> ComputeCost {
+        ComputeCost {
             flops: 0,
-            gemms: vec![Gemm { m: 64, n: 64, k: 64, batch: 1, fp8: false }],
+            gemms: vec![Gemm { m: n, n, k: n, batch: 1, fp8: false }],
             attention: None,
             mem_bytes: bytes,
-            kernels: 1,
-        };
-        let t = |piece, phase, bytes, seconds| PieceTiming { piece, phase, cost: cost(bytes), seconds };
+            kernels,
+        }
+    }
+
+    #[test]
+    fn measured_ops_take_the_median_per_piece_phase_and_cost() {
+        let t = |piece, phase, bytes, seconds| PieceTiming { piece, phase, cost: cube_cost(64, bytes, 1), seconds };
         // Twelve layers' attention forward (the same cost), one slow outlier; one backward.
         let mut pieces: Vec<PieceTiming> =
             (0..11).map(|i| t(Piece::Attn, Phase::Forward, 100, 1e-3 + 1e-6 * i as f64)).collect();
@@ -393,13 +397,7 @@ mod tests {
         let g = |m, n, k, gflops: f64| GemmTiming { m, n, k, seconds: 2.0 * (m * n * k) as f64 / (gflops * 1e9) };
         let gemms = vec![g(256, 256, 256, 80.0), g(256, 768, 256, 90.0), g(128, 128, 32, 20.0)];
         // A piece of one 256³ GEMM plus 2 GB/s of counted bytes plus 30 µs, at two sizes.
-        let cost = |bytes| ComputeCost {
-            flops: 0,
-            gemms: vec![Gemm { m: 256, n: 256, k: 256, batch: 1, fp8: false }],
-            attention: None,
-            mem_bytes: bytes,
-            kernels: 3,
-        };
+        let cost = |bytes| cube_cost(256, bytes, 3);
         let t = |bytes: u64| 2.0 * 256f64.powi(3) / 80e9 + bytes as f64 / 2e9 + 30e-6;
         let pieces = [1_000_000u64, 4_000_000]
             .iter()

@@ -125,6 +125,39 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(FULL_MASK, x, 2);
 }
 
+// Rows ra and rb (this lane's) of a 16 × D result as C tiles into a strided bf16 tensor,
+// columns n·8 + 2t and + 1, each value through f(value, 0 for row ra or 1 for rb); rows at
+// or past `seq` are not written.
+template <int D, typename F>
+__device__ __forceinline__ void tc_store(bf16_t* base, long long stride, int ra, int rb, int seq, int t,
+                                         const float acc[D / 8][4], F f) {
+    #pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        int col = n * 8 + 2 * t;
+        if (ra < seq) {
+            base[(long long)ra * stride + col] = f32_to_bf16(f(acc[n][0], 0));
+            base[(long long)ra * stride + col + 1] = f32_to_bf16(f(acc[n][1], 0));
+        }
+        if (rb < seq) {
+            base[(long long)rb * stride + col] = f32_to_bf16(f(acc[n][2], 1));
+            base[(long long)rb * stride + col + 1] = f32_to_bf16(f(acc[n][3], 1));
+        }
+    }
+}
+
+// Where a query-block kernel's lane sits (forward and dq): its fragment coordinates g and
+// t, the block's query head h, sequence b and kv head hk, the block's first row q0, the
+// warp's first row r0 and the lane's two rows ra and rb.
+struct QueryBlock {
+    int g, t, h, b, hk, q0, r0, ra, rb;
+};
+__device__ __forceinline__ QueryBlock query_block(int hq, int hkv) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = blockIdx.y, q0 = blockIdx.x * TC_ROWS;
+    int r0 = q0 + 16 * w;
+    return QueryBlock{lane >> 2, lane & 3, h, (int)blockIdx.z, h / (hq / hkv), q0, r0, r0 + (lane >> 2),
+                      r0 + (lane >> 2) + 8};
+}
+
 template <int D>
 __device__ void attn_fwd_tc_impl(const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, float* lse,
                                  int seq, int hq, int hkv, long long qs, long long kvs, long long os,
@@ -132,9 +165,8 @@ __device__ void attn_fwd_tc_impl(const bf16_t* q, const bf16_t* k, const bf16_t*
     constexpr int LD = D + 8;
     __shared__ __align__(16) bf16_t ks[TC_KT * LD];
     __shared__ __align__(16) bf16_t vs[TC_KT * LD];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    int h = blockIdx.y, b = blockIdx.z, hk = h / (hq / hkv);
-    int q0 = blockIdx.x * TC_ROWS, r0 = q0 + 16 * w, ra = r0 + g, rb = ra + 8;
+    const QueryBlock qb_ = query_block(hq, hkv);
+    const int g = qb_.g, t = qb_.t, h = qb_.h, b = qb_.b, hk = qb_.hk, q0 = qb_.q0, r0 = qb_.r0, ra = qb_.ra, rb = qb_.rb;
     long long tok0 = (long long)b * seq;
     const bf16_t* kb = k + tok0 * kvs + (long long)hk * D;
     const bf16_t* vb = v + tok0 * kvs + (long long)hk * D;
@@ -189,18 +221,7 @@ __device__ void attn_fwd_tc_impl(const bf16_t* q, const bf16_t* k, const bf16_t*
     l[0] = quad_sum(l[0]);
     l[1] = quad_sum(l[1]);
     bf16_t* ob = o + tok0 * os + (long long)h * D;
-    #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        int col = n * 8 + 2 * t;
-        if (ra < seq) {
-            ob[(long long)ra * os + col] = f32_to_bf16(acc[n][0] / l[0]);
-            ob[(long long)ra * os + col + 1] = f32_to_bf16(acc[n][1] / l[0]);
-        }
-        if (rb < seq) {
-            ob[(long long)rb * os + col] = f32_to_bf16(acc[n][2] / l[1]);
-            ob[(long long)rb * os + col + 1] = f32_to_bf16(acc[n][3] / l[1]);
-        }
-    }
+    tc_store<D>(ob, os, ra, rb, seq, t, acc, [&](float x, int i) { return x / l[i]; });
     long long rows = ((long long)b * hq + h) * seq;
     if (t == 0 && ra < seq) lse[rows + ra] = m[0] + logf(l[0]);
     if (t == 0 && rb < seq) lse[rows + rb] = m[1] + logf(l[1]);
@@ -214,9 +235,8 @@ __device__ void attn_bwd_dq_tc_impl(const bf16_t* q, const bf16_t* k, const bf16
     constexpr int LD = D + 8;
     __shared__ __align__(16) bf16_t ks[TC_KT * LD];
     __shared__ __align__(16) bf16_t vs[TC_KT * LD];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    int h = blockIdx.y, b = blockIdx.z, hk = h / (hq / hkv);
-    int q0 = blockIdx.x * TC_ROWS, r0 = q0 + 16 * w, ra = r0 + g, rb = ra + 8;
+    const QueryBlock qb_ = query_block(hq, hkv);
+    const int g = qb_.g, t = qb_.t, h = qb_.h, b = qb_.b, hk = qb_.hk, q0 = qb_.q0, r0 = qb_.r0, ra = qb_.ra, rb = qb_.rb;
     long long tok0 = (long long)b * seq, rows = ((long long)b * hq + h) * seq;
     const bf16_t* kb = k + tok0 * kvs + (long long)hk * D;
     const bf16_t* vb = v + tok0 * kvs + (long long)hk * D;
@@ -250,18 +270,7 @@ __device__ void attn_bwd_dq_tc_impl(const bf16_t* q, const bf16_t* k, const bf16
     }
     if (r0 >= seq) return;
     bf16_t* out = dq + tok0 * dqs + (long long)h * D;
-    #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        int col = n * 8 + 2 * t;
-        if (ra < seq) {
-            out[(long long)ra * dqs + col] = f32_to_bf16(acc[n][0] * scale);
-            out[(long long)ra * dqs + col + 1] = f32_to_bf16(acc[n][1] * scale);
-        }
-        if (rb < seq) {
-            out[(long long)rb * dqs + col] = f32_to_bf16(acc[n][2] * scale);
-            out[(long long)rb * dqs + col + 1] = f32_to_bf16(acc[n][3] * scale);
-        }
-    }
+    tc_store<D>(out, dqs, ra, rb, seq, t, acc, [&](float x, int) { return x * scale; });
 }
 
 // For key rows j of kv head hk, over the query heads of its group and queries i ≥ j:
@@ -323,22 +332,8 @@ __device__ void attn_bwd_dkdv_tc_impl(const bf16_t* q, const bf16_t* k, const bf
     if (j0 >= seq) return;
     bf16_t* kout = dk + tok0 * dkvs + (long long)hk * D;
     bf16_t* vout = dv + tok0 * dkvs + (long long)hk * D;
-    #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        int col = n * 8 + 2 * t;
-        if (ja < seq) {
-            kout[(long long)ja * dkvs + col] = f32_to_bf16(dka[n][0] * scale);
-            kout[(long long)ja * dkvs + col + 1] = f32_to_bf16(dka[n][1] * scale);
-            vout[(long long)ja * dkvs + col] = f32_to_bf16(dva[n][0]);
-            vout[(long long)ja * dkvs + col + 1] = f32_to_bf16(dva[n][1]);
-        }
-        if (jb < seq) {
-            kout[(long long)jb * dkvs + col] = f32_to_bf16(dka[n][2] * scale);
-            kout[(long long)jb * dkvs + col + 1] = f32_to_bf16(dka[n][3] * scale);
-            vout[(long long)jb * dkvs + col] = f32_to_bf16(dva[n][2]);
-            vout[(long long)jb * dkvs + col + 1] = f32_to_bf16(dva[n][3]);
-        }
-    }
+    tc_store<D>(kout, dkvs, ja, jb, seq, t, dka, [&](float x, int) { return x * scale; });
+    tc_store<D>(vout, dkvs, ja, jb, seq, t, dva, [](float x, int) { return x; });
 }
 
 // The entries take attention.cu's arguments (batch and d unused: the grid and the name carry
