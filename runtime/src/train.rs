@@ -192,6 +192,9 @@ struct Final {
     cpu: Option<StepCpu>,
 }
 
+/// Why a rank is named when a peer found its channel gone (its thread ended).
+const PEER_GONE: &str = "it exited";
+
 fn rank_failed(plan: &Plan, rank: u32, reason: String) -> TrainError {
     TrainError::RankFailed { rank, label: plan.grid.label(rank), reason }
 }
@@ -199,7 +202,7 @@ fn rank_failed(plan: &Plan, rank: u32, reason: String) -> TrainError {
 fn from_exec(plan: &Plan, me: u32, e: ExecError) -> TrainError {
     match e {
         ExecError::Comm(CommError::RankFailed { rank, reason }) => rank_failed(plan, rank, reason),
-        ExecError::Comm(CommError::PeerGone { rank }) => rank_failed(plan, rank, "it exited".into()),
+        ExecError::Comm(CommError::PeerGone { rank }) => rank_failed(plan, rank, PEER_GONE.into()),
         ExecError::Runtime(r) => TrainError::Setup(r),
         other => rank_failed(plan, me, other.to_string()),
     }
@@ -461,6 +464,11 @@ pub fn train_threads(
                     match &out {
                         // A killed rank says nothing; the driver notices that it is gone.
                         Err(TrainError::RankExited { .. }) | Ok(_) => {}
+                        // A peer found gone is named by its own thread's outcome (its error
+                        // here, or `watch` for a killed one): a rank that failed drops its
+                        // channel before it records why, so a peer's `PeerGone` could
+                        // otherwise win the flag and name the wrong rank.
+                        Err(TrainError::RankFailed { reason, .. }) if reason == PEER_GONE => {}
                         // The first failure is the cause; later ones are its consequences.
                         Err(TrainError::RankFailed { rank: r, reason, .. }) => flag.set(*r, reason),
                         Err(other) => flag.set(rank, &other.to_string()),
@@ -471,6 +479,14 @@ pub fn train_threads(
         })
         .collect();
     let mut results = watch(handles, &flag);
+    if flag.get().is_none() {
+        // Only a gone peer was seen (its thread ended without an error of its own).
+        if let Some(Err(TrainError::RankFailed { rank, reason, .. })) =
+            results.iter().find(|r| matches!(r, Err(TrainError::RankFailed { .. })))
+        {
+            flag.set(*rank, reason);
+        }
+    }
     if let Some((rank, reason)) = flag.get() {
         // A bad setup or checkpoint (every rank fails alike) and a divergence are reported
         // as themselves (the lowest rank's), not as a rank failure.
