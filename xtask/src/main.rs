@@ -44,12 +44,22 @@ fn main() -> anyhow::Result<()> {
         Some("interop") => interop::interop(),
         Some("fuzz") => fuzz(&args[1..]),
         Some("device-check") => device::device_check(),
-        _ => {
-            eprintln!(
+        other => {
+            let help = matches!(other, Some("help" | "--help" | "-h"));
+            let usage = format!(
                 "usage: cargo xtask <command>\n\n  ci            run .ci/run, CI's steps: format, clippy (also --features cuda), tests, the main job, its report in Chromium, MPI\n  bench [NAME]  run the benchmarks (all, or one of: {})\n  interop       export a matrix of splits to Megatron-LM, DeepSpeed and torchtitan and load every file with the framework's own code (virtualenv at $STRATA_INTEROP_VENV, default ~/.cache/strata/interop-venv; skipped without python3 unless CI=true)\n  validate      calibrate this machine, run a dozen CPU splits both ways, print predicted vs measured\n  validate --published [--json] [--rows TEXT] [--no-ablations]\n                simulate the published runs of xtask/data/published.toml (fit and check sets): per-row predicted vs published, MAPE per group, and the check set with each framework mechanic off; --rows keeps the rows whose group or name contains TEXT, --no-ablations skips the mechanic-off runs\n  fuzz [--minutes N] [--seed S] [--threads T]\n                the long fuzz campaign (default 10 minutes, 2 threads): mutated scenarios and plans, every outcome classified\n  device-check  build the cuda binary for a lent GPU machine and print the one command to run there (xtask/device/check.sh)",
                 BENCHES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             );
-            bail!("no command given")
+            if help {
+                println!("{usage}");
+                return Ok(());
+            }
+            // A usage error, not a failure of the tool: no backtrace, exit code 2.
+            match other {
+                Some(cmd) => eprintln!("cargo xtask: unknown command `{cmd}`\n\n{usage}"),
+                None => eprintln!("cargo xtask: no command given\n\n{usage}"),
+            }
+            std::process::exit(2)
         }
     }
 }
