@@ -164,6 +164,34 @@ fn llama3_70b_zero3_transients_follow_the_prefetch_bucket() {
 }
 
 #[test]
+fn without_parameter_gather_overlap_deepspeed_prefetches_nothing() {
+    // `overlap_param_gather = false` exports `stage3_prefetch_bucket_size = 0`, with which
+    // DeepSpeed's coordinator skips its prefetch: each fetch gathers only its own piece's
+    // modules, so the gathered peak is the largest piece and the step is no faster.
+    let on = scenario("deepspeed", "llama3-8b", 1, 1, 16, 3, "micro_batch = 1");
+    let off = scenario("deepspeed", "llama3-8b", 1, 1, 16, 3, "micro_batch = 1\noverlap_param_gather = false");
+    let bucket = |s: &Scenario| match s.training.framework.zero3_gathering(s) {
+        strata_models::framework::mechanics::Gathering::PerModule(m) => m.prefetch_bucket,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(bucket(&on), DEEPSPEED_ZERO3.prefetch_bucket);
+    assert_eq!(bucket(&off), 0);
+    let export = strata_models::export::deepspeed::config(&off);
+    assert_eq!(export["zero_optimization"]["stage3_prefetch_bucket_size"], 0, "the export and the model agree");
+
+    let (peak_on, ..) = live_gathered(&lower(&on).unwrap());
+    let plan_off = lower(&off).unwrap();
+    verify(&plan_off).unwrap();
+    let (peak_off, _, left, burst) = live_gathered(&plan_off);
+    let (h, f) = (4096u64, 14336u64);
+    // The largest piece is the MLP's gate, up and down, gathered together on demand.
+    assert_eq!(peak_off, 3 * h * f, "only the running piece is gathered");
+    assert_eq!(burst, 3 * h * f);
+    assert_eq!(left, 0);
+    assert!(peak_on > peak_off, "with prefetch more is gathered at once: {peak_on} vs {peak_off}");
+}
+
+#[test]
 fn deepspeed_charges_host_time_per_hooked_module() {
     // Each hooked module's hooks, and per fetch (1 + tensors) views per rank of the
     // partition group: Llama's modules gather one tensor each (no biases).

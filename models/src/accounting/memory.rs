@@ -353,7 +353,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
             }
             if p.zero >= 3 {
                 use crate::framework::mechanics::Gathering;
-                let gathered = match s.training.framework.zero3_gathering() {
+                let gathered = match s.training.framework.zero3_gathering(s) {
                     // DeepSpeed: the modules of a piece and those its fetch prefetched.
                     Gathering::PerModule(mech) => {
                         let pieces: Vec<Vec<u64>> = [crate::plan::Piece::Attn, crate::plan::Piece::Mlp]

@@ -7,7 +7,9 @@
 //!   flattened parameters with one all-gather; on fetching module *i* the coordinator
 //!   prefetches the modules that follow in its recorded trace while the elements it has
 //!   queued are below `min(stage3_prefetch_bucket_size, stage3_max_live_parameters − live)`
-//!   (so it may overshoot by one module); a module's parameters are released after it runs;
+//!   (so it may overshoot by one module), and not at all with a bucket of 0 (the export's
+//!   `stage3_prefetch_bucket_size` for `parallel.overlap_param_gather = false`); a module's
+//!   parameters are released after it runs;
 //!   parameters of at most `stage3_param_persistence_threshold` elements are kept whole on
 //!   every rank and never gathered. Defaults from `runtime/zero/config.py` (element counts).
 //!   After a module runs, its parameters are released unless the module recurs in the
@@ -234,8 +236,11 @@ pub enum Gathering {
 }
 
 impl Framework {
-    /// How this framework gathers ZeRO-3 parameters.
-    pub fn zero3_gathering(self) -> Gathering {
+    /// How this framework gathers ZeRO-3 parameters for this scenario. Under DeepSpeed,
+    /// `parallel.overlap_param_gather = false` is `stage3_prefetch_bucket_size = 0` (what the
+    /// export writes): the coordinator's prefetch is skipped (`fetch_sub_module` prefetches
+    /// only while `__prefetch_bucket_sz > 0`), so every module is gathered on demand.
+    pub fn zero3_gathering(self, s: &Scenario) -> Gathering {
         match self {
             Framework::DeepSpeed if Mechanic::Zero3Modules.on() => {
                 let (host, per_view) = if Mechanic::Zero3Host.on() {
@@ -245,7 +250,9 @@ impl Framework {
                 };
                 // Without the reuse rule every recomputed module is kept for its backward.
                 let reuse = if Mechanic::Zero3Reuse.on() { DEEPSPEED_ZERO3.max_reuse_distance } else { u64::MAX };
+                let prefetch_bucket = if s.parallel.overlap_param_gather { DEEPSPEED_ZERO3.prefetch_bucket } else { 0 };
                 Gathering::PerModule(Zero3Mechanics {
+                    prefetch_bucket,
                     host_ns_per_module: host,
                     host_ns_per_rank_view: per_view,
                     max_reuse_distance: reuse,

@@ -152,7 +152,7 @@ impl<'a> Planner<'a> {
         let mut host_ns = Vec::new();
         let mut host_cost_ids = BTreeMap::new();
         if let (3, crate::framework::mechanics::Gathering::PerModule(mech)) =
-            (p.zero, s.training.framework.zero3_gathering())
+            (p.zero, s.training.framework.zero3_gathering(s))
         {
             host_ns = vec![0; costs.len()];
             for piece in [Attn, Mlp] {

@@ -108,7 +108,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if self.zero() < 3 {
             return None;
         }
-        match self.s().training.framework.zero3_gathering() {
+        match self.s().training.framework.zero3_gathering(self.s()) {
             crate::framework::mechanics::Gathering::PerModule(m) => Some(m),
             crate::framework::mechanics::Gathering::PerUnit => None,
         }
