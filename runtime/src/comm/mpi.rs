@@ -173,8 +173,9 @@ impl MpiComm {
 
 impl Drop for MpiComm {
     /// Stops the receiver thread (a message to itself) before MPI is finalised — unless the
-    /// job failed: then it keeps receiving until `MPI_Abort` ends the process, so that a
-    /// peer's blocking send to this rank completes and the peer gets to report the failure.
+    /// job failed (this rank aborted it, or received a peer's abort): then it keeps
+    /// receiving until `MPI_Abort` ends the process, so that a peer's blocking send to this
+    /// rank completes and the peer gets to report the failure.
     fn drop(&mut self) {
         if self.aborted.load(Ordering::Relaxed) {
             return;
@@ -205,6 +206,11 @@ impl Communicator for MpiComm {
     fn recv_timeout(&self, timeout: Duration) -> Result<Option<Message>, CommError> {
         match self.rx.recv_timeout(timeout) {
             Ok(Message { from, tag: Tag::Abort, payload }) => {
+                // The job has failed: this rank too must keep draining its messages until
+                // `MPI_Abort` ends it (see `Drop`). Were its receiver thread stopped, a
+                // peer still inside a blocking `MPI_Send` to it (a rendezvous-sized
+                // payload) would never return, never see the abort and never report it.
+                self.aborted.store(true, Ordering::Relaxed);
                 let reason = match payload {
                     Payload::Text(t) => t,
                     _ => "aborted".into(),
