@@ -110,7 +110,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::compare_cuda::run(args, ordinal);
     }
     let _ = backend;
-    let base = args.scenario.load()?;
+    // With --plan or --search the plans bring their own splits, so the scenario's need not
+    // fit its cluster (`--set cluster.gpus_per_node=2 --plan tp=2,pp=1,dp=1` must not be
+    // refused for the default's tp 2 · pp 2 · dp 2); every plan is checked in full.
+    let base = if args.plan.is_empty() && args.search.is_none() {
+        args.scenario.load()?
+    } else {
+        args.scenario.load_for_search()?
+    };
+    let ranks = base.cluster.gpus();
     calibrate::require_cpu(&base)?;
     if args.steps == 0 {
         bail!("--steps 0: measure at least one step");
@@ -132,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let profile = match args.sim.profile()? {
         Some(p) => p,
         None => {
-            let ranks = base.parallel.ranks() as u32;
+            let ranks = ranks as u32;
             // The context-parallel pieces where a plan has cp, or the search may pick it.
             let searched = args.search.is_some() && SearchSpace::full(&base).cp.iter().any(|c| *c > 1);
             let cp = searched || base.parallel.cp > 1 || plans.iter().any(|p: &Scenario| p.parallel.cp > 1);
@@ -150,10 +158,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plans.extend(top);
     }
     if plans.is_empty() {
+        if args.search.is_some() {
+            bail!("the search found no split of {} that fits {ranks} CPU ranks", base.model.name);
+        }
         plans.push(base.clone());
     }
     let cfg = LoopConfig {
-        title: format!("{} on {} CPU ranks", base.model.name, base.parallel.ranks()),
+        title: format!("{} on {ranks} CPU ranks", base.model.name),
         plans,
         profile,
         network: args.sim.network_kind(),
@@ -198,11 +209,11 @@ pub fn with_split(base: &Scenario, spec: &str) -> anyhow::Result<Scenario> {
     }
     let text = base.to_toml();
     let mut s = Scenario::from_toml(&text, &format!("--plan {spec}"), &base.name, &sets)?;
-    if s.parallel.ranks() != base.parallel.ranks() {
+    if s.parallel.ranks() != base.cluster.gpus() {
         bail!(
             "--plan {spec:?} has tp · cp · pp · dp = {} ranks but the cluster has {}; keep the product",
             s.parallel.ranks(),
-            base.parallel.ranks()
+            base.cluster.gpus()
         );
     }
     // The search's label names every split key, cp and its exchange among them.
@@ -490,4 +501,22 @@ pub fn table(set: &ComparisonSet) -> String {
         let _ = writeln!(o, "Kendall tau (predicted vs measured ranking): {t:.2}");
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_brings_its_own_split_to_a_resized_cluster() {
+        // The default's tp 2 · pp 2 · dp 2 does not fit 2 ranks; the plans' splits do.
+        let set = ["cluster.gpus_per_node=2".to_string()];
+        assert!(Scenario::from_toml(common::DEFAULT_SCENARIO, "d", "d", &set).is_err());
+        let base = Scenario::from_toml_for_search(common::DEFAULT_SCENARIO, "d", "d", &set).unwrap();
+        let s = with_split(&base, "tp=2,pp=1,dp=1").unwrap();
+        assert_eq!((s.parallel.tp, s.parallel.pp, s.parallel.dp), (2, 1, 1));
+        // A plan that keeps the scenario's other keys must still fit, and says which plan.
+        let e = with_split(&base, "tp=2").unwrap_err().to_string();
+        assert!(e.contains("--plan tp=2") && e.contains("2 GPUs"), "{e}");
+    }
 }
