@@ -8,10 +8,10 @@
 //! - [`time_pieces`]: every compute op of small jobs of a model (one pipeline stage, one
 //!   data-parallel replica, each tensor-parallel size the plans use), run as the executor
 //!   runs them with every core busy — one-rank jobs several at once, a tensor-parallel job's
-//!   ranks sharing the cores: each op's measured span with its plan cost, what a piece
-//!   really costs beside its GEMMs. (The OS runs an op mostly to its end once it is on a
-//!   core, so a span is the op's own time even when ranks outnumber cores; the fit takes
-//!   medians.)
+//!   ranks sharing the cores: each op's own CPU time with its plan cost, what a piece really
+//!   costs beside its GEMMs, on a core of its own. (What more ranks than cores cost on top —
+//!   time slices that start on caches other threads filled — is [`shared_cores`]'. The fit
+//!   takes medians.)
 //! - [`time_comm`]: collectives (and a pipeline message) on the threads communicator — the
 //!   kinds every plan sends ([`KINDS`]) and context parallelism's ring exchange and
 //!   all-to-all ([`CP_KINDS`]) — over group sizes and message sizes, with all of the job's
@@ -20,7 +20,8 @@
 //!   (`CLOCK_THREAD_CPUTIME_ID` on 64-bit Linux; wall time elsewhere) — and the delay from
 //!   the last member's post until a waiting member notices it; medians over repetitions;
 //! - [`shared_cores`]: how many cores' worth of compute N busy threads get, relative to one
-//!   thread's speed while every core is busy (processor sharing's capacity).
+//!   thread's speed while every core is busy (processor sharing's capacity), with a unit of
+//!   work as large as a rank's own, so that the threads evict each other's caches as ranks do.
 //!
 //! Nothing here chooses a configuration or knows the simulator; the samples are plain data.
 //! Units: seconds, bytes.
@@ -179,14 +180,14 @@ pub struct CommInSitu {
 
 /// Runs each scenario for `steps` steps and returns what its last step shows on every rank
 /// ([`JobSamples`]). Op times are thread CPU times where the platform has them (the op's
-/// own work, whoever else held the core meanwhile), else spans. A one-rank scenario runs as
-/// `cores` concurrent jobs (so every core is busy, as in a real job); a job with ranks runs
-/// once.
-pub fn time_jobs(scenarios: &[Scenario], cores: u32, steps: u32) -> Result<JobSamples, String> {
+/// own work, whoever else held the core meanwhile), else spans. A scenario of r ranks runs
+/// as `threads / r` concurrent jobs (at least one): with `threads` the host's cores, every
+/// core busy, as in a real job.
+pub fn time_jobs(scenarios: &[Scenario], threads: u32, steps: u32) -> Result<JobSamples, String> {
     let mut out = JobSamples::default();
     for s in scenarios {
         let p = &s.parallel;
-        let copies = if p.ranks() == 1 { cores.max(1) } else { 1 };
+        let copies = (u64::from(threads) / p.ranks()).max(1) as u32;
         let plan = Arc::new(lower(s).map_err(|e| e.to_string())?);
         let need = (steps as usize + 1) * p.global_batch as usize * (s.model.seq_len as usize + 1);
         let src = MarkovSource::new(s.model.vocab as usize, 3, s.training.seed).map_err(|e| e.to_string())?;
@@ -479,17 +480,18 @@ mod tests {
         let s = Scenario::from_toml(text, "t", "t", &[]).unwrap();
         let tp2 =
             Scenario::from_toml(text, "t", "t", &["parallel.tp=2".into(), "cluster.gpus_per_node=2".into()]).unwrap();
-        let j = time_jobs(&[s, tp2], 2, 2).unwrap();
+        // Four rank threads at once: four copies of the one-rank job, two of the tp = 2 one.
+        let j = time_jobs(&[s, tp2], 4, 2).unwrap();
         if thread_cpu_ns().is_some() {
             // The tp = 2 job's all-reduces, and every rank's loop time.
             assert!(j.comm.iter().any(|c| c.op == CommOp::Collective(CollKind::AllReduce) && c.ranks == 2));
-            assert_eq!(j.loop_cpu.len(), 2 + 2);
+            assert_eq!(j.loop_cpu.len(), 4 + 2 * 2);
         }
         let p = j.pieces;
         // Every piece of every job, forward and backward, and the step.
         assert!(p.iter().any(|x| x.piece == Piece::Optimizer && x.phase == Phase::Step));
         assert!(p.iter().any(|x| x.piece == Piece::Attn && x.phase == Phase::BackwardWeight));
         assert!(p.iter().all(|x| x.seconds >= 0.0));
-        assert!(shared_cores(2) > 0.3);
+        assert!(shared_cores(2, (64, 96, 32)) > 0.3);
     }
 }

@@ -192,7 +192,7 @@ pub fn calibrate(
         comm.extend(cp);
     }
     log(format!("calibrate: compute shared by {ranks} rank threads"));
-    let shared = measure::shared_cores(ranks);
+    let shared = measure::shared_cores(ranks, sharing_shape(s));
     let m = Measurements {
         gemms: gemms.iter().map(|g| GemmTiming { m: g.m, n: g.n, k: g.k, seconds: g.seconds }).collect(),
         pieces: job_samples
@@ -295,6 +295,19 @@ fn piece_fit_quality(p: &HardwareProfile, m: &Measurements) -> String {
 /// Micro-batch sizes a plan of `s` may use.
 fn micro_batches(s: &Scenario) -> Vec<u32> {
     [1, 2, 4, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect()
+}
+
+/// The GEMM whose working set stands for a rank's in [`measure::shared_cores`]: the MLP's
+/// forward GEMM with the most work, without tensor parallelism, at the scenario's own
+/// micro-batch (the job being calibrated for).
+fn sharing_shape(s: &Scenario) -> (usize, usize, usize) {
+    let p = ParallelConfig { tp: 1, cp: 1, micro_batch: s.parallel.micro_batch.max(1), ..s.parallel.clone() };
+    piece_cost(&s.model, &p, Dtype::Fp32, s.training.flash_attention, Piece::Mlp, Phase::Forward)
+        .gemms
+        .iter()
+        .map(|g| (g.m as usize, g.n as usize, g.k as usize))
+        .max_by_key(|(m, n, k)| m * n * k)
+        .unwrap_or((256, 256, 256))
 }
 
 /// Every GEMM (m, n, k) a plan of the model on `ranks` ranks can run: every tensor-parallel
@@ -506,5 +519,16 @@ mod tests {
         assert!(dense.iter().all(|g| all.contains(g)) && all.len() > dense.len());
         // The ring core's block at tp 2, cp 2, mb 2: (s/cp)² scores over 16-wide heads.
         assert!(all.contains(&(32, 32, 16)) && !dense.contains(&(32, 32, 16)), "{all:?}");
+    }
+
+    #[test]
+    fn cores_are_shared_with_a_units_working_set_of_the_mlp() {
+        // small-gpt (h 256, ffn 1024, s 128) at micro-batch 2 → 256 tokens; the MLP's GEMMs
+        // are 256 × 1024 × 256 and 256 × 256 × 1024.
+        let s = Scenario::from_toml(common::DEFAULT_SCENARIO, "d", "d", &[]).unwrap();
+        let (m, n, k) = sharing_shape(&s);
+        assert_eq!((m, n * k), (256, 1024 * 256), "{:?}", (m, n, k));
+        let s4 = Scenario::from_toml(common::DEFAULT_SCENARIO, "d", "d", &["parallel.micro_batch=4".into()]).unwrap();
+        assert_eq!(sharing_shape(&s4).0, 512);
     }
 }

@@ -9,15 +9,20 @@ use std::time::Instant;
 use super::{host_cores, median};
 use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 
-/// A fixed unit of compute (GEMMs of a transformer's shapes and an element-wise pass), as a
-/// job's ranks run them: seconds it takes.
-fn work_unit() -> f64 {
-    let (m, n, k) = (256, 256, 256);
+/// The speed probe's GEMM shape: a unit that fits one core's cache.
+const PROBE_SHAPE: (usize, usize, usize) = (256, 256, 256);
+
+/// A fixed unit of compute (GEMMs of an (m, n, k) shape and an element-wise pass over the
+/// product, as a transformer's pieces run them): seconds it takes. The shape sets the
+/// unit's working set: a job's own shapes make its threads evict each other from the
+/// caches as its ranks do. Repeated so that every shape does about the same work.
+fn work_unit((m, n, k): (usize, usize, usize)) -> f64 {
     let a: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 * 1e-2).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 89) as f32 * 1e-2).collect();
     let mut c = vec![0.0f32; m * n];
+    let reps = (24 * 256usize.pow(3) / (m * n * k).max(1)).max(1);
     let t = Instant::now();
-    for _ in 0..24 {
+    for _ in 0..reps {
         matmul(MatRef::new(&a, m, k), MatRef::new(&b, k, n), MatMut::new(&mut c, m, n), Transpose::Nn, 1.0, 0.0);
         let mut y = vec![0.0f32; c.len()];
         crate::kernels::gelu_forward(&c, &mut y);
@@ -27,20 +32,20 @@ fn work_unit() -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// Seconds of `threads` threads each running `units` work units, started together: (wall
-/// time of the last to finish, median per-unit seconds).
-fn run_units(threads: u32, units: u32) -> (f64, f64) {
+/// Seconds of `threads` threads each running `units` work units of `shape`, started
+/// together: (wall time of the last to finish, median per-unit seconds).
+fn run_units(threads: u32, units: u32, shape: (usize, usize, usize)) -> (f64, f64) {
     let barrier = Arc::new(Barrier::new(threads as usize));
     let start = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (barrier, start) = (barrier.clone(), start.clone());
             std::thread::spawn(move || {
-                work_unit();
+                work_unit(shape);
                 if barrier.wait().is_leader() {
                     *start.lock().expect("start time") = Some(Instant::now());
                 }
-                let per: Vec<f64> = (0..units).map(|_| work_unit()).collect();
+                let per: Vec<f64> = (0..units).map(|_| work_unit(shape)).collect();
                 (Instant::now(), per)
             })
         })
@@ -55,24 +60,29 @@ fn run_units(threads: u32, units: u32) -> (f64, f64) {
 /// pass) with every core busy, median over a few units. Compare two readings to see whether
 /// the host slowed down between them.
 pub fn speed_probe() -> f64 {
-    run_units(host_cores(), 8).1
+    run_units(host_cores(), 8, PROBE_SHAPE).1
 }
 
 /// Processor sharing's capacity: with `threads` threads computing at once, the cores'
-/// worth of work done per second, in units of one thread's speed while every core is busy.
-/// (c cores with no loss from oversubscription give c.)
-/// Three trials, each pairing the two runs back to back; the median ratio, at most the
-/// host's cores.
-pub fn shared_cores(threads: u32) -> f64 {
+/// worth of work done per second, in units of one thread's speed while every core is busy
+/// (one thread per core). c cores with no loss from oversubscription give c; the loss is
+/// what time-slicing costs — each slice starts on caches the other threads filled — so the
+/// unit is a GEMM of `shape` (m, n, k: a job's own, e.g. its MLP's) and the element-wise pass
+/// over its product, whose working set is the job's. (A unit that fits a core's cache four
+/// times over hides it: 8 threads on this project's 2-core host kept 1.95 cores' worth with
+/// 256³ GEMMs.)
+/// Seven trials (three varied by ±4% on the 2-core host), each pairing the two runs back to
+/// back; the median ratio, at most the host's cores.
+pub fn shared_cores(threads: u32, shape: (usize, usize, usize)) -> f64 {
     let cores = host_cores();
-    let units = 6;
+    let units = 8;
     let threads = threads.max(1);
-    let trials: Vec<f64> = (0..3)
+    let trials: Vec<f64> = (0..7)
         .map(|_| {
             // One thread's speed with every core busy: a work unit's median time on `cores`
             // threads; then the wall time of `threads` threads doing `units` each.
-            let (_, unit_s) = run_units(cores, units);
-            let (wall, _) = run_units(threads, units);
+            let (_, unit_s) = run_units(cores, units, shape);
+            let (wall, _) = run_units(threads, units, shape);
             (threads * units) as f64 * unit_s / wall
         })
         .collect();
@@ -126,7 +136,7 @@ mod tests {
     #[test]
     fn the_meter_sees_this_process_as_its_own() {
         let Some(m) = CpuMeter::now() else { return };
-        work_unit();
+        work_unit(PROBE_SHAPE);
         let share = m.foreign_share().unwrap();
         assert!((0.0..=1.0).contains(&share), "{share}");
     }
