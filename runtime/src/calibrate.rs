@@ -21,7 +21,9 @@
 //!   the last member's post until a waiting member notices it; medians over repetitions;
 //! - [`shared_cores`]: how many cores' worth of compute N busy threads get, relative to one
 //!   thread's speed while every core is busy (processor sharing's capacity), with a unit of
-//!   work as large as a rank's own, so that the threads evict each other's caches as ranks do.
+//!   work as large as a rank's own, so that the threads evict each other's caches as ranks do;
+//! - [`staging_rates`]: what the executor's copies around a data-parallel collective cost per
+//!   byte (into a fresh message, and back over the held tensors), every rank thread copying.
 //!
 //! Nothing here chooses a configuration or knows the simulator; the samples are plain data.
 //! Units: seconds, bytes.
@@ -42,7 +44,7 @@ use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 use crate::train::{TrainOptions, train_threads};
 
 mod host;
-pub use host::{CpuMeter, shared_cores, speed_probe};
+pub use host::{CpuMeter, shared_cores, speed_probe, staging_rates};
 
 /// Cores of this host (at least 1).
 pub fn host_cores() -> u32 {

@@ -91,6 +91,12 @@ pub struct Measurements {
     pub loop_cpu: Vec<(u64, f64)>,
     /// Processor sharing's capacity with the job's ranks all computing.
     pub shared_cores: f64,
+    /// CPU ns per byte of the executor's copies around a collective, with the job's ranks
+    /// all copying: into fresh buffers, and over held tensors (0: not measured).
+    #[serde(default)]
+    pub staging_fresh_ns_per_byte: f64,
+    #[serde(default)]
+    pub staging_copy_ns_per_byte: f64,
     /// One line on what was measured (host, ranks, model).
     pub source: String,
 }
@@ -105,7 +111,13 @@ pub fn fit(m: &Measurements) -> HardwareProfile {
     let mut per_op: Vec<f64> = m.loop_cpu.iter().filter(|(ops, _)| *ops > 0).map(|(ops, s)| s / *ops as f64).collect();
     per_op.sort_by(f64::total_cmp);
     let loop_us_per_op = per_op.get(per_op.len() / 2).map_or(0.0, |s| s * 1e6);
-    p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: m.shared_cores, loop_us_per_op };
+    p.execution = ExecutionParams {
+        one_thread_per_rank: true,
+        shared_cores: m.shared_cores,
+        loop_us_per_op,
+        staging_fresh_ns_per_byte: m.staging_fresh_ns_per_byte,
+        staging_copy_ns_per_byte: m.staging_copy_ns_per_byte,
+    };
     if !m.comm.is_empty() {
         let mut links = fit_comm(&m.comm);
         scale_to_jobs(&mut links, &m.comm_in_jobs);
@@ -440,7 +452,15 @@ mod tests {
         assert_eq!(l.bytes, vec![4096, 1 << 20]);
         assert!((l.post_us[1] - (1 << 20) as f64 / 3e3).abs() < 1e-6, "{l:?}");
         // The median loop time per op: 10, 20, 20 µs.
-        assert_eq!(p.execution, ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9, loop_us_per_op: 20.0 });
+        assert_eq!(
+            p.execution,
+            ExecutionParams {
+                one_thread_per_rank: true,
+                shared_cores: 1.9,
+                loop_us_per_op: 20.0,
+                ..Default::default()
+            }
+        );
         // The tile model fallback is near the measured rates (within the fit's spread).
         let near = model.tile_model_s(&Gemm { m: 256, n: 512, k: 256, batch: 1, fp8: false });
         let want = 2.0 * 256.0 * 512.0 * 256.0 / 85e9;

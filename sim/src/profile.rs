@@ -212,6 +212,14 @@ pub struct ExecutionParams {
     /// work (noticing messages, checking what can start or finish, measuring memory), µs.
     #[serde(default)]
     pub loop_us_per_op: f64,
+    /// CPU time per byte the executor copies into a freshly allocated buffer around a
+    /// collective (the flat message of a gradient or parameter bucket; ZeRO-3's gathered
+    /// tensors), ns — page faults included ([`strata_models::plan::exec::staging`]).
+    #[serde(default)]
+    pub staging_fresh_ns_per_byte: f64,
+    /// CPU time per byte it copies back over tensors a rank holds, ns.
+    #[serde(default)]
+    pub staging_copy_ns_per_byte: f64,
 }
 
 /// A hardware profile.
@@ -414,6 +422,14 @@ impl HardwareProfile {
         if !(per_op >= 0.0 && per_op.is_finite()) {
             bad.push(format!("execution.loop_us_per_op = {per_op}: a time is not negative"));
         }
+        for (key, v) in [
+            ("staging_fresh_ns_per_byte", self.execution.staging_fresh_ns_per_byte),
+            ("staging_copy_ns_per_byte", self.execution.staging_copy_ns_per_byte),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                bad.push(format!("execution.{key} = {v}: a time is not negative"));
+            }
+        }
         if let Some(n) = &self.network {
             for (i, l) in n.links.iter().enumerate() {
                 let sizes_ok = !l.bytes.is_empty()
@@ -495,7 +511,12 @@ mod tests {
             mem_bytes: 1 << 20,
             us: 800.0,
         });
-        p.execution = ExecutionParams { one_thread_per_rank: true, shared_cores: 1.9, loop_us_per_op: 12.0 };
+        p.execution = ExecutionParams {
+            one_thread_per_rank: true,
+            shared_cores: 1.9,
+            loop_us_per_op: 12.0,
+            ..Default::default()
+        };
         let line = |kind| CommFit {
             kind,
             ranks: 2,

@@ -8,7 +8,7 @@
 
 use std::ops::Deref;
 
-use strata_models::plan::exec::ProgramGraph;
+use strata_models::plan::exec::{ProgramGraph, Staging, staging};
 use strata_models::plan::{
     CollKind, CollPurpose, ComputeCost, ComputeOp, GroupKind, OpKind, Peer, Piece, Plan, Program,
 };
@@ -43,6 +43,8 @@ pub enum OpInfo {
         group: GroupKind,
         kind: CollKind,
         bytes: u64,
+        /// What the CPU executor copies around it (charged with one thread per rank).
+        staging: Staging,
     },
     Send {
         peer: Peer,
@@ -87,6 +89,7 @@ impl ProgramTable {
         let mut info = Vec::with_capacity(program.ops.len());
         let mut flops = 0.0;
         let moe_model = plan.scenario.model.moe.is_some();
+        let zero = plan.scenario.zero_stage();
         let mut moe = Vec::new();
         for (i, op) in program.ops.iter().enumerate() {
             if moe_model {
@@ -111,7 +114,12 @@ impl ProgramTable {
                     let host = if excess > 0 { excess as f64 / ns as f64 } else { 0.0 };
                     OpInfo::Compute { ns, optimizer: c.piece == Piece::Optimizer, host }
                 }
-                OpKind::Collective(c) => OpInfo::Collective { group: c.group, kind: c.kind, bytes: c.bytes },
+                OpKind::Collective(c) => OpInfo::Collective {
+                    group: c.group,
+                    kind: c.kind,
+                    bytes: c.bytes,
+                    staging: staging(c, zero, plan.grid.group_size(c.group)),
+                },
                 OpKind::Send(p) => OpInfo::Send { peer: p.peer, bytes: p.bytes },
                 OpKind::Recv(p) => OpInfo::Recv { peer: p.peer, bytes: p.bytes },
                 OpKind::Alloc(a) => {

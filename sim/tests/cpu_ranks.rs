@@ -33,7 +33,7 @@ impl ComputeTimer for Unit {
 
 fn profile(shared_cores: f64, one_thread_per_rank: bool) -> HardwareProfile {
     let mut p = HardwareProfile::builtin(GpuKind::Cpu);
-    p.execution = ExecutionParams { one_thread_per_rank, shared_cores, loop_us_per_op: 0.0 };
+    p.execution = ExecutionParams { one_thread_per_rank, shared_cores, ..Default::default() };
     p
 }
 

@@ -193,6 +193,10 @@ pub fn calibrate(
     }
     log(format!("calibrate: compute shared by {ranks} rank threads"));
     let shared = measure::shared_cores(ranks, sharing_shape(s));
+    // The copies around the largest message a plan moves (every gradient, fp32), capped.
+    let staged = comm_sizes(s, effort.comm_size_step).last().copied().unwrap_or(1 << 20).min(STAGING_BYTES_MAX);
+    log(format!("calibrate: the executor's copies around a collective, {} MB by {ranks} threads", staged >> 20));
+    let (staging_fresh, staging_copy) = measure::staging_rates(ranks, staged);
     let m = Measurements {
         gemms: gemms.iter().map(|g| GemmTiming { m: g.m, n: g.n, k: g.k, seconds: g.seconds }).collect(),
         pieces: job_samples
@@ -218,6 +222,8 @@ pub fn calibrate(
             })
             .collect(),
         shared_cores: shared,
+        staging_fresh_ns_per_byte: staging_fresh,
+        staging_copy_ns_per_byte: staging_copy,
         source: format!(
             "strata calibrate --backend cpu --ranks {ranks}: {cores} cores, model {} ({} GEMM shapes, {} ops, {} \
              communication samples)",
@@ -296,6 +302,10 @@ fn piece_fit_quality(p: &HardwareProfile, m: &Measurements) -> String {
 fn micro_batches(s: &Scenario) -> Vec<u32> {
     [1, 2, 4, 8].into_iter().filter(|b| *b <= s.parallel.global_batch.max(1)).collect()
 }
+
+/// The largest message whose copies [`measure::staging_rates`] times, per rank thread
+/// (beyond it the rate per byte no longer changes, and the threads' buffers stay within memory).
+const STAGING_BYTES_MAX: u64 = 32 << 20;
 
 /// The GEMM whose working set stands for a rank's in [`measure::shared_cores`]: the MLP's
 /// forward GEMM with the most work, without tensor parallelism, at the scenario's own

@@ -89,6 +89,67 @@ pub fn shared_cores(threads: u32, shape: (usize, usize, usize)) -> f64 {
     median(trials).min(cores as f64)
 }
 
+/// The executor's copies around a collective (`strata_models::plan::exec::staging`), as
+/// `threads` rank threads make them at once: each holds a message's worth of `bytes` in 24
+/// tensors, builds a freshly allocated message from them and drops it (as a posted message
+/// is dropped once its peers read it), and copies a result back over the tensors. Returns
+/// CPU ns per byte (thread CPU time; wall time where the platform has none) of the fresh
+/// copy — its page faults included — and of the copy back: medians over five repetitions
+/// of every thread.
+pub fn staging_rates(threads: u32, bytes: u64) -> (f64, f64) {
+    const SEGMENTS: usize = 24;
+    let len = (bytes / 4).max(SEGMENTS as u64) as usize;
+    let threads = threads.max(1) as usize;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let per = len / SEGMENTS;
+                let mut held: Vec<Vec<f32>> = (0..SEGMENTS).map(|i| vec![(t * SEGMENTS + i) as f32; per]).collect();
+                let result = vec![1.0f32; per * SEGMENTS];
+                let cpu = |f: &mut dyn FnMut()| {
+                    let (w, c) = (Instant::now(), super::thread_cpu_ns());
+                    f();
+                    match (c, super::thread_cpu_ns()) {
+                        (Some(a), Some(b)) => b.saturating_sub(a) as f64,
+                        _ => w.elapsed().as_nanos() as f64,
+                    }
+                };
+                barrier.wait();
+                let (mut fresh, mut back) = (Vec::new(), Vec::new());
+                for _ in 0..6 {
+                    let mut msg = Vec::new();
+                    let f = cpu(&mut || {
+                        msg = Vec::with_capacity(per * SEGMENTS);
+                        held.iter().for_each(|h| msg.extend_from_slice(h));
+                    });
+                    std::hint::black_box(&msg);
+                    drop(msg);
+                    let b = cpu(&mut || {
+                        for (h, r) in held.iter_mut().zip(result.chunks(per)) {
+                            h.copy_from_slice(r);
+                        }
+                    });
+                    std::hint::black_box(&held);
+                    fresh.push(f);
+                    back.push(b);
+                }
+                // The first repetition warms the allocator up.
+                (fresh.split_off(1), back.split_off(1))
+            })
+        })
+        .collect();
+    let (mut fresh, mut back) = (Vec::new(), Vec::new());
+    for h in handles {
+        let (f, b) = h.join().expect("a staging thread");
+        fresh.extend(f);
+        back.extend(b);
+    }
+    let moved = (len / SEGMENTS * SEGMENTS * 4) as f64;
+    (median(fresh) / moved, median(back) / moved)
+}
+
 /// CPU time of the whole host and of this process (with its waited-for children), to tell
 /// how much of the machine other processes took while a measurement ran (Linux `/proc/stat`
 /// and `/proc/self/stat`, in clock ticks). On other systems every reading is `None`.
@@ -132,6 +193,12 @@ impl CpuMeter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_copies_cost_some_time_per_byte() {
+        let (fresh, back) = staging_rates(2, 1 << 20);
+        assert!(fresh > 0.0 && back > 0.0 && fresh.is_finite() && back.is_finite(), "{fresh} {back}");
+    }
 
     #[test]
     fn the_meter_sees_this_process_as_its_own() {

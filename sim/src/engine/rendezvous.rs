@@ -18,8 +18,20 @@ use crate::net::{CommKind, CommRequest};
 use crate::program::OpInfo;
 
 impl Engine<'_> {
-    /// A collective arrives; it starts when its group is complete.
-    pub(super) fn arrive(&mut self, ai: u32, op: u32, s: usize, group: GroupKind, kind: CollKind, bytes: u64) {
+    /// A collective arrives; it starts when its group is complete. `staging_ns`: the CPU
+    /// work of writing its result where the rank's tensors are, beyond the collective's own
+    /// finishing (with one thread per rank).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn arrive(
+        &mut self,
+        ai: u32,
+        op: u32,
+        s: usize,
+        group: GroupKind,
+        kind: CollKind,
+        bytes: u64,
+        staging_ns: u64,
+    ) {
         let class = class_of(Stream::ALL[s]);
         let members = match self.rendezvous.arrive(ai, op, group) {
             Arrival::Waiting => return,
@@ -43,7 +55,7 @@ impl Engine<'_> {
         let id = self.net.start(self.now, req);
         let work =
             if self.cfg.one_thread_per_rank { self.net.host_work(req).unwrap_or_default() } else { Default::default() };
-        let finish_ns = work.finish_ns;
+        let finish_ns = work.finish_ns + if self.cfg.one_thread_per_rank { staging_ns } else { 0 };
         let now = self.now;
         match members {
             None => {
@@ -82,8 +94,10 @@ impl Engine<'_> {
             return 0;
         }
         let a = &self.actors[ai as usize];
+        let mut staged = 0;
         let req = match self.tables[a.table as usize].info[op as usize] {
-            OpInfo::Collective { group, kind, bytes } => {
+            OpInfo::Collective { group, kind, bytes, staging } => {
+                staged = self.staging_ns(staging.post_fresh, 0);
                 let mut r = self.group_request(ai, group);
                 r.kind = CommKind::Collective(kind);
                 r.bytes = bytes;
@@ -97,7 +111,13 @@ impl Engine<'_> {
             // A receive posts nothing; its work is in finishing.
             _ => return 0,
         };
-        self.net.host_work(&req).map_or(0, |w| w.post_ns)
+        self.net.host_work(&req).map_or(0, |w| w.post_ns) + staged
+    }
+
+    /// CPU ns of copying `fresh` bytes into new buffers and `copied` over held ones.
+    pub(super) fn staging_ns(&self, fresh: u64, copied: u64) -> u64 {
+        let (f, c) = self.cfg.staging_ns_per_byte;
+        (fresh as f64 * f + copied as f64 * c).round() as u64
     }
 
     /// The request template of actor `ai`'s group of a kind: its members' global ranks and

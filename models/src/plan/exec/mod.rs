@@ -27,13 +27,16 @@
 //!   and DP groups lie inside the stage and move in lockstep);
 //! - [`Rendezvous`] and [`pair_messages`]: matching of collectives and messages;
 //! - [`Turn`]: the CPU executor's round on a rank's one thread (one compute op, then post
-//!   every ready communication, then finish every one whose data arrived).
+//!   every ready communication, then finish every one whose data arrived);
+//! - [`staging`]: what the CPU executor copies around a collective beside it.
 
 mod actors;
 mod rendezvous;
+mod staging;
 
 pub use actors::{ActorMap, MessageError, pair_messages};
 pub use rendezvous::{Arrival, Rendezvous};
+pub use staging::{Staging, staging};
 
 use crate::plan::ir::{OpKind, Program, Stream};
 
