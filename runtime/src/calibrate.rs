@@ -44,7 +44,7 @@ use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 use crate::train::{TrainOptions, train_threads};
 
 mod host;
-pub use host::{CpuMeter, shared_cores, speed_probe, staging_rates};
+pub use host::{CpuMeter, StagingRates, shared_cores, speed_probe, staging_rates};
 
 /// Cores of this host (at least 1).
 pub fn host_cores() -> u32 {

@@ -92,9 +92,12 @@ pub struct Measurements {
     /// Processor sharing's capacity with the job's ranks all computing.
     pub shared_cores: f64,
     /// CPU ns per byte of the executor's copies around a collective, with the job's ranks
-    /// all copying: into fresh buffers, and over held tensors (0: not measured).
+    /// all copying: into a fresh message, into fresh per-unit tensors, and over held
+    /// tensors (0: not measured).
     #[serde(default)]
-    pub staging_fresh_ns_per_byte: f64,
+    pub staging_message_ns_per_byte: f64,
+    #[serde(default)]
+    pub staging_tensor_ns_per_byte: f64,
     #[serde(default)]
     pub staging_copy_ns_per_byte: f64,
     /// One line on what was measured (host, ranks, model).
@@ -115,7 +118,8 @@ pub fn fit(m: &Measurements) -> HardwareProfile {
         one_thread_per_rank: true,
         shared_cores: m.shared_cores,
         loop_us_per_op,
-        staging_fresh_ns_per_byte: m.staging_fresh_ns_per_byte,
+        staging_message_ns_per_byte: m.staging_message_ns_per_byte,
+        staging_tensor_ns_per_byte: m.staging_tensor_ns_per_byte,
         staging_copy_ns_per_byte: m.staging_copy_ns_per_byte,
     };
     if !m.comm.is_empty() {

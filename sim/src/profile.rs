@@ -195,6 +195,14 @@ pub struct HostParams {
     pub step_overhead_us: f64,
 }
 
+impl ExecutionParams {
+    /// The executor's copies around a collective, ns per byte: (into a fresh message, into
+    /// fresh per-unit tensors, over held tensors).
+    pub fn staging_ns_per_byte(&self) -> (f64, f64, f64) {
+        (self.staging_message_ns_per_byte, self.staging_tensor_ns_per_byte, self.staging_copy_ns_per_byte)
+    }
+}
+
 /// How ranks execute and share the machine.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -212,11 +220,15 @@ pub struct ExecutionParams {
     /// work (noticing messages, checking what can start or finish, measuring memory), µs.
     #[serde(default)]
     pub loop_us_per_op: f64,
-    /// CPU time per byte the executor copies into a freshly allocated buffer around a
-    /// collective (the flat message of a gradient or parameter bucket; ZeRO-3's gathered
-    /// tensors), ns — page faults included ([`strata_models::plan::exec::staging`]).
+    /// CPU time per byte the executor copies into a freshly allocated message before a
+    /// collective (the flat message of a gradient or parameter bucket), ns — page faults
+    /// included ([`strata_models::plan::exec::staging`]).
     #[serde(default)]
-    pub staging_fresh_ns_per_byte: f64,
+    pub staging_message_ns_per_byte: f64,
+    /// CPU time per byte it copies into freshly allocated per-unit tensors after one
+    /// (ZeRO-3's gathered parameters, one tensor per layer or embedding), ns.
+    #[serde(default)]
+    pub staging_tensor_ns_per_byte: f64,
     /// CPU time per byte it copies back over tensors a rank holds, ns.
     #[serde(default)]
     pub staging_copy_ns_per_byte: f64,
@@ -423,7 +435,8 @@ impl HardwareProfile {
             bad.push(format!("execution.loop_us_per_op = {per_op}: a time is not negative"));
         }
         for (key, v) in [
-            ("staging_fresh_ns_per_byte", self.execution.staging_fresh_ns_per_byte),
+            ("staging_message_ns_per_byte", self.execution.staging_message_ns_per_byte),
+            ("staging_tensor_ns_per_byte", self.execution.staging_tensor_ns_per_byte),
             ("staging_copy_ns_per_byte", self.execution.staging_copy_ns_per_byte),
         ] {
             if !(v >= 0.0 && v.is_finite()) {

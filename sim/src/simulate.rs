@@ -273,7 +273,7 @@ pub fn simulate_timed(
         jitter: options.jitter,
         record_memory: options.trace,
         one_thread_per_rank: profile.execution.one_thread_per_rank,
-        staging_ns_per_byte: (profile.execution.staging_fresh_ns_per_byte, profile.execution.staging_copy_ns_per_byte),
+        staging_ns_per_byte: profile.execution.staging_ns_per_byte(),
         shared_cores: profile.execution.shared_cores,
         slow: faults.slow.iter().map(|s| (s.rank, s.factor)).collect(),
     };

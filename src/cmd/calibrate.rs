@@ -196,7 +196,7 @@ pub fn calibrate(
     // The copies around the largest message a plan moves (every gradient, fp32), capped.
     let staged = comm_sizes(s, effort.comm_size_step).last().copied().unwrap_or(1 << 20).min(STAGING_BYTES_MAX);
     log(format!("calibrate: the executor's copies around a collective, {} MB by {ranks} threads", staged >> 20));
-    let (staging_fresh, staging_copy) = measure::staging_rates(ranks, staged);
+    let staging = measure::staging_rates(ranks, staged);
     let m = Measurements {
         gemms: gemms.iter().map(|g| GemmTiming { m: g.m, n: g.n, k: g.k, seconds: g.seconds }).collect(),
         pieces: job_samples
@@ -222,8 +222,9 @@ pub fn calibrate(
             })
             .collect(),
         shared_cores: shared,
-        staging_fresh_ns_per_byte: staging_fresh,
-        staging_copy_ns_per_byte: staging_copy,
+        staging_message_ns_per_byte: staging.message,
+        staging_tensor_ns_per_byte: staging.tensors,
+        staging_copy_ns_per_byte: staging.copy,
         source: format!(
             "strata calibrate --backend cpu --ranks {ranks}: {cores} cores, model {} ({} GEMM shapes, {} ops, {} \
              communication samples)",

@@ -89,25 +89,39 @@ pub fn shared_cores(threads: u32, shape: (usize, usize, usize)) -> f64 {
     median(trials).min(cores as f64)
 }
 
+/// What the executor's copies around a collective cost, CPU ns per byte
+/// ([`staging_rates`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StagingRates {
+    /// Into one freshly allocated message (a bucket's worth), page faults included.
+    pub message: f64,
+    /// Into freshly allocated per-unit tensors (ZeRO-3's gathered parameters).
+    pub tensors: f64,
+    /// Back over tensors the rank holds.
+    pub copy: f64,
+}
+
 /// The executor's copies around a collective (`strata_models::plan::exec::staging`), as
-/// `threads` rank threads make them at once: each holds a message's worth of `bytes` in 24
-/// tensors, builds a freshly allocated message from them and drops it (as a posted message
-/// is dropped once its peers read it), and copies a result back over the tensors. Returns
-/// CPU ns per byte (thread CPU time; wall time where the platform has none) of the fresh
-/// copy — its page faults included — and of the copy back: medians over five repetitions
-/// of every thread.
-pub fn staging_rates(threads: u32, bytes: u64) -> (f64, f64) {
-    const SEGMENTS: usize = 24;
-    let len = (bytes / 4).max(SEGMENTS as u64) as usize;
+/// `threads` rank threads make them at once. Each thread holds `bytes` in 8 unit tensors
+/// (a bucket spans a few layers) and, five times after a warm-up: builds one freshly
+/// allocated message from them and drops it (as a posted message is dropped once its
+/// peers have read it); copies a result into 8 freshly allocated tensors and drops them
+/// (as a ZeRO-3 gather fills its units); and copies a result back over the held tensors.
+/// Thread CPU time (wall time where the platform has none), medians over every repetition
+/// of every thread. The fresh copies differ from the copy back by what the allocator does
+/// (a message this large is mapped anew, and every page faults in; smaller tensors may
+/// reuse freed memory), so each is measured as the executor allocates it.
+pub fn staging_rates(threads: u32, bytes: u64) -> StagingRates {
+    const UNITS: usize = 8;
+    let per = ((bytes / 4) as usize / UNITS).max(1);
     let threads = threads.max(1) as usize;
     let barrier = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let barrier = barrier.clone();
             std::thread::spawn(move || {
-                let per = len / SEGMENTS;
-                let mut held: Vec<Vec<f32>> = (0..SEGMENTS).map(|i| vec![(t * SEGMENTS + i) as f32; per]).collect();
-                let result = vec![1.0f32; per * SEGMENTS];
+                let mut held: Vec<Vec<f32>> = (0..UNITS).map(|i| vec![(t * UNITS + i) as f32; per]).collect();
+                let result = vec![1.0f32; per * UNITS];
                 let cpu = |f: &mut dyn FnMut()| {
                     let (w, c) = (Instant::now(), super::thread_cpu_ns());
                     f();
@@ -117,37 +131,45 @@ pub fn staging_rates(threads: u32, bytes: u64) -> (f64, f64) {
                     }
                 };
                 barrier.wait();
-                let (mut fresh, mut back) = (Vec::new(), Vec::new());
-                for _ in 0..6 {
+                let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+                for rep in 0..6 {
                     let mut msg = Vec::new();
-                    let f = cpu(&mut || {
-                        msg = Vec::with_capacity(per * SEGMENTS);
+                    let m = cpu(&mut || {
+                        msg = Vec::with_capacity(per * UNITS);
                         held.iter().for_each(|h| msg.extend_from_slice(h));
                     });
                     std::hint::black_box(&msg);
                     drop(msg);
+                    let mut units: Vec<Vec<f32>> = Vec::new();
+                    let u = cpu(&mut || units = result.chunks(per).map(<[f32]>::to_vec).collect());
+                    std::hint::black_box(&units);
+                    drop(units);
                     let b = cpu(&mut || {
                         for (h, r) in held.iter_mut().zip(result.chunks(per)) {
                             h.copy_from_slice(r);
                         }
                     });
                     std::hint::black_box(&held);
-                    fresh.push(f);
-                    back.push(b);
+                    // The first repetition warms the allocator up.
+                    if rep > 0 {
+                        for (s, x) in samples.iter_mut().zip([m, u, b]) {
+                            s.push(x);
+                        }
+                    }
                 }
-                // The first repetition warms the allocator up.
-                (fresh.split_off(1), back.split_off(1))
+                samples
             })
         })
         .collect();
-    let (mut fresh, mut back) = (Vec::new(), Vec::new());
+    let mut all = [Vec::new(), Vec::new(), Vec::new()];
     for h in handles {
-        let (f, b) = h.join().expect("a staging thread");
-        fresh.extend(f);
-        back.extend(b);
+        for (a, s) in all.iter_mut().zip(h.join().expect("a staging thread")) {
+            a.extend(s);
+        }
     }
-    let moved = (len / SEGMENTS * SEGMENTS * 4) as f64;
-    (median(fresh) / moved, median(back) / moved)
+    let moved = (per * UNITS * 4) as f64;
+    let [m, u, b] = all.map(|v| median(v) / moved);
+    StagingRates { message: m, tensors: u, copy: b }
 }
 
 /// CPU time of the whole host and of this process (with its waited-for children), to tell
@@ -196,8 +218,8 @@ mod tests {
 
     #[test]
     fn staging_copies_cost_some_time_per_byte() {
-        let (fresh, back) = staging_rates(2, 1 << 20);
-        assert!(fresh > 0.0 && back > 0.0 && fresh.is_finite() && back.is_finite(), "{fresh} {back}");
+        let r = staging_rates(2, 1 << 20);
+        assert!([r.message, r.tensors, r.copy].iter().all(|x| *x > 0.0 && x.is_finite()), "{r:?}");
     }
 
     #[test]

@@ -99,8 +99,9 @@ pub struct EngineConfig {
     /// Cores shared by all ranks' compute (processor sharing); 0: a device per rank.
     pub shared_cores: f64,
     /// With one thread per rank: CPU ns per byte the executor copies around a collective,
-    /// into fresh buffers and over held tensors ([`crate::profile::ExecutionParams`]).
-    pub staging_ns_per_byte: (f64, f64),
+    /// into a fresh message, into fresh per-unit tensors and over held tensors
+    /// ([`crate::profile::ExecutionParams::staging_ns_per_byte`]).
+    pub staging_ns_per_byte: (f64, f64, f64),
     /// Straggler what-ifs: (rank, factor) stretches every compute op of the rank (full mode).
     pub slow: Vec<(u32, f64)>,
 }
@@ -472,7 +473,7 @@ impl<'a> Engine<'a> {
         let s = t.stream[op as usize].index();
         match t.info[op as usize] {
             OpInfo::Collective { group, kind, bytes, staging } => {
-                let finish_ns = self.staging_ns(staging.finish_fresh, staging.finish_copied);
+                let finish_ns = self.staging_ns(0, staging.finish_fresh, staging.finish_copied);
                 self.arrive(ai, op, s, group, kind, bytes, finish_ns)
             }
             OpInfo::Send { .. } | OpInfo::Recv { .. } => self.post_message(ai, op),

@@ -97,7 +97,7 @@ impl Engine<'_> {
         let mut staged = 0;
         let req = match self.tables[a.table as usize].info[op as usize] {
             OpInfo::Collective { group, kind, bytes, staging } => {
-                staged = self.staging_ns(staging.post_fresh, 0);
+                staged = self.staging_ns(staging.post_fresh, 0, 0);
                 let mut r = self.group_request(ai, group);
                 r.kind = CommKind::Collective(kind);
                 r.bytes = bytes;
@@ -114,10 +114,11 @@ impl Engine<'_> {
         self.net.host_work(&req).map_or(0, |w| w.post_ns) + staged
     }
 
-    /// CPU ns of copying `fresh` bytes into new buffers and `copied` over held ones.
-    pub(super) fn staging_ns(&self, fresh: u64, copied: u64) -> u64 {
-        let (f, c) = self.cfg.staging_ns_per_byte;
-        (fresh as f64 * f + copied as f64 * c).round() as u64
+    /// CPU ns of copying `message` bytes into a new message, `tensors` into new per-unit
+    /// tensors and `copied` over held ones.
+    pub(super) fn staging_ns(&self, message: u64, tensors: u64, copied: u64) -> u64 {
+        let (m, t, c) = self.cfg.staging_ns_per_byte;
+        (message as f64 * m + tensors as f64 * t + copied as f64 * c).round() as u64
     }
 
     /// The request template of actor `ai`'s group of a kind: its members' global ranks and

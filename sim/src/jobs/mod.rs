@@ -237,7 +237,7 @@ pub fn simulate_jobs(
         jitter: options.jitter,
         record_memory: false,
         one_thread_per_rank: profile.execution.one_thread_per_rank,
-        staging_ns_per_byte: (profile.execution.staging_fresh_ns_per_byte, profile.execution.staging_copy_ns_per_byte),
+        staging_ns_per_byte: profile.execution.staging_ns_per_byte(),
         shared_cores: 0.0,
         // Multi-job files refuse [faults]: no job has a straggler.
         slow: Vec::new(),

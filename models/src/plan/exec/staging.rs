@@ -16,7 +16,8 @@ pub struct Staging {
     pub post_fresh: u64,
     /// Copied over tensors the rank already holds after the result arrived (finishing).
     pub finish_copied: u64,
-    /// Copied into freshly allocated tensors after the result arrived (finishing).
+    /// Copied into freshly allocated per-unit tensors (a layer's, an embedding's) after the
+    /// result arrived (finishing).
     pub finish_fresh: u64,
 }
 
