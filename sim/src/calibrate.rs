@@ -91,15 +91,10 @@ pub struct Measurements {
     pub loop_cpu: Vec<(u64, f64)>,
     /// Processor sharing's capacity with the job's ranks all computing.
     pub shared_cores: f64,
-    /// CPU ns per byte of the executor's copies around a collective, with the job's ranks
-    /// all copying: into a fresh message, into fresh per-unit tensors, and over held
-    /// tensors (0: not measured).
+    /// The executor's copies around a collective with the job's ranks all copying, CPU ns
+    /// per byte in [`ExecutionParams::staging_ns_per_byte`]'s order (zeros: not measured).
     #[serde(default)]
-    pub staging_message_ns_per_byte: f64,
-    #[serde(default)]
-    pub staging_tensor_ns_per_byte: f64,
-    #[serde(default)]
-    pub staging_copy_ns_per_byte: f64,
+    pub staging_ns_per_byte: [f64; 3],
     /// One line on what was measured (host, ranks, model).
     pub source: String,
 }
@@ -118,9 +113,9 @@ pub fn fit(m: &Measurements) -> HardwareProfile {
         one_thread_per_rank: true,
         shared_cores: m.shared_cores,
         loop_us_per_op,
-        staging_message_ns_per_byte: m.staging_message_ns_per_byte,
-        staging_tensor_ns_per_byte: m.staging_tensor_ns_per_byte,
-        staging_copy_ns_per_byte: m.staging_copy_ns_per_byte,
+        staging_message_ns_per_byte: m.staging_ns_per_byte[0],
+        staging_tensor_ns_per_byte: m.staging_ns_per_byte[1],
+        staging_copy_ns_per_byte: m.staging_ns_per_byte[2],
     };
     if !m.comm.is_empty() {
         let mut links = fit_comm(&m.comm);

@@ -222,9 +222,7 @@ pub fn calibrate(
             })
             .collect(),
         shared_cores: shared,
-        staging_message_ns_per_byte: staging.message,
-        staging_tensor_ns_per_byte: staging.tensors,
-        staging_copy_ns_per_byte: staging.copy,
+        staging_ns_per_byte: [staging.message, staging.tensors, staging.copy],
         source: format!(
             "strata calibrate --backend cpu --ranks {ranks}: {cores} cores, model {} ({} GEMM shapes, {} ops, {} \
              communication samples)",
