@@ -61,7 +61,7 @@ enum Command {
     Export(cmd::export::Args),
     /// Build the predicted-vs-measured report (HTML, plots, tables, traces) from a results directory.
     Report(cmd::report::Args),
-    /// Measure this machine (GEMMs, the model's pieces, the communicator, shared cores) and write the hardware profile the simulator reads.
+    /// Measure this machine (GEMMs, the model's pieces, the communicator, shared cores, the copies around a collective) and write the hardware profile the simulator reads.
     Calibrate(cmd::calibrate::Args),
     /// The model's CUDA kernels: compile them with NVRTC (no GPU needed), or check each against the CPU reference on a GPU (--check).
     Kernels(cmd::kernels::Args),
