@@ -6,7 +6,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use super::{host_cores, median};
+use super::{cpu_of, host_cores, median};
 use crate::matmul::{MatMut, MatRef, Transpose, matmul};
 
 /// The speed probe's GEMM shape: a unit that fits one core's cache.
@@ -71,8 +71,8 @@ pub fn speed_probe() -> f64 {
 /// over its product, whose working set is the job's. (A unit that fits a core's cache four
 /// times over hides it: 8 threads on this project's 2-core host kept 1.95 cores' worth with
 /// 256³ GEMMs.)
-/// Seven trials (three varied by ±4% on the 2-core host), each pairing the two runs back to
-/// back; the median ratio, at most the host's cores.
+/// Seven trials (with three, the figure moved ±4% between calibrations on the 2-core host),
+/// each pairing the two runs back to back; the median ratio, at most the host's cores.
 pub fn shared_cores(threads: u32, shape: (usize, usize, usize)) -> f64 {
     let cores = host_cores();
     let units = 8;
@@ -122,29 +122,20 @@ pub fn staging_rates(threads: u32, bytes: u64) -> StagingRates {
             std::thread::spawn(move || {
                 let mut held: Vec<Vec<f32>> = (0..UNITS).map(|i| vec![(t * UNITS + i) as f32; per]).collect();
                 let result = vec![1.0f32; per * UNITS];
-                let cpu = |f: &mut dyn FnMut()| {
-                    let (w, c) = (Instant::now(), super::thread_cpu_ns());
-                    f();
-                    match (c, super::thread_cpu_ns()) {
-                        (Some(a), Some(b)) => b.saturating_sub(a) as f64,
-                        _ => w.elapsed().as_nanos() as f64,
-                    }
-                };
                 barrier.wait();
                 let mut samples = [Vec::new(), Vec::new(), Vec::new()];
                 for rep in 0..6 {
-                    let mut msg = Vec::new();
-                    let m = cpu(&mut || {
-                        msg = Vec::with_capacity(per * UNITS);
+                    let (msg, m) = cpu_of(|| {
+                        let mut msg = Vec::with_capacity(per * UNITS);
                         held.iter().for_each(|h| msg.extend_from_slice(h));
+                        msg
                     });
                     std::hint::black_box(&msg);
                     drop(msg);
-                    let mut units: Vec<Vec<f32>> = Vec::new();
-                    let u = cpu(&mut || units = result.chunks(per).map(<[f32]>::to_vec).collect());
+                    let (units, u) = cpu_of(|| result.chunks(per).map(<[f32]>::to_vec).collect::<Vec<_>>());
                     std::hint::black_box(&units);
                     drop(units);
-                    let b = cpu(&mut || {
+                    let ((), b) = cpu_of(|| {
                         for (h, r) in held.iter_mut().zip(result.chunks(per)) {
                             h.copy_from_slice(r);
                         }
@@ -168,7 +159,7 @@ pub fn staging_rates(threads: u32, bytes: u64) -> StagingRates {
         }
     }
     let moved = (per * UNITS * 4) as f64;
-    let [m, u, b] = all.map(|v| median(v) / moved);
+    let [m, u, b] = all.map(|v| median(v) * 1e9 / moved);
     StagingRates { message: m, tensors: u, copy: b }
 }
 

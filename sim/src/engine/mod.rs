@@ -472,10 +472,7 @@ impl<'a> Engine<'a> {
         let t = &self.tables[a.table as usize];
         let s = t.stream[op as usize].index();
         match t.info[op as usize] {
-            OpInfo::Collective { group, kind, bytes, staging } => {
-                let finish_ns = self.staging_ns(0, staging.finish_fresh, staging.finish_copied);
-                self.arrive(ai, op, s, group, kind, bytes, finish_ns)
-            }
+            OpInfo::Collective { group, kind, bytes, .. } => self.arrive(ai, op, s, group, kind, bytes),
             OpInfo::Send { .. } | OpInfo::Recv { .. } => self.post_message(ai, op),
             other => unreachable!("only communication is posted, not {other:?}"),
         }

@@ -18,20 +18,8 @@ use crate::net::{CommKind, CommRequest};
 use crate::program::OpInfo;
 
 impl Engine<'_> {
-    /// A collective arrives; it starts when its group is complete. `staging_ns`: the CPU
-    /// work of writing its result where the rank's tensors are, beyond the collective's own
-    /// finishing (with one thread per rank).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn arrive(
-        &mut self,
-        ai: u32,
-        op: u32,
-        s: usize,
-        group: GroupKind,
-        kind: CollKind,
-        bytes: u64,
-        staging_ns: u64,
-    ) {
+    /// A collective arrives; it starts when its group is complete.
+    pub(super) fn arrive(&mut self, ai: u32, op: u32, s: usize, group: GroupKind, kind: CollKind, bytes: u64) {
         let class = class_of(Stream::ALL[s]);
         let members = match self.rendezvous.arrive(ai, op, group) {
             Arrival::Waiting => return,
@@ -55,7 +43,8 @@ impl Engine<'_> {
         let id = self.net.start(self.now, req);
         let work =
             if self.cfg.one_thread_per_rank { self.net.host_work(req).unwrap_or_default() } else { Default::default() };
-        let finish_ns = work.finish_ns + if self.cfg.one_thread_per_rank { staging_ns } else { 0 };
+        // Finishing also writes the result where the rank's tensors are.
+        let finish_ns = work.finish_ns + self.staging_ns(ai, op).1;
         let now = self.now;
         match members {
             None => {
@@ -94,10 +83,8 @@ impl Engine<'_> {
             return 0;
         }
         let a = &self.actors[ai as usize];
-        let mut staged = 0;
         let req = match self.tables[a.table as usize].info[op as usize] {
-            OpInfo::Collective { group, kind, bytes, staging } => {
-                staged = self.staging_ns(staging.post_fresh, 0, 0);
+            OpInfo::Collective { group, kind, bytes, .. } => {
                 let mut r = self.group_request(ai, group);
                 r.kind = CommKind::Collective(kind);
                 r.bytes = bytes;
@@ -111,14 +98,21 @@ impl Engine<'_> {
             // A receive posts nothing; its work is in finishing.
             _ => return 0,
         };
-        self.net.host_work(&req).map_or(0, |w| w.post_ns) + staged
+        // Posting also copies the message out of the rank's tensors.
+        self.net.host_work(&req).map_or(0, |w| w.post_ns) + self.staging_ns(ai, op).0
     }
 
-    /// CPU ns of copying `message` bytes into a new message, `tensors` into new per-unit
-    /// tensors and `copied` over held ones.
-    pub(super) fn staging_ns(&self, message: u64, tensors: u64, copied: u64) -> u64 {
-        let (m, t, c) = self.cfg.staging_ns_per_byte;
-        (message as f64 * m + tensors as f64 * t + copied as f64 * c).round() as u64
+    /// One thread per rank: CPU ns of the executor's copies around collective `op` of actor
+    /// `ai` ([`strata_models::plan::exec::staging`]), (posting, finishing); 0 for other ops.
+    fn staging_ns(&self, ai: u32, op: u32) -> (u64, u64) {
+        let table = &self.tables[self.actors[ai as usize].table as usize];
+        let OpInfo::Collective { staging: s, .. } = table.info[op as usize] else { return (0, 0) };
+        if !self.cfg.one_thread_per_rank {
+            return (0, 0);
+        }
+        let (message, tensors, copy) = self.cfg.staging_ns_per_byte;
+        let ns = |x: f64| x.round() as u64;
+        (ns(s.post_fresh as f64 * message), ns(s.finish_fresh as f64 * tensors + s.finish_copied as f64 * copy))
     }
 
     /// The request template of actor `ai`'s group of a kind: its members' global ranks and
