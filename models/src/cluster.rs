@@ -8,6 +8,11 @@
 //! fabric without rails (every NIC of a node on one leaf). `oversubscription` is the ratio
 //! of downlink to uplink capacity at each switch tier above the leaf (1.0 = full bisection).
 //!
+//! `nic_efficiency` is the share of a NIC's line rate that NCCL's network transport gets:
+//! 1.0 for InfiniBand or RoCE with GPUDirect RDMA, where NCCL's own tuning factors already
+//! hold; less for a transport that does not reach line rate, such as AWS EFA through the
+//! aws-ofi-nccl plugin ([`EFA_2022_NIC_EFFICIENCY`]).
+//!
 //! Units: NIC speed in Gb/s as vendors quote it (HDR 200, NDR 400); latency in ns.
 
 use serde::{Deserialize, Serialize};
@@ -58,10 +63,32 @@ pub struct ClusterSpec {
     pub nodes_per_unit: u32,
     /// Port-to-port latency of one switch hop, ns.
     pub switch_latency_ns: u64,
+    /// Share of `nic_gbps` that NCCL's network transport reaches, in (0, 1]; 1.0 for
+    /// InfiniBand / RoCE with GPUDirect RDMA. Plans saved before the key existed read 1.0.
+    #[serde(default = "full_line_rate")]
+    pub nic_efficiency: f64,
 }
 
+fn full_line_rate() -> f64 {
+    1.0
+}
+
+/// The share of line rate NCCL reached over AWS EFA (aws-ofi-nccl, 2021–22 software) on
+/// p4d/p4dn nodes (8 A100, 4 × 100 Gb/s EFA): fitted by `sim/examples/fit_efa.rs` to
+/// nccl-tests `all_reduce_perf` at 1 GiB on 2, 3 and 4 nodes (NVIDIA/nccl issue #527, 2022:
+/// busbw 57.2, 31.8 and 29.6 GB/s), with the simulator's own NCCL model at each candidate.
+/// Residuals: −15.7% at 2 nodes (NCCL's tree, whose two-node busbw the simulator under-rates
+/// here), 0.0% at 3 and +7.1% at 4 nodes (ring, the regime of larger jobs). Earlier EFA
+/// software reached 50–60% of one 100 Gb/s NIC at 8–32 p3dn nodes (aws-ofi-nccl issue #19,
+/// 2019), in line with it. Newer EFA generations and plugins are faster: measure yours.
+pub const EFA_2022_NIC_EFFICIENCY: f64 = 0.64;
+
+/// The least `nic_efficiency` a cluster may have (docs/limits.md): 1% of line rate.
+pub const MIN_NIC_EFFICIENCY: f64 = 0.01;
+
 /// Names of the built-in cluster presets.
-pub const CLUSTER_PRESETS: &[&str] = &["dgx-a100", "dgx-h100", "dgx-h200", "dgx-h800", "dgx-b200", "cpu-local"];
+pub const CLUSTER_PRESETS: &[&str] =
+    &["dgx-a100", "dgx-h100", "dgx-h200", "dgx-h800", "dgx-b200", "aws-p4d", "cpu-local"];
 
 impl ClusterSpec {
     /// A built-in cluster by name (one node; set `nodes` to scale it), or `None`.
@@ -79,6 +106,7 @@ impl ClusterSpec {
             switch_radix: radix,
             nodes_per_unit: 32,
             switch_latency_ns: 200,
+            nic_efficiency: 1.0,
         };
         Some(match name {
             // DGX A100: 8 A100-80GB, 8 ConnectX-6 HDR 200 Gb/s compute NICs, QM8700 switches.
@@ -93,6 +121,13 @@ impl ClusterSpec {
             // 8 InfiniBand NICs of 400 Gb/s (50 GB/s), one per GPU.
             "dgx-h800" => c(GpuKind::H800Sxm, 8, 8, 400.0, Fabric::RailOptimized, 64),
             "dgx-b200" => c(GpuKind::B200, 8, 8, 400.0, Fabric::RailOptimized, 64),
+            // AWS p4d.24xlarge: 8 A100-40GB on NVSwitch, 4 × 100 Gb/s EFA, in an AWS Clos
+            // network (modelled as a full-bisection fat-tree with adaptive routing: EFA's SRD
+            // sprays packets over paths). EFA reaches a share of line rate only.
+            "aws-p4d" => ClusterSpec {
+                nic_efficiency: EFA_2022_NIC_EFFICIENCY,
+                ..c(GpuKind::A100_40gb, 8, 4, 100.0, Fabric::FatTree, 64)
+            },
             // This machine: CPU ranks in one process or one host, no fabric.
             "cpu-local" => c(GpuKind::Cpu, 8, 0, 0.0, Fabric::SingleSwitch, 64),
             _ => return None,
@@ -121,6 +156,13 @@ impl ClusterSpec {
         }
         if self.nics_per_node > 0 && !(self.nic_gbps > 0.0 && self.nic_gbps.is_finite()) {
             bad.push(format!("cluster.nic_gbps = {}: a NIC needs a positive speed (HDR 200, NDR 400)", self.nic_gbps));
+        }
+        if !(self.nic_efficiency >= MIN_NIC_EFFICIENCY && self.nic_efficiency <= 1.0) {
+            bad.push(format!(
+                "cluster.nic_efficiency = {}: it is the share of the NIC's line rate NCCL reaches, in \
+                 [{MIN_NIC_EFFICIENCY}, 1] (1.0 for InfiniBand or RoCE; 0.64 for AWS EFA in 2022)",
+                self.nic_efficiency
+            ));
         }
         if !(self.oversubscription >= 1.0 && self.oversubscription.is_finite()) {
             bad.push(format!(
@@ -165,5 +207,21 @@ mod tests {
         let mut c = ClusterSpec::preset("cpu-local").unwrap();
         c.nodes = 2;
         assert!(c.check().unwrap_err().contains("cluster.nics_per_node = 0"));
+    }
+
+    #[test]
+    fn nic_efficiency_is_a_share_of_line_rate_and_old_plans_read_full_rate() {
+        let mut c = ClusterSpec::preset("aws-p4d").unwrap();
+        assert_eq!((c.gpu, c.nics_per_node, c.nic_gbps, c.nic_efficiency), (GpuKind::A100_40gb, 4, 100.0, 0.64));
+        for bad in [0.0, 1e-15, 1.5, f64::NAN, f64::INFINITY] {
+            c.nic_efficiency = bad;
+            let e = c.check().unwrap_err();
+            assert!(e.contains("cluster.nic_efficiency") && e.contains("[0.01, 1]"), "{bad}: {e}");
+        }
+        // A cluster serialised before the key existed reads as full line rate.
+        let mut v = serde_json::to_value(ClusterSpec::preset("dgx-a100").unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("nic_efficiency");
+        let back: ClusterSpec = serde_json::from_value(v).unwrap();
+        assert_eq!(back.nic_efficiency, 1.0);
     }
 }

@@ -37,6 +37,7 @@
 //! | nodes · nics_per_node | 0 | 262,144 (2^18) | NIC ports the fabric wires |
 //! | `cluster.nic_gbps` | 0.001 (0 without NICs) | 1,000,000 | 1 Mb/s .. 1 Pb/s, finite |
 //! | `cluster.oversubscription` | 1 | 1,024 | finite |
+//! | `cluster.nic_efficiency` | 0.01 | 1 | share of line rate NCCL reaches |
 //! | `cluster.switch_radix` | 4 (even) | 4,096 | 64× a QM9700's 64 ports |
 //! | `cluster.nodes_per_unit` | 1 | 131,072 | as `cluster.nodes` |
 //! | `cluster.switch_latency_ns` | 0 | 1,000,000 | 1 ms |

@@ -114,6 +114,7 @@ raw_table!(RawCluster {
     switch_radix: u32,
     nodes_per_unit: u32,
     switch_latency_ns: u64,
+    nic_efficiency: f64,
 });
 raw_table!(RawParallel {
     tp: u32,
@@ -235,6 +236,7 @@ impl Scenario {
                 switch_radix: Some(c.switch_radix),
                 nodes_per_unit: Some(c.nodes_per_unit),
                 switch_latency_ns: Some(c.switch_latency_ns),
+                nic_efficiency: Some(c.nic_efficiency).filter(|e| *e != 1.0),
             },
             parallel: RawParallel {
                 tp: Some(p.tp),
@@ -519,6 +521,7 @@ fn resolve_cluster(rc: RawCluster, origin: &str) -> Result<ClusterSpec, Scenario
         switch_radix: rc.switch_radix.or(cbase.as_ref().map(|b| b.switch_radix)).unwrap_or(64),
         nodes_per_unit: rc.nodes_per_unit.or(cbase.as_ref().map(|b| b.nodes_per_unit)).unwrap_or(32),
         switch_latency_ns: rc.switch_latency_ns.or(cbase.as_ref().map(|b| b.switch_latency_ns)).unwrap_or(200),
+        nic_efficiency: rc.nic_efficiency.or(cbase.as_ref().map(|b| b.nic_efficiency)).unwrap_or(1.0),
     };
     Ok(cluster)
 }

@@ -212,6 +212,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "gpus_per_node": c.gpus_per_node,
                 "nics_per_node": c.nics_per_node,
                 "nic_Gbps": c.nic_gbps,
+                "nic_efficiency": c.nic_efficiency,
                 "fabric": format!("{:?}", c.fabric),
             },
             "op": op.key(),
@@ -227,12 +228,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "algbw_GBps": "GB/s, 1e9 bytes per second: size / time",
                 "busbw_GBps": "GB/s, 1e9 bytes per second: algbw × nccl-tests' bus factor",
                 "nic_Gbps": "Gb/s, 1e9 bits per second per NIC",
+                "nic_efficiency": "share of nic_Gbps NCCL's network transport reaches (1 on InfiniBand / RoCE)",
             },
             "rows": rows,
         }));
     }
+    let efficiency =
+        if c.nic_efficiency < 1.0 { format!(" at {:.0}% efficiency", c.nic_efficiency * 100.0) } else { String::new() };
     println!(
-        "# cluster {}: {} nodes × {} {}, {} NICs × {} Gb/s, {:?}",
+        "# cluster {}: {} nodes × {} {}, {} NICs × {} Gb/s{efficiency}, {:?}",
         c.name, c.nodes, c.gpus_per_node, c.gpu, c.nics_per_node, c.nic_gbps, c.fabric
     );
     for note in &fell_back {

@@ -17,7 +17,7 @@ pub mod launch;
 pub mod rdma;
 
 use serde::Serialize;
-use strata_models::cluster::{ClusterSpec, Fabric, Routing};
+use strata_models::cluster::{ClusterSpec, EFA_2022_NIC_EFFICIENCY, Fabric, Routing};
 use strata_models::hardware::GpuKind;
 
 use rdma::{LinkLayer, RdmaPort};
@@ -249,7 +249,7 @@ impl Machine {
                 1
             }
         };
-        let (nics, nic_gbps) = match &self.rdma {
+        let (nics, nic_gbps, nic_efficiency) = match &self.rdma {
             Ok(ports) => {
                 let (nics, other) = compute_nics(ports);
                 for p in &nics {
@@ -261,11 +261,24 @@ impl Machine {
                 if nics.is_empty() {
                     notes.push("no RDMA port is active: the file has no NICs".into());
                 }
-                (nics.len() as u32, nics.first().and_then(|p| p.gbps).unwrap_or(0.0))
+                // AWS EFA devices are named efa_N (the efa kernel driver) and speak SRD,
+                // not InfiniBand: NCCL reaches a share of their line rate only.
+                let efa = !nics.is_empty() && nics.iter().all(|p| p.device.starts_with("efa"));
+                let efficiency = if efa {
+                    notes.push(format!(
+                        "the NICs are AWS EFA: nic_efficiency = {EFA_2022_NIC_EFFICIENCY}, the share of line rate \
+                         nccl-tests reached over EFA on p4d nodes (2022 software); measure yours with nccl-tests \
+                         and set it"
+                    ));
+                    EFA_2022_NIC_EFFICIENCY
+                } else {
+                    1.0
+                };
+                (nics.len() as u32, nics.first().and_then(|p| p.gbps).unwrap_or(0.0), efficiency)
             }
             Err(e) => {
                 notes.push(format!("{e}; the file has no NICs"));
-                (0, 0.0)
+                (0, 0.0, 1.0)
             }
         };
         let multi = nics > 0;
@@ -290,6 +303,7 @@ impl Machine {
             switch_radix: 64,
             nodes_per_unit: 32,
             switch_latency_ns: 200,
+            nic_efficiency,
         };
         cluster.check().map_err(|e| {
             format!("what probe found is not a cluster Strata can load: {e} (found: {})", notes.join("; "))
@@ -322,6 +336,7 @@ impl Found {
         out += &format!("switch_radix = {}\n", c.switch_radix);
         out += &format!("nodes_per_unit = {}\n", c.nodes_per_unit);
         out += &format!("switch_latency_ns = {}\n", c.switch_latency_ns);
+        out += &format!("nic_efficiency = {:?}\n", c.nic_efficiency);
         out
     }
 }

@@ -79,6 +79,7 @@ fn a_dgx_h200_node_under_slurm_is_a_rail_optimised_cluster() {
     assert_eq!(c, f.cluster);
     assert_eq!((c.gpu, c.nodes, c.gpus_per_node, c.nics_per_node, c.nic_gbps), (GpuKind::H200Sxm, 4, 8, 8, 400.0));
     assert_eq!(c.fabric, Fabric::RailOptimized);
+    assert_eq!(c.nic_efficiency, 1.0);
     let text = f.toml();
     assert!(
         text.contains(
@@ -93,6 +94,28 @@ fn a_dgx_h200_node_under_slurm_is_a_rail_optimised_cluster() {
     assert!(text.contains("not visible from one node: the fabric"), "{text}");
     assert!(text.contains("every GPU pair is an NVLink peer (NVLink = peer access with native atomics"), "{text}");
     assert!(!text.contains("not every GPU pair"), "{text}");
+}
+
+#[test]
+fn aws_efa_ports_get_the_share_of_line_rate_nccl_reaches() {
+    // Four EFA devices at 4x EDR (100 Gb/s each), as on a p4d node.
+    let m = Machine {
+        hostname: "p4d".into(),
+        cpus: 96,
+        gpus: Ok((0..8).map(h200).collect()),
+        rdma: Ok((0..4).map(|i| port(&format!("efa_{i}"), 4, 1, 32, 2)).collect()),
+        launch: Ok(None),
+    };
+    let f = m.cluster().unwrap();
+    let c = read_back(&f);
+    assert_eq!(c, f.cluster);
+    assert_eq!((c.nics_per_node, c.nic_gbps, c.nic_efficiency), (4, 100.0, EFA_2022_NIC_EFFICIENCY));
+    assert!(f.notes.iter().any(|n| n.contains("the NICs are AWS EFA: nic_efficiency = 0.64")), "{:?}", f.notes);
+    // Mellanox ports alongside are not EFA.
+    let mut ports: Vec<RdmaPort> = (0..4).map(|i| port(&format!("mlx5_{i}"), 4, 1, 32, 2)).collect();
+    ports[0].device = "efa_0".into();
+    let f = Machine { rdma: Ok(ports), ..m }.cluster().unwrap();
+    assert_eq!(f.cluster.nic_efficiency, 1.0);
 }
 
 #[test]

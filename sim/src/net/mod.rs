@@ -51,6 +51,7 @@ pub mod maxmin;
 pub mod names;
 pub mod nccl;
 pub mod nccl_graph;
+pub mod nic_fit;
 pub mod node;
 pub mod routing;
 pub mod topology;

@@ -12,7 +12,9 @@
 //! - a NIC's path to its GPU is min(NIC, PCIe): NIC speed / 8 (topo.cc: Gb/s ÷ 8000 → GB/s)
 //!   and PCIe x16 Gen4 24 GB/s (A100), Gen5 48 GB/s (Hopper, Blackwell). So NDR 400 Gb/s is
 //!   48 GB/s (the "46–48 GB/s per NIC" of nccl-tests#290) and HDR 200 Gb/s is 24 GB/s
-//!   (8 × 24 = 192 GB/s DGX A100 multi-node busbw, nccl#812).
+//!   (8 × 24 = 192 GB/s DGX A100 multi-node busbw, nccl#812). The NIC's figure is scaled
+//!   by the cluster's `nic_efficiency` first (1.0 on InfiniBand / RoCE; AWS EFA reaches a
+//!   share of its line rate: `strata_models::cluster::EFA_2022_NIC_EFFICIENCY`).
 //!
 //! Assumed host CPUs (they select NCCL's multi-node LL ceiling and network post overhead):
 //! DGX A100 has AMD EPYC 7742, DGX H100/H200/B200 have Intel Xeon (DGX user guides).
@@ -88,7 +90,7 @@ impl NodeNet {
                 (Arch::Volta, CpuVendor::Intel, false, bw, bw)
             }
         };
-        let nic_gb_per_s = (cluster.nic_gbps / 8.0).min(pcie_gb_per_s);
+        let nic_gb_per_s = (cluster.nic_gbps / 8.0 * cluster.nic_efficiency).min(pcie_gb_per_s);
         Ok(NodeNet {
             arch,
             cpu,
