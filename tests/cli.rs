@@ -195,6 +195,75 @@ fn collbench_prints_nccl_tests_rows() {
     );
 }
 
+/// An nccl-tests all_reduce_perf log of `ranks` ranks with (size, out-of-place busbw) rows.
+fn nccl_tests_log(ranks: u32, rows: &[(u64, f64)]) -> String {
+    let mut t = String::from("# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 2(factor)\n");
+    t += "# Collective test starting: all_reduce_perf\n";
+    for r in 0..ranks {
+        t += &format!(
+            "#  Rank {r:3} Group  0 Pid {} on node{} device  {} [0x10] NVIDIA A100-SXM4-40GB\n",
+            100 + r,
+            r / 8,
+            r % 8
+        );
+    }
+    t += "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+    for (size, busbw) in rows {
+        let alg = busbw / 1.9375;
+        t += &format!(
+            "{size:>12} {:>12}     float     sum      -1  1000.0  {alg:.2}  {busbw:.2}      0  1000.0  {alg:.2}  {busbw:.2}      0\n",
+            size / 4
+        );
+    }
+    t
+}
+
+#[test]
+fn collbench_fits_nic_efficiency_to_a_real_nccl_tests_log() {
+    // Four p4d nodes over EFA: about 30 GB/s busbw at large sizes (NVIDIA/nccl#527 measured
+    // 29.6 at 1 GiB), far under the NICs' 50 GB/s a node. The 1 MiB row is latency-bound and
+    // below --fit-min, so it is not used.
+    let log = tmp("p4d-allreduce.log");
+    std::fs::write(&log, nccl_tests_log(32, &[(1 << 20, 2.1), (256 << 20, 28.9), (512 << 20, 29.3), (1 << 30, 29.6)]))
+        .unwrap();
+    let path = log.to_str().unwrap();
+    let out = strata(&["collbench", "--cluster", "aws-p4d", "--fit", path, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["op"].as_str(), v["ranks"].as_u64(), v["nodes"].as_u64()), (Some("all_reduce"), Some(32), Some(4)));
+    let e = v["nic_efficiency"].as_f64().unwrap();
+    assert!((0.5..0.7).contains(&e), "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{v}");
+    for r in rows {
+        assert!(r["residual_pct"].as_f64().unwrap().abs() < 5.0, "{v}");
+    }
+    // The text output says what to write.
+    let out = strata(&["collbench", "--cluster", "aws-p4d", "--fit", path]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("nic_efficiency = {e:.2}")) && text.contains("[cluster] table"), "{text}");
+    // Bad input: a --ranks the log contradicts, a one-node log, a log with no data, no file.
+    rejects(
+        &strata(&["collbench", "--cluster", "aws-p4d", "--fit", path, "--ranks", "16"]),
+        &["--ranks 16", "32 ranks"],
+    );
+    rejects(&strata(&["collbench", "--cluster", "aws-p4d", "--fit", path, "--op", "all_gather"]), &["all_reduce_perf"]);
+    let one = tmp("one-node.log");
+    std::fs::write(&one, nccl_tests_log(8, &[(1 << 30, 230.0)])).unwrap();
+    rejects(
+        &strata(&["collbench", "--cluster", "aws-p4d", "--fit", one.to_str().unwrap()]),
+        &["one node", "nothing to fit"],
+    );
+    let empty = tmp("empty.log");
+    std::fs::write(&empty, "# nothing\n").unwrap();
+    rejects(
+        &strata(&["collbench", "--cluster", "aws-p4d", "--fit", empty.to_str().unwrap()]),
+        &["no nccl-tests data line"],
+    );
+    rejects(&strata(&["collbench", "--cluster", "aws-p4d", "--fit", "/nonexistent/log"]), &["cannot open"]);
+    rejects(&strata(&["collbench", "--cluster", "aws-p4d", "--fit", path, "--algo", "ring"]), &["drop --algo"]);
+}
+
 #[test]
 fn an_out_of_memory_verdict_prints_the_report_and_exits_3() {
     let out = strata(&[

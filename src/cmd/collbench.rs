@@ -10,6 +10,11 @@
 //! `--json` prints one object: `cluster`, `op`, `ranks`, `network`, the forced `algo` and
 //! `proto`, `fallbacks` (sizes that did not run what was forced), `units`, and `rows`
 //! (`size_bytes`, `time_us`, `algbw_GBps`, `busbw_GBps`, `algorithm`, `protocol`).
+//!
+//! `--fit LOG` reads a real nccl-tests run across nodes and fits the cluster's
+//! `nic_efficiency` (the share of NIC line rate NCCL reaches) to its bandwidth-bound sizes
+//! (`strata_sim::net::nic_fit`): it prints the figure, each size's measured and simulated
+//! busbw, and the line to put in the cluster's TOML.
 
 use std::path::Path;
 
@@ -32,9 +37,10 @@ pub struct Args {
     /// all_reduce | all_gather | reduce_scatter | alltoall | sendrecv
     #[arg(long, default_value = "all_reduce")]
     pub op: String,
-    /// Ranks taking part (the first N GPUs of the cluster).
-    #[arg(long)]
-    pub ranks: u32,
+    /// Ranks taking part (the first N GPUs of the cluster); with --fit, the log's when it
+    /// lists them.
+    #[arg(long, required_unless_present = "fit")]
+    pub ranks: Option<u32>,
     /// Smallest message, bytes (suffixes K, M, G are powers of 1024, as nccl-tests reads them).
     #[arg(long, default_value = "8")]
     pub min: String,
@@ -61,10 +67,22 @@ pub struct Args {
     /// Seed of the fabric's static-routing hashes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Fit the cluster's nic_efficiency to a real nccl-tests log across nodes (its stdout,
+    /// mpirun prefixes allowed): the ranks and operation come from the log where it names
+    /// them (else --ranks, --op), and sizes from --fit-min up count. Prints the figure to set
+    /// as `nic_efficiency` in the cluster's TOML, and each size's measured and simulated busbw.
+    #[arg(long, value_name = "LOG")]
+    pub fit: Option<std::path::PathBuf>,
+    /// The smallest size --fit uses (smaller messages are bound by latency, not the NIC).
+    #[arg(long, default_value = "64M")]
+    pub fit_min: String,
     /// Print the rows as JSON.
     #[arg(long)]
     pub json: bool,
 }
+
+/// The largest nccl-tests log `--fit` reads (docs/limits.md).
+pub const MAX_FIT_LOG_BYTES: u64 = 16 << 20;
 
 /// Parses `8`, `64K`, `8M`, `8G` (powers of 1024).
 fn size(text: &str) -> anyhow::Result<u64> {
@@ -80,7 +98,7 @@ fn size(text: &str) -> anyhow::Result<u64> {
     n.checked_mul(mult).filter(|b| *b > 0).with_context(|| format!("size {text:?} must be between 1 byte and 2^64"))
 }
 
-fn cluster(args: &Args) -> anyhow::Result<ClusterSpec> {
+fn cluster(args: &Args, ranks: u32) -> anyhow::Result<ClusterSpec> {
     let mut c = match ClusterSpec::preset(&args.cluster) {
         Some(c) => c,
         None if Path::new(&args.cluster).exists() => strata_models::scenario::load_cluster(Path::new(&args.cluster))?,
@@ -92,8 +110,8 @@ fn cluster(args: &Args) -> anyhow::Result<ClusterSpec> {
     };
     c.nodes = match args.nodes {
         Some(n) => n,
-        None if Path::new(&args.cluster).exists() => c.nodes.max(args.ranks.div_ceil(c.gpus_per_node)),
-        None => args.ranks.div_ceil(c.gpus_per_node).max(1),
+        None if Path::new(&args.cluster).exists() => c.nodes.max(ranks.div_ceil(c.gpus_per_node)),
+        None => ranks.div_ceil(c.gpus_per_node).max(1),
     };
     c.check().map_err(|e| anyhow::anyhow!(e))?;
     Ok(c)
@@ -150,7 +168,7 @@ fn algo_rule(a: Algo) -> &'static str {
 }
 
 /// The sizes (first and last) whose rows did not run what was forced, and what ran.
-fn fallbacks(args: &Args, rows: &[BenchRow]) -> anyhow::Result<Vec<String>> {
+fn fallbacks(args: &Args, ranks: u32, rows: &[BenchRow]) -> anyhow::Result<Vec<String>> {
     let algo = args.algo.as_deref().map(parse_algo).transpose()?;
     let proto = args.proto.as_deref().map(parse_proto).transpose()?;
     let mut out = Vec::new();
@@ -161,7 +179,7 @@ fn fallbacks(args: &Args, rows: &[BenchRow]) -> anyhow::Result<Vec<String>> {
             out.push(format!(
                 "{what} is not possible for {} over {} ranks at {} of {} sizes ({}–{} bytes): {} ran instead ({rule})",
                 args.op,
-                args.ranks,
+                ranks,
                 bad.len(),
                 rows.len(),
                 first.size_bytes,
@@ -181,25 +199,29 @@ fn fallbacks(args: &Args, rows: &[BenchRow]) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
     let op = BenchOp::from_key(&args.op).with_context(|| {
         format!("--op {:?} is not one of all_reduce, all_gather, reduce_scatter, alltoall, sendrecv", args.op)
     })?;
+    if let Some(path) = args.fit.clone() {
+        return fit(&mut args, op, &path);
+    }
+    let ranks = args.ranks.context("--ranks is needed without --fit")?;
     let (min, max) = (size(&args.min)?, size(&args.max)?);
     if min > max {
         bail!("--min {} is larger than --max {}", args.min, args.max);
     }
-    if args.ranks < 2 {
-        bail!("--ranks {}: a collective needs at least 2 ranks", args.ranks);
+    if ranks < 2 {
+        bail!("--ranks {ranks}: a collective needs at least 2 ranks");
     }
     let kind = match args.network.as_str() {
         "fabric" => NetworkKind::Fabric,
         "closed-form" => NetworkKind::ClosedForm,
         other => bail!("--network {other:?}: use fabric or closed-form"),
     };
-    let c = cluster(&args)?;
-    let rows = collbench::sweep_cluster(&c, args.seed, kind, &env(&args)?, op, args.ranks, min, max)?;
-    let fell_back = fallbacks(&args, &rows)?;
+    let c = cluster(&args, ranks)?;
+    let rows = collbench::sweep_cluster(&c, args.seed, kind, &env(&args)?, op, ranks, min, max)?;
+    let fell_back = fallbacks(&args, ranks, &rows)?;
     if !fell_back.is_empty() && !args.allow_fallback {
         bail!("{}; drop the forced choice, or pass --allow-fallback to see what NCCL would run", fell_back.join("; "));
     }
@@ -216,7 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "fabric": format!("{:?}", c.fabric),
             },
             "op": op.key(),
-            "ranks": args.ranks,
+            "ranks": ranks,
             "network": args.network,
             "algo": args.algo.as_deref().map(parse_algo).transpose()?.map(Algo::key),
             "proto": args.proto.as_deref().map(parse_proto).transpose()?.map(Proto::key),
@@ -242,6 +264,83 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for note in &fell_back {
         println!("# note: {note}");
     }
-    print!("{}", collbench::format_table(op, args.ranks, &rows));
+    print!("{}", collbench::format_table(op, ranks, &rows));
+    Ok(())
+}
+
+/// `--fit LOG`: the cluster's `nic_efficiency` from a real nccl-tests run across nodes.
+fn fit(args: &mut Args, op: BenchOp, path: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    use strata_sim::net::nic_fit;
+    if args.algo.is_some() || args.proto.is_some() || args.no_nvls || args.network != "fabric" {
+        bail!("--fit fits with NCCL's own choice on the fabric network: drop --algo, --proto, --no-nvls and --network");
+    }
+    let file = std::fs::File::open(path).with_context(|| format!("--fit {}: cannot open it", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_FIT_LOG_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("--fit {}: not a readable text file", path.display()))?;
+    if text.len() as u64 > MAX_FIT_LOG_BYTES {
+        bail!(
+            "--fit {}: the log is over {} MiB, the limit (see docs/limits.md); keep one test's output",
+            path.display(),
+            MAX_FIT_LOG_BYTES >> 20
+        );
+    }
+    let log = nic_fit::parse_nccl_tests(&text).map_err(|e| anyhow::anyhow!("--fit {}: {e}", path.display()))?;
+    let op = match log.op {
+        Some(o) if args.op != "all_reduce" && o != op => {
+            bail!("--op {} but the log ran {}_perf: drop --op, or give the log of {}_perf", op.key(), o.key(), op.key())
+        }
+        Some(o) => o,
+        None => op,
+    };
+    let ranks = match (log.ranks, args.ranks) {
+        (Some(l), Some(r)) if l != r => {
+            bail!("--ranks {r} but the log lists {l} ranks (its \"#  Rank N Group\" lines): drop --ranks")
+        }
+        (Some(l), _) => l,
+        (None, Some(r)) => r,
+        (None, None) => bail!("the log lists no \"#  Rank N Group\" lines: say how many ranks ran it with --ranks"),
+    };
+    args.ranks = Some(ranks);
+    let c = cluster(args, ranks)?;
+    let min = size(&args.fit_min)?;
+    let f = nic_fit::fit_log(&c, op, ranks, &log.rows, min).map_err(|e| anyhow::anyhow!("--fit: {e}"))?;
+    let residual = |m: f64, x: f64| (m / x - 1.0) * 100.0;
+    if args.json {
+        return common::print_json(&serde_json::json!({
+            "cluster": c.name,
+            "op": op.key(),
+            "ranks": ranks,
+            "nodes": ranks.div_ceil(c.gpus_per_node),
+            "nic_Gbps": c.nic_gbps,
+            "nic_efficiency": f.efficiency,
+            "fit_min_bytes": min,
+            "rows": f.residuals.iter().map(|(r, m)| serde_json::json!({
+                "size_bytes": r.bytes,
+                "measured_busbw_GBps": r.busbw_gbps,
+                "simulated_busbw_GBps": m,
+                "residual_pct": residual(*m, r.busbw_gbps),
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    println!(
+        "# {} over {ranks} ranks ({} nodes of {}, {} NICs × {} Gb/s): {} sizes of at least {min} bytes",
+        op.key(),
+        ranks.div_ceil(c.gpus_per_node),
+        c.name,
+        c.nics_per_node,
+        c.nic_gbps,
+        f.residuals.len()
+    );
+    println!("#  size_bytes   measured   simulated  residual   (busbw, GB/s)");
+    for (r, m) in &f.residuals {
+        println!("{:>12} {:>10.2} {:>11.2} {:>+8.1}%", r.bytes, r.busbw_gbps, m, residual(*m, r.busbw_gbps));
+    }
+    println!("nic_efficiency = {:.2}   # put this line in the cluster's [cluster] table", f.efficiency);
+    if f.efficiency >= 1.0 {
+        println!("# the log reaches the simulator's full line-rate figure: 1.0 is the most the key takes");
+    }
     Ok(())
 }

@@ -268,7 +268,7 @@ impl Machine {
                     notes.push(format!(
                         "the NICs are AWS EFA: nic_efficiency = {EFA_2022_NIC_EFFICIENCY}, the share of line rate \
                          nccl-tests reached over EFA on p4d nodes (2022 software); measure yours with nccl-tests \
-                         and set it"
+                         and `strata collbench --fit LOG`"
                     ));
                     EFA_2022_NIC_EFFICIENCY
                 } else {

@@ -4,7 +4,10 @@
 //! For each candidate efficiency in 0.01 steps the rows' all-reduces are simulated on the
 //! fabric network, NCCL's default algorithm choice, with the cluster at that efficiency; the
 //! fit is the candidate with the least sum of squared log residuals (log(model / measured)),
-//! so a row 10% fast weighs as one 10% slow. InfiniBand and RoCE keep 1.0: NCCL's tuning
+//! so a row 10% fast weighs as one 10% slow; among equal ones (sizes where the NICs do not
+//! bind) the largest. NCCL's topology search and tuning keep the line rate, as NCCL does
+//! with the speed EFA reports; the links deliver the share (`node.rs`). `parse_nccl_tests` reads a real nccl-tests log and `fit_log` fits
+//! one cluster to it (`strata collbench --fit LOG`). InfiniBand and RoCE keep 1.0: NCCL's tuning
 //! factors already give their measured busbw (`node.rs`). Reproduce the AWS EFA figure with
 //! `cargo run --release -p strata-sim --example fit_efa`.
 
@@ -56,7 +59,13 @@ pub fn rows(csv: &str) -> Result<Vec<NicRow>, String> {
 
 /// The simulated busbw of `op` over the first `ranks` GPUs of `cluster` at `bytes`, with the
 /// cluster's NICs at `efficiency`.
-pub fn simulated_busbw(cluster: &ClusterSpec, op: BenchOp, ranks: u32, bytes: u64, efficiency: f64) -> Result<f64, String> {
+pub fn simulated_busbw(
+    cluster: &ClusterSpec,
+    op: BenchOp,
+    ranks: u32,
+    bytes: u64,
+    efficiency: f64,
+) -> Result<f64, String> {
     let mut c = cluster.clone();
     c.nic_efficiency = efficiency;
     let out = sweep_cluster(&c, 0, NetworkKind::Fabric, &NcclEnv::default(), op, ranks, bytes, bytes)
@@ -77,15 +86,14 @@ fn candidates() -> impl Iterator<Item = f64> {
 }
 
 /// The candidate with the least sum of squared log residuals of `model(e)` against `measured`.
-fn least_log_squares(
-    measured: &[f64],
-    mut model: impl FnMut(f64) -> Result<Vec<f64>, String>,
-) -> Result<f64, String> {
+fn least_log_squares(measured: &[f64], mut model: impl FnMut(f64) -> Result<Vec<f64>, String>) -> Result<f64, String> {
     let mut best: Option<(f64, f64)> = None;
     for e in candidates() {
         let m = model(e)?;
         let sse: f64 = m.iter().zip(measured).map(|(m, x)| (m / x).ln().powi(2)).sum();
-        if best.is_none_or(|(_, b)| sse < b) {
+        // Ties (sizes where the NICs do not bind) keep the largest candidate: no shortfall
+        // the measurements cannot show.
+        if best.is_none_or(|(_, b)| sse <= b) {
             best = Some((e, sse));
         }
     }
@@ -255,15 +263,85 @@ mod tests {
         let f = fit(&rows).unwrap();
         assert_eq!(f.efficiency, EFA_2022_NIC_EFFICIENCY, "{}", report(&f));
         assert_eq!(ClusterSpec::preset("aws-p4d").unwrap().nic_efficiency, EFA_2022_NIC_EFFICIENCY);
-        // Ring rows (3 and 4 nodes, the regime of larger jobs) within 8%; the two-node tree
-        // row within 16% (the simulator under-rates its busbw there, see the constant).
+        // Every row, NCCL's two-node tree and the rings beyond, within 5%.
         for (r, m) in &f.residuals {
-            let bound = if r.nodes >= 3 { 0.08 } else { 0.16 };
-            assert!((m / r.busbw_gbps - 1.0).abs() < bound, "{}", report(&f));
+            assert!((m / r.busbw_gbps - 1.0).abs() < 0.05, "{}", report(&f));
         }
         // At line rate the simulator is far faster than EFA measured: the factor matters.
         let full = model_busbw(&rows[2], 1.0).unwrap();
         assert!(full > rows[2].busbw_gbps * 1.4, "{full}");
+    }
+
+    /// An nccl-tests 2.13 log as mpirun prints it, 16 ranks on 2 nodes of 8.
+    fn log(busbw_at: impl Fn(u64) -> f64) -> String {
+        let mut t = String::from("[1,0]<stdout>:# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824\n");
+        t += "[1,0]<stdout>:# Collective test starting: all_reduce_perf\n";
+        for r in 0..16 {
+            t += &format!(
+                "[1,0]<stdout>:#  Rank {r:2} Group  0 Pid  1 on node{} device  {} [0x10] NVIDIA A100\n",
+                r / 8,
+                r % 8
+            );
+        }
+        t += "[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+        let mut size = 8u64;
+        while size <= 1 << 30 {
+            let b = busbw_at(size);
+            t += &format!(
+                "[1,0]<stdout>:{size:>12} {:>12}     float     sum      -1   100.0   {:.2}   {b:.2}      0   100.0   {:.2}   {b:.2}      0\n",
+                size / 4,
+                b / 1.875,
+                b / 1.875
+            );
+            size *= 8;
+        }
+        t += "[1,0]<stdout>:# Avg bus bandwidth    : 1.0\n";
+        t
+    }
+
+    #[test]
+    fn an_nccl_tests_log_gives_its_op_ranks_and_out_of_place_busbw() {
+        let l = parse_nccl_tests(&log(|s| s as f64 / 1e7)).unwrap();
+        assert_eq!((l.op, l.ranks, l.rows.len()), (Some(BenchOp::AllReduce), Some(16), 10));
+        assert_eq!(l.rows[0], LogRow { bytes: 8, busbw_gbps: 0.0 });
+        assert_eq!(l.rows[9].bytes, 1 << 30);
+        assert!((l.rows[9].busbw_gbps - 107.37).abs() < 0.01, "{:?}", l.rows[9]);
+        // The older format (no root column, no test-starting line) reads the same columns.
+        let old = "#  Rank  0 Group  0 Pid 9 on a device  0 [0x10] Tesla\n     1048576        262144   float     sum   1035.3    1.01    1.90  5e-07    643.4    1.63    3.06  5e-07\n";
+        let l = parse_nccl_tests(old).unwrap();
+        assert_eq!((l.op, l.ranks), (None, Some(1)));
+        assert_eq!(l.rows, vec![LogRow { bytes: 1 << 20, busbw_gbps: 1.90 }]);
+        assert!(parse_nccl_tests("# nothing here\n").unwrap_err().contains("no nccl-tests data line"));
+        let e = parse_nccl_tests("# Collective test starting: hypercube_perf\n").unwrap_err();
+        assert!(e.contains("hypercube_perf"), "{e}");
+        let bad = "     1048576        262144   float     sum   1035.3    1.01    x.90  5e-07    643.4    1.63    3.06  5e-07\n";
+        assert!(parse_nccl_tests(bad).unwrap_err().contains("line 1: out-of-place busbw \"x.90\""));
+    }
+
+    #[test]
+    fn a_log_at_a_known_share_of_line_rate_fits_back_to_it() {
+        // A "measured" log made by the simulator itself at 0.5 of the NICs of 4 dgx-a100
+        // nodes (ring: the NICs bind).
+        let mut c = ClusterSpec::preset("dgx-a100").unwrap();
+        c.nodes = 4;
+        let rows: Vec<LogRow> = [64u64 << 20, 256 << 20, 1 << 30]
+            .iter()
+            .map(|&b| LogRow { bytes: b, busbw_gbps: simulated_busbw(&c, BenchOp::AllReduce, 32, b, 0.5).unwrap() })
+            .collect();
+        let f = fit_log(&c, BenchOp::AllReduce, 32, &rows, 64 << 20).unwrap();
+        assert_eq!(f.efficiency, 0.5);
+        for (r, m) in &f.residuals {
+            assert!((m / r.busbw_gbps - 1.0).abs() < 1e-9, "{r:?} {m}");
+        }
+        // Rows below the minimum are not used; one node has nothing to fit.
+        assert!(fit_log(&c, BenchOp::AllReduce, 32, &rows, 2 << 30).unwrap_err().contains("no row of at least"));
+        // Two nodes (NCCL's tree) at 0.73 fit back to 0.73: NCCL plans for the line rate
+        // and the links deliver the share, so every share gives its own busbw.
+        c.nodes = 2;
+        let at = |e: f64| simulated_busbw(&c, BenchOp::AllReduce, 16, 1 << 30, e).unwrap();
+        assert!(at(0.73) < at(0.74));
+        let rows = [LogRow { bytes: 1 << 30, busbw_gbps: at(0.73) }];
+        assert_eq!(fit_log(&c, BenchOp::AllReduce, 16, &rows, 0).unwrap().efficiency, 0.73);
     }
 
     #[test]

@@ -12,9 +12,11 @@
 //! - a NIC's path to its GPU is min(NIC, PCIe): NIC speed / 8 (topo.cc: Gb/s ÷ 8000 → GB/s)
 //!   and PCIe x16 Gen4 24 GB/s (A100), Gen5 48 GB/s (Hopper, Blackwell). So NDR 400 Gb/s is
 //!   48 GB/s (the "46–48 GB/s per NIC" of nccl-tests#290) and HDR 200 Gb/s is 24 GB/s
-//!   (8 × 24 = 192 GB/s DGX A100 multi-node busbw, nccl#812). The NIC's figure is scaled
-//!   by the cluster's `nic_efficiency` first (1.0 on InfiniBand / RoCE; AWS EFA reaches a
-//!   share of its line rate: `strata_models::cluster::EFA_2022_NIC_EFFICIENCY`).
+//!   (8 × 24 = 192 GB/s DGX A100 multi-node busbw, nccl#812). NCCL's search and tuning see
+//!   that figure; the links deliver it × the cluster's `nic_efficiency` (1.0 on InfiniBand /
+//!   RoCE; AWS EFA reaches a share of its line rate:
+//!   `strata_models::cluster::EFA_2022_NIC_EFFICIENCY`), which is what the fabric's link
+//!   capacities and the closed form use.
 //!
 //! Assumed host CPUs (they select NCCL's multi-node LL ceiling and network post overhead):
 //! DGX A100 has AMD EPYC 7742, DGX H100/H200/B200 have Intel Xeon (DGX user guides).
@@ -70,8 +72,13 @@ pub struct NodeNet {
     pub nics_per_node: u32,
     /// Effective NVLink bandwidth of one GPU, one direction.
     pub nvlink_gb_per_s: f64,
-    /// Effective bandwidth of one NIC (min of the NIC and its PCIe path), one direction.
+    /// Effective bandwidth of one NIC (min of the NIC and its PCIe path), one direction: the
+    /// figure NCCL's topology search and tuning see.
     pub nic_gb_per_s: f64,
+    /// What the NIC's transport delivers: `nic_gb_per_s` × the cluster's `nic_efficiency`.
+    /// The fabric's link capacities and the closed form run at it, so NCCL plans for the
+    /// line rate (as it does on EFA, which reports its line rate) and the links deliver less.
+    pub nic_delivered_gb_per_s: f64,
 }
 
 impl NodeNet {
@@ -90,7 +97,7 @@ impl NodeNet {
                 (Arch::Volta, CpuVendor::Intel, false, bw, bw)
             }
         };
-        let nic_gb_per_s = (cluster.nic_gbps / 8.0 * cluster.nic_efficiency).min(pcie_gb_per_s);
+        let nic_gb_per_s = (cluster.nic_gbps / 8.0).min(pcie_gb_per_s);
         Ok(NodeNet {
             arch,
             cpu,
@@ -99,6 +106,7 @@ impl NodeNet {
             nics_per_node: cluster.nics_per_node,
             nvlink_gb_per_s,
             nic_gb_per_s,
+            nic_delivered_gb_per_s: nic_gb_per_s * cluster.nic_efficiency,
         })
     }
 
