@@ -64,8 +64,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("\nClusters ([cluster] preset = \"…\"; set nodes = N to scale):");
     for c in &catalog.clusters {
+        let share = if c.nic_efficiency < 1.0 {
+            format!(" (NCCL reaches {:.0}% of it)", c.nic_efficiency * 100.0)
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<10} {} × {} per node, {} NICs × {} Gb/s, {:?} fabric, {:?} routing",
+            "  {:<10} {} × {} per node, {} NICs × {} Gb/s{share}, {:?} fabric, {:?} routing",
             c.name, c.gpus_per_node, c.gpu, c.nics_per_node, c.nic_gbps, c.fabric, c.routing
         );
     }

@@ -1,15 +1,16 @@
 //! Fits a cluster's `nic_efficiency` (the share of NIC line rate NCCL's network transport
-//! reaches) to nccl-tests bus bandwidths measured across nodes (`sim/data/nic_nccl_tests.csv`).
+//! reaches) to nccl-tests bus bandwidths measured across nodes: the published rows of
+//! `sim/data/nic_nccl_tests.csv` ([`fit`]; `cargo run --release -p strata-sim --example
+//! fit_efa` reproduces the AWS EFA figure) or a user's own log ([`parse_nccl_tests`],
+//! [`fit_log`]; `strata collbench --fit LOG`).
 //!
-//! For each candidate efficiency in 0.01 steps the rows' all-reduces are simulated on the
-//! fabric network, NCCL's default algorithm choice, with the cluster at that efficiency; the
-//! fit is the candidate with the least sum of squared log residuals (log(model / measured)),
-//! so a row 10% fast weighs as one 10% slow; among equal ones (sizes where the NICs do not
-//! bind) the largest. NCCL's topology search and tuning keep the line rate, as NCCL does
-//! with the speed EFA reports; the links deliver the share (`node.rs`). `parse_nccl_tests` reads a real nccl-tests log and `fit_log` fits
-//! one cluster to it (`strata collbench --fit LOG`). InfiniBand and RoCE keep 1.0: NCCL's tuning
-//! factors already give their measured busbw (`node.rs`). Reproduce the AWS EFA figure with
-//! `cargo run --release -p strata-sim --example fit_efa`.
+//! For each candidate efficiency in 0.01 steps the rows are simulated on the fabric network
+//! with NCCL's default algorithm choice; the fit is the candidate with the least sum of
+//! squared log residuals (log(model / measured)), so a row 10% fast weighs as one 10% slow,
+//! and among equal ones (sizes where the NICs do not bind) the largest. NCCL's topology
+//! search and tuning keep the line rate, as NCCL does with the speed EFA reports; the links
+//! deliver the share (`node.rs`). InfiniBand and RoCE keep 1.0: NCCL's own tuning factors
+//! already give their measured busbw.
 
 use strata_models::ClusterSpec;
 
