@@ -136,11 +136,24 @@ pub fn layer_activation_bytes(
 /// parallelism (their inputs are gathered). ZB-H1 keeps them from a layer's input-gradient
 /// pass to its deferred weight pass (Qi et al. 2023).
 pub fn weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32) -> f64 {
+    piece_weight_grad_bytes(m, micro_batch, dtype, tp, false) + piece_weight_grad_bytes(m, micro_batch, dtype, tp, true)
+}
+
+/// The output gradients of one piece's two GEMMs, per microbatch and tp rank, bytes: the
+/// attention's (QKV and projection) or the MLP's (FC1 and FC2) share of
+/// [`weight_grad_bytes`]. Without a split backward they live from the piece's input-gradient
+/// pass through its weight pass, which follows at once: autograd holds a linear layer's
+/// output gradient for both products (Megatron-LM's `LinearWithGradAccumulationAndAsync
+/// Communication.backward`), and Strata's executors drop them after the weight pass.
+pub fn piece_weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, mlp: bool) -> f64 {
     let t = tp.max(1) as f64;
     let tokens = m.seq_len as f64 * micro_batch as f64;
-    let fc1 = m.ffn_hidden as f64 / t * if m.activation == crate::model::Activation::Swiglu { 2.0 } else { 1.0 };
-    let qkv = (m.q_dim() as f64 + 2.0 * m.kv_dim() as f64) / t;
-    tokens * (qkv + 2.0 * m.hidden as f64 + fc1) * dtype.bytes() as f64
+    let wide = if mlp {
+        m.ffn_hidden as f64 / t * if m.activation == crate::model::Activation::Swiglu { 2.0 } else { 1.0 }
+    } else {
+        (m.q_dim() as f64 + 2.0 * m.kv_dim() as f64) / t
+    };
+    tokens * (wide + m.hidden as f64) * dtype.bytes() as f64
 }
 
 /// The head's buffer per microbatch and tp rank, bytes: the final norm's input and output
@@ -343,6 +356,15 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 embedding_logits_bytes += held * moe.as_ref().map_or(0.0, |x| x.mtp_head);
             }
             let mut transient_bytes = cp_exchange_bytes(s) as f64;
+            if !p.schedule.splits_backward() {
+                // One piece's output gradients, from its input pass through its weight pass
+                // (`piece_weight_grad_bytes`; a split backward counts them in `wgrad`): the
+                // MLP's where a dense layer has one, else the attention's.
+                let attn = piece_weight_grad_bytes(m, b, dtype, p.tp, false);
+                let dense = (0..m.layers).any(|l| !m.is_moe_layer(l));
+                let mlp = if dense { piece_weight_grad_bytes(m, b, dtype, p.tp, true) } else { 0.0 };
+                transient_bytes += attn.max(mlp) / c;
+            }
             if p.recompute == Recompute::Full {
                 transient_bytes += moe.as_ref().map_or_else(
                     || layer_activation_bytes(m, b, dtype, p.tp, p.sequence_parallel, Recompute::None, flash) / c,

@@ -206,6 +206,17 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             let mut b = bufs.clone();
             b.extend(scores);
             b.extend(&mbufs);
+            // Without a split backward the piece's output gradients live from its input pass
+            // through its weight pass (ZB-H1 holds the whole layer's in its `wgrad` buffer).
+            let piece_wgrad = if split {
+                None
+            } else {
+                let bytes = self.piece_wgrad_bytes(piece == Piece::Mlp);
+                let (buf, _) =
+                    self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("wgrad L{layer} mb{mb}"));
+                b.push(buf);
+                Some(buf)
+            };
             let op = if piece == Piece::Attn && self.cp() > 1 {
                 self.cp_attention_backward(mb, chunk, layer, &wait, &b)
             } else {
@@ -223,6 +234,9 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             if !split {
                 // The weight gradient overlaps the reduction of the input gradient.
                 last = self.piece_weight(piece, layer, mb, chunk, act, saved);
+            }
+            if let Some(buf) = piece_wgrad {
+                self.e.free(Stream::Compute, &[last], buf);
             }
             // DeepSpeed releases a module after its backward (its weight gradient included).
             self.release_modules(layer, piece, mb, Pass::Backward, last);

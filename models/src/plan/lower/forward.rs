@@ -85,6 +85,21 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         }
     }
 
+    /// The output gradients of one dense piece's weight pass, the attention's or the MLP's
+    /// ([`crate::accounting::memory::piece_weight_grad_bytes`]).
+    pub(super) fn piece_wgrad_bytes(&self, mlp: bool) -> u64 {
+        let s = self.s();
+        crate::accounting::memory::piece_weight_grad_bytes(
+            &s.model,
+            s.parallel.micro_batch,
+            s.training.storage_dtype(),
+            s.parallel.tp,
+            mlp,
+        )
+        .ceil() as u64
+            / s.parallel.cp as u64
+    }
+
     /// The output gradients a layer's deferred weight passes read
     /// ([`crate::accounting::memory::weight_grad_bytes`]).
     pub(super) fn wgrad_bytes(&self) -> u64 {

@@ -530,6 +530,11 @@ impl<D: Device> GpuRank<D> {
             }
             // The embedding saves nothing (no dropout).
             BufKey::Embed { .. } => None,
+            // A piece's output gradients from its input pass through its weight pass: the
+            // pieces keep them in workspace blocks of their own (`pieces::W`), which the
+            // pool's high-water mark measures, so the plan's buffer needs no storage here.
+            // (A split backward, which would keep them longer, is refused up front.)
+            BufKey::WeightGrad { .. } => None,
             // A pipeline message: one (T, h) bf16 tensor, the rank's rows of it under
             // sequence parallelism (`multi` moves it).
             BufKey::Msg { .. } => Some(self.take(name, self.msg_bytes() as u64)?),

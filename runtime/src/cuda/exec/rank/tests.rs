@@ -15,7 +15,8 @@ const GPT2: &str = include_str!("../../../../../scenarios/gpt2-124m-1xh200.toml"
 fn the_device_check_scenario_is_a_plan_this_executor_runs() {
     let p = plan("gpt2", GPT2, &[]);
     check_plan(&p).unwrap();
-    // Every buffer its program allocates is one the executor binds.
+    // Every buffer its program allocates is one the executor binds (a piece's output
+    // gradients to no storage of their own: the pieces hold them in workspace blocks).
     for op in &p.program(0).ops {
         if let OpKind::Alloc(a) = &op.kind {
             let key = BufKey::parse(&a.name).unwrap_or_else(|| panic!("{}", a.name));
@@ -28,6 +29,7 @@ fn the_device_check_scenario_is_a_plan_this_executor_runs() {
                         | BufKey::Act { .. }
                         | BufKey::Head { .. }
                         | BufKey::Embed { .. }
+                        | BufKey::WeightGrad { .. }
                 ),
                 "{}",
                 a.name
