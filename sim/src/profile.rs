@@ -196,10 +196,10 @@ pub struct HostParams {
 }
 
 impl ExecutionParams {
-    /// The executor's copies around a collective, ns per byte: (into a fresh message, into
-    /// fresh per-unit tensors, over held tensors).
-    pub fn staging_ns_per_byte(&self) -> (f64, f64, f64) {
-        (self.staging_message_ns_per_byte, self.staging_tensor_ns_per_byte, self.staging_copy_ns_per_byte)
+    /// The executor's copies around a collective, ns per byte: [into a fresh message, into
+    /// fresh per-unit tensors, over held tensors].
+    pub fn staging_ns_per_byte(&self) -> [f64; 3] {
+        [self.staging_message_ns_per_byte, self.staging_tensor_ns_per_byte, self.staging_copy_ns_per_byte]
     }
 }
 

@@ -316,6 +316,14 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
         + cp_saved_extra_bytes(s) as f64;
     let layout = scenario_layout(s);
     let formula_only_bytes = formula_buffer_bytes(s);
+    // The larger piece's output gradients held through its weight pass: the MLP's where a
+    // dense layer has one, else the attention's (a MoE layer's MLP holds its own).
+    let dense = (0..m.layers).any(|l| !m.is_moe_layer(l));
+    let piece_wgrad = piece_weight_grad_bytes(m, b, dtype, p.tp, false).max(if dense {
+        piece_weight_grad_bytes(m, b, dtype, p.tp, true)
+    } else {
+        0.0
+    });
     stage_params(m, p)
         .into_iter()
         .map(|sp| {
@@ -360,10 +368,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                 // One piece's output gradients, from its input pass through its weight pass
                 // (`piece_weight_grad_bytes`; a split backward counts them in `wgrad`): the
                 // MLP's where a dense layer has one, else the attention's.
-                let attn = piece_weight_grad_bytes(m, b, dtype, p.tp, false);
-                let dense = (0..m.layers).any(|l| !m.is_moe_layer(l));
-                let mlp = if dense { piece_weight_grad_bytes(m, b, dtype, p.tp, true) } else { 0.0 };
-                transient_bytes += attn.max(mlp) / c;
+                transient_bytes += piece_wgrad / c;
             }
             if p.recompute == Recompute::Full {
                 transient_bytes += moe.as_ref().map_or_else(

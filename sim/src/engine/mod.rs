@@ -101,7 +101,7 @@ pub struct EngineConfig {
     /// With one thread per rank: CPU ns per byte the executor copies around a collective,
     /// into a fresh message, into fresh per-unit tensors and over held tensors
     /// ([`crate::profile::ExecutionParams::staging_ns_per_byte`]).
-    pub staging_ns_per_byte: (f64, f64, f64),
+    pub staging_ns_per_byte: [f64; 3],
     /// Straggler what-ifs: (rank, factor) stretches every compute op of the rank (full mode).
     pub slow: Vec<(u32, f64)>,
 }

@@ -110,7 +110,7 @@ impl Engine<'_> {
         if !self.cfg.one_thread_per_rank {
             return (0, 0);
         }
-        let (message, tensors, copy) = self.cfg.staging_ns_per_byte;
+        let [message, tensors, copy] = self.cfg.staging_ns_per_byte;
         let ns = |x: f64| x.round() as u64;
         (ns(s.post_fresh as f64 * message), ns(s.finish_fresh as f64 * tensors + s.finish_copied as f64 * copy))
     }

@@ -65,7 +65,7 @@ impl ClosedFormNetwork {
         if shape.n_nodes <= 1 {
             return nvlink;
         }
-        let nic = shape.nics_used as f64 * self.node.nic_delivered_gb_per_s * 1e9;
+        let nic = shape.nics_used as f64 * self.node.nic_delivered_gb_per_s() * 1e9;
         if shape.local_ranks > 1 {
             let ppn = shape.local_ranks as f64;
             nic.min(nvlink * ppn / (ppn - 1.0))
@@ -109,12 +109,15 @@ impl ClosedFormNetwork {
                 let ppn = shape.local_ranks as f64;
                 let intra = (ppn - 1.0) / n * s / (self.node.nvlink_gb_per_s * 1e9);
                 let nics = self.node.nics_per_node.max(1) as f64;
-                let inter =
-                    if multi { ppn * (n - ppn) / n * s / (nics * self.node.nic_delivered_gb_per_s * 1e9) } else { 0.0 };
+                let inter = if multi {
+                    ppn * (n - ppn) / n * s / (nics * self.node.nic_delivered_gb_per_s() * 1e9)
+                } else {
+                    0.0
+                };
                 ClosedFormCost { time_ns: secs(alpha + intra.max(inter)), algorithm: "direct" }
             }
             CommKind::SendRecv | CommKind::Collective(CollKind::RingExchange) => {
-                let bw = if multi { self.node.nic_delivered_gb_per_s } else { self.node.nvlink_gb_per_s } * 1e9;
+                let bw = if multi { self.node.nic_delivered_gb_per_s() } else { self.node.nvlink_gb_per_s } * 1e9;
                 ClosedFormCost { time_ns: secs(alpha + s / bw), algorithm: "p2p" }
             }
         }

@@ -197,7 +197,7 @@ impl FabricNetwork {
                     let (s, d) = (self.topo.endpoint(node.node_of(a), rail), self.topo.endpoint(node.node_of(b), rail));
                     let p = self.router.route(&self.topo, s, d, 0);
                     latency_ns += self.router.path(p).latency_ns;
-                    node.nic_delivered_gb_per_s * 1e9
+                    node.nic_delivered_gb_per_s() * 1e9
                 } else {
                     nvlink
                 }
@@ -205,7 +205,7 @@ impl FabricNetwork {
             // Every member's block crosses one link to the next member at once.
             CommKind::Collective(CollKind::RingExchange) => {
                 if multi {
-                    node.nic_delivered_gb_per_s * 1e9
+                    node.nic_delivered_gb_per_s() * 1e9
                 } else {
                     nvlink
                 }

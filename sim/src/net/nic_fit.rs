@@ -13,6 +13,7 @@
 //! already give their measured busbw.
 
 use strata_models::ClusterSpec;
+use strata_models::limits::{EXCERPT_CHARS, excerpt};
 
 use super::NetworkKind;
 use super::collbench::{BenchOp, sweep_cluster};
@@ -126,15 +127,6 @@ pub struct LogRow {
     pub busbw_gbps: f64,
 }
 
-/// At most 120 characters of a line, for messages.
-fn excerpt(line: &str) -> String {
-    let mut out: String = line.chars().take(120).collect();
-    if line.chars().count() > 120 {
-        out.push('…');
-    }
-    out
-}
-
 /// What an nccl-tests log says: its operation (from "# Collective test starting: X_perf",
 /// printed by nccl-tests 2.13 and later), its ranks (the "#  Rank N Group …" lines) and its
 /// rows.
@@ -181,9 +173,9 @@ pub fn parse_nccl_tests(text: &str) -> Result<NcclTestsLog, String> {
         }
         let bytes: u64 = t[0].parse().map_err(|e| format!("line {}: size {:?}: {e}", n + 1, t[0]))?;
         let busbw = t[t.len() - 6];
-        let busbw_gbps: f64 = busbw
-            .parse()
-            .map_err(|_| format!("line {}: out-of-place busbw {busbw:?} is not a number: {}", n + 1, excerpt(line)))?;
+        let busbw_gbps: f64 = busbw.parse().map_err(|_| {
+            format!("line {}: out-of-place busbw {busbw:?} is not a number: {}", n + 1, excerpt(line, EXCERPT_CHARS))
+        })?;
         if bytes == 0 || !(busbw_gbps.is_finite() && busbw_gbps >= 0.0) {
             return Err(format!("line {}: {bytes} B at {busbw_gbps} GB/s is not a measurement", n + 1));
         }

@@ -75,10 +75,9 @@ pub struct NodeNet {
     /// Effective bandwidth of one NIC (min of the NIC and its PCIe path), one direction: the
     /// figure NCCL's topology search and tuning see.
     pub nic_gb_per_s: f64,
-    /// What the NIC's transport delivers: `nic_gb_per_s` × the cluster's `nic_efficiency`.
-    /// The fabric's link capacities and the closed form run at it, so NCCL plans for the
-    /// line rate (as it does on EFA, which reports its line rate) and the links deliver less.
-    pub nic_delivered_gb_per_s: f64,
+    /// The share of `nic_gb_per_s` the NIC's transport delivers (the cluster's
+    /// `nic_efficiency`; [`NodeNet::nic_delivered_gb_per_s`]).
+    pub nic_efficiency: f64,
 }
 
 impl NodeNet {
@@ -106,8 +105,15 @@ impl NodeNet {
             nics_per_node: cluster.nics_per_node,
             nvlink_gb_per_s,
             nic_gb_per_s,
-            nic_delivered_gb_per_s: nic_gb_per_s * cluster.nic_efficiency,
+            nic_efficiency: cluster.nic_efficiency,
         })
+    }
+
+    /// What one NIC's transport delivers, GB/s: `nic_gb_per_s` × `nic_efficiency`. The
+    /// fabric's link capacities and the closed form run at it, so NCCL plans for the line
+    /// rate (as it does on EFA, which reports its line rate) and the links deliver less.
+    pub fn nic_delivered_gb_per_s(&self) -> f64 {
+        self.nic_gb_per_s * self.nic_efficiency
     }
 
     /// Node of a global rank.

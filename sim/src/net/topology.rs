@@ -311,7 +311,7 @@ impl Wiring<'_> {
     /// Effective bandwidth of one NIC port, bytes/s: the rate every fabric link runs at
     /// before oversubscription.
     pub fn nic_bytes_per_s(&self) -> f64 {
-        self.t.node.nic_delivered_gb_per_s * 1e9
+        self.t.node.nic_delivered_gb_per_s() * 1e9
     }
 
     /// A switch vertex.

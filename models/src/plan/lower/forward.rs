@@ -89,29 +89,33 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     /// ([`crate::accounting::memory::piece_weight_grad_bytes`]).
     pub(super) fn piece_wgrad_bytes(&self, mlp: bool) -> u64 {
         let s = self.s();
-        crate::accounting::memory::piece_weight_grad_bytes(
+        let p = &s.parallel;
+        let bytes = crate::accounting::memory::piece_weight_grad_bytes(
             &s.model,
-            s.parallel.micro_batch,
+            p.micro_batch,
             s.training.storage_dtype(),
-            s.parallel.tp,
+            p.tp,
             mlp,
-        )
-        .ceil() as u64
-            / s.parallel.cp as u64
+        );
+        self.per_cp_rank(bytes)
     }
 
     /// The output gradients a layer's deferred weight passes read
     /// ([`crate::accounting::memory::weight_grad_bytes`]).
     pub(super) fn wgrad_bytes(&self) -> u64 {
         let s = self.s();
-        crate::accounting::memory::weight_grad_bytes(
+        let p = &s.parallel;
+        self.per_cp_rank(crate::accounting::memory::weight_grad_bytes(
             &s.model,
-            s.parallel.micro_batch,
+            p.micro_batch,
             s.training.storage_dtype(),
-            s.parallel.tp,
-        )
-        .ceil() as u64
-            / s.parallel.cp as u64
+            p.tp,
+        ))
+    }
+
+    /// A tp rank's bytes of a whole sequence, rounded up, held by each of the cp ranks.
+    fn per_cp_rank(&self, bytes: f64) -> u64 {
+        bytes.ceil() as u64 / self.s().parallel.cp as u64
     }
 
     /// The five forward pieces of a layer with their tensor-parallel collectives. Returns the
