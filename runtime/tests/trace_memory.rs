@@ -93,3 +93,47 @@ fn peaks_are_measured_on_every_step_even_untraced() {
         assert!(acts > predicted / 2 && acts < predicted * 2, "rank {}: activations {acts} vs {predicted}", m.rank);
     }
 }
+
+#[test]
+fn the_tensors_between_pieces_are_the_plans_pass_workspace() {
+    // The plan holds each pass's in-flight tensors as its "work" buffer (2·T·h; 2·T·h +
+    // T·h/t under sequence parallelism, which gathers inputs and their gradients whole):
+    // the measured workspace and the whole peak follow it, with and without sequence
+    // parallelism, under 1F1B and under ZB-H1's split passes.
+    for split in [
+        &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"][..],
+        &["parallel.tp=4", "parallel.pp=2", "parallel.dp=1", "parallel.sequence_parallel=true"][..],
+        &[
+            "parallel.tp=2",
+            "parallel.pp=4",
+            "parallel.dp=1",
+            "parallel.sequence_parallel=true",
+            "parallel.schedule=\"zb-h1\"",
+        ][..],
+    ] {
+        let (r, _) = run(split);
+        for m in &r.memory {
+            let p = &m.peaks;
+            let (ws, predicted) = (p.by_class["workspace"], p.predicted_by_class["workspace"]);
+            println!("{split:?} rank {}: workspace measured {ws} B, predicted {predicted} B", m.rank);
+            assert!(
+                ws > 0 && ws.abs_diff(predicted) * 100 <= predicted,
+                "{split:?} rank {}: {ws} vs {predicted}",
+                m.rank
+            );
+            // The plan's buffers are envelopes (a layer's output gradients from the start of
+            // its backward, a pass's workspace from the pass's start): the prediction may lead
+            // the measurement by a little, more where a split backward's peak falls mid-pass.
+            let bound = 0.03;
+            let err = (p.measured_bytes as f64 / p.predicted_bytes as f64 - 1.0).abs();
+            println!("  peak measured {} B, predicted {} B", p.measured_bytes, p.predicted_bytes);
+            assert!(
+                err < bound,
+                "{split:?} rank {}: peak measured {} vs predicted {}",
+                m.rank,
+                p.measured_bytes,
+                p.predicted_bytes
+            );
+        }
+    }
+}

@@ -39,6 +39,7 @@ use crate::accounting::params::stage_params;
 use crate::accounting::states::{StateLayout, formula_buffer_bytes, scenario_layout};
 use crate::model::ModelSpec;
 use crate::parallel::{ParallelConfig, Recompute};
+use crate::plan::schedule::Pass;
 use crate::scenario::{Dtype, Scenario};
 
 mod moe;
@@ -156,6 +157,32 @@ pub fn piece_weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp
     tokens * (wide + m.hidden as f64) * dtype.bytes() as f64
 }
 
+/// The tensors passed between one pass's pieces at their largest, per microbatch and tp
+/// rank, bytes, in units of one whole microbatch's activation (T·h·e, T = b·s tokens) and
+/// of a rank's part of it (T_l·h·e: T/t under sequence parallelism, else T):
+/// - forward: the residual stream (T_l) and a piece's normed input, gathered whole under
+///   sequence parallelism (T);
+/// - backward: the residual gradient (T_l), a piece's partial input gradient before its
+///   tensor-parallel reduction (T) and, under sequence parallelism, the piece's saved input
+///   gathered again for its weight gradient (T; Megatron-LM gathers it into its global
+///   memory buffer, `LinearWithGradAccumulationAndAsyncCommunication.backward`);
+/// - a split backward's input pass: the residual gradient and the partial input gradient
+///   (T_l + T); its weight pass: the re-gathered input under sequence parallelism (T), else
+///   nothing.
+///
+/// The lowering holds this per pass ("work c… mb…", from the pass's start to its last
+/// compute); the CPU executor measures the pass's in-flight tensors under it.
+pub fn pass_workspace_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool, pass: Pass) -> u64 {
+    let whole = micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * dtype.bytes();
+    let part = if sp { whole / tp.max(1) as u64 } else { whole };
+    let regathered = if sp { whole } else { 0 };
+    match pass {
+        Pass::Forward | Pass::BackwardInput => part + whole,
+        Pass::Backward => part + whole + regathered,
+        Pass::BackwardWeight => regathered,
+    }
+}
+
 /// The head's buffer per microbatch and tp rank, bytes: the final norm's input and output
 /// (2·e·s·b·h; ÷ t under sequence parallelism) and the fp32 logits of the rank's vocabulary
 /// shard (4·s·b·⌈v/t⌉), held from the head's forward to its backward. The lowering allocates
@@ -261,8 +288,9 @@ pub struct StageMemory {
     pub activations_bytes: f64,
     /// Embedding output (first stage) and logits / output-layer buffers (last stage).
     pub embedding_logits_bytes: f64,
-    /// Largest transient working set on top (a recomputed layer under full recomputation;
-    /// a gathered layer under ZeRO-3): what Strata models beyond the framework's formula.
+    /// Largest transient working set on top (the backward's tensors between pieces and a
+    /// piece's output gradients; a recomputed layer under full recomputation; a gathered
+    /// layer under ZeRO-3): what Strata models beyond the framework's formula.
     pub transient_bytes: f64,
     /// What the framework's own formula counts beside the states that the plan holds
     /// differently (DeepSpeed ZeRO-3's 4·P_largest: the largest module's 16-bit weights and
@@ -324,6 +352,9 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     } else {
         0.0
     });
+    // The pass's tensors between pieces, at the backward's (the activation peak's) size.
+    let pass = if p.schedule.splits_backward() { Pass::BackwardInput } else { Pass::Backward };
+    let workspace = pass_workspace_bytes(m, b, dtype, p.tp, p.sequence_parallel, pass) as f64 / c;
     stage_params(m, p)
         .into_iter()
         .map(|sp| {
@@ -363,7 +394,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
                     held * (head_buffer_bytes(m, b, dtype, p.tp, p.sequence_parallel) / p.cp.max(1) as u64) as f64;
                 embedding_logits_bytes += held * moe.as_ref().map_or(0.0, |x| x.mtp_head);
             }
-            let mut transient_bytes = cp_exchange_bytes(s) as f64;
+            let mut transient_bytes = cp_exchange_bytes(s) as f64 + workspace;
             if !p.schedule.splits_backward() {
                 // One piece's output gradients, from its input pass through its weight pass
                 // (`piece_weight_grad_bytes`; a split backward counts them in `wgrad`): the

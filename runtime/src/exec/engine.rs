@@ -430,6 +430,10 @@ impl RankExec {
             }
             // The weight passes drop their output gradients themselves (`exec::compute`).
             BufKey::WeightGrad { .. } => {}
+            // A pass's pieces take the tensors they hand on (`RankExec::take`).
+            BufKey::Work { .. } => {}
+            // The embedding's weight pass takes the gradient (`exec::compute`).
+            BufKey::EmbedGrad { .. } => {}
             BufKey::Embed { .. } | BufKey::Params { .. } | BufKey::Grads { .. } | BufKey::Optimizer { .. } => {}
         }
     }

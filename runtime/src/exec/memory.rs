@@ -1,20 +1,43 @@
-//! Measuring memory: the real bytes of the storage bound to each live plan buffer, plus
-//! the workspace between pieces and the messages the rank has received and not yet
-//! combined (its mailbox), after every op and whenever messages come in.
+//! Measuring memory: the real bytes of the storage bound to each live plan buffer (a pass's
+//! tensors between pieces under its "work" buffer), plus the workspace no buffer holds and
+//! the messages the rank has received and not yet combined (its mailbox), after every op
+//! and whenever messages come in.
 
 use std::collections::BTreeMap;
 
 use strata_models::plan::{BufClass, BufId};
 use strata_models::trace::MemSample;
 
-use super::RankExec;
 use super::pool::BufKey;
 use super::units::UnitVecs;
+use super::{RankExec, T};
 use crate::layer::LayerActs;
 
 impl RankExec {
     fn units_bytes(u: &UnitVecs) -> u64 {
         u.values().map(|v| v.len() as u64 * 4).sum()
+    }
+
+    /// Which live plan buffer holds an in-flight tensor: the "work" buffer of its pass while
+    /// that pass runs; between a split backward's input and weight passes, the first chunk's
+    /// residual gradient waits for the embedding's deferred weight pass in "embed grad mb…";
+    /// anything else is unattributed.
+    fn flight_owner(&self, chunk: u32, mb: u32, t: T) -> Option<BufKey> {
+        let work = BufKey::Work { chunk, mb };
+        if self.live_keys.contains(&work) {
+            return Some(work);
+        }
+        let embed = BufKey::EmbedGrad { mb };
+        (chunk == 0 && t == T::Dr && self.live_keys.contains(&embed)).then_some(embed)
+    }
+
+    /// Bytes of the in-flight tensors whose owner `of` selects.
+    fn flight_bytes(&self, of: impl Fn(Option<BufKey>) -> bool) -> u64 {
+        self.flight
+            .iter()
+            .filter(|((c, m, t), _)| of(self.flight_owner(*c, *m, *t)))
+            .map(|(_, v)| v.len() as u64 * 4)
+            .sum()
     }
 
     /// Real bytes of the storage bound to a plan buffer.
@@ -32,6 +55,7 @@ impl RankExec {
             }
             BufKey::Optimizer { chunk } => c(chunk).opt.iter().map(|o| o.adamw.state_bytes() as u64).sum(),
             BufKey::Embed { .. } => 0,
+            BufKey::EmbedGrad { mb } => self.flight_bytes(|o| o == Some(BufKey::EmbedGrad { mb })),
             BufKey::Act { layer, mb } => {
                 let a = self.acts.get(&(layer, mb));
                 let probs = if self.live_keys.contains(&BufKey::Scores { layer, mb })
@@ -76,6 +100,7 @@ impl RankExec {
             BufKey::GradBucket { chunk, bucket, mb } => {
                 self.grad_buckets.get(&(chunk, bucket, mb)).map_or(0, Self::units_bytes)
             }
+            BufKey::Work { chunk, mb } => self.flight_bytes(|o| o == Some(BufKey::Work { chunk, mb })),
             BufKey::Cp { layer, mb, role } => self.cp_store.get(&(layer, mb, role)).map_or(0, |v| v.len() as u64 * 4),
         }
     }
@@ -92,8 +117,8 @@ impl RankExec {
             *predicted.entry(slot.class.key()).or_default() += slot.predicted;
             plan_total += b;
         }
-        let workspace: u64 = self.flight.values().map(|v| v.len() as u64 * 4).sum::<u64>()
-            + self.cp_work.values().map(|w| w.bytes()).sum::<u64>();
+        // In-flight tensors a live buffer holds are that buffer's.
+        let workspace = self.flight_bytes(|o| o.is_none()) + self.cp_work.values().map(|w| w.bytes()).sum::<u64>();
         let comm = self.mailbox.inbox_bytes() as u64;
         *by_class.entry(BufClass::Workspace.key()).or_default() += workspace;
         *by_class.entry(BufClass::CommBuffer.key()).or_default() += comm;

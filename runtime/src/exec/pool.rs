@@ -7,8 +7,9 @@
 //! storage bound to it at the moment of measuring (real `Vec` lengths, see
 //! `RankExec::slot_bytes`), so measured and predicted memory share one timeline: the
 //! plan's buffers, their lifetimes from the plan, their sizes from reality. Storage the
-//! plan does not name (the tensors passed between the pieces of a microbatch, messages
-//! that arrived before their receive was posted) is measured as `workspace` and `comm`.
+//! plan does not name (messages that arrived before their receive was posted, the tensors
+//! passed between the pieces of a microbatch outside the pass that made them) is measured
+//! as `comm` and `workspace`.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +29,10 @@ pub enum BufKey {
     },
     /// The embedding's saved state of a microbatch (a dropout mask, absent here).
     Embed {
+        mb: u32,
+    },
+    /// A split backward: the embedding's output gradient, waiting for its weight pass.
+    EmbedGrad {
         mb: u32,
     },
     /// A layer's saved activations.
@@ -73,6 +78,11 @@ pub enum BufKey {
         bucket: u32,
         mb: u32,
     },
+    /// The tensors one pass of (chunk, microbatch) hands between its pieces.
+    Work {
+        chunk: u32,
+        mb: u32,
+    },
     /// Context parallelism: an exchange buffer of a layer's attention (`super::cp`).
     Cp {
         layer: u32,
@@ -94,11 +104,13 @@ impl BufKey {
             ("params", 2) => BufKey::Params { chunk: num(at(1), "c")? },
             ("grads", 2) => BufKey::Grads { chunk: num(at(1), "c")? },
             ("optimizer", 2) => BufKey::Optimizer { chunk: num(at(1), "c")? },
+            ("embed", 3) if at(1)? == "grad" => BufKey::EmbedGrad { mb: num(at(2), "mb")? },
             ("embed", 2) => BufKey::Embed { mb: num(at(1), "mb")? },
             ("head", 2) => BufKey::Head { mb: num(at(1), "mb")? },
             ("act", 3) => BufKey::Act { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("recompute", 3) => BufKey::Recompute { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("scores", 3) => BufKey::Scores { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
+            ("work", 3) => BufKey::Work { chunk: num(at(1), "c")?, mb: num(at(2), "mb")? },
             ("wgrad", 3) => BufKey::WeightGrad { layer: num(at(1), "L")?, mb: num(at(2), "mb")? },
             ("recv" | "send", 4) => BufKey::Msg {
                 send: at(0)? == "send",

@@ -59,6 +59,13 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         } else if !split {
             self.embed_backward(chunk, mb);
             self.charge_hp_grads(chunk, mb);
+        } else {
+            // A split backward runs the embedding's weight pass in the W slot, from the
+            // output gradient the first layer's input pass leaves: held from here to there.
+            let bytes = self.residual_bytes();
+            let (buf, _) =
+                self.e.alloc(Stream::Compute, &[], BufClass::Activations, bytes, format!("embed grad mb{mb}"));
+            self.embed_grad.insert(mb, buf);
         }
         if !self.chunk_grad_reduce.is_empty() {
             let after = self.last_compute.expect("a backward computes");
@@ -339,8 +346,12 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         } else {
             vec![]
         };
-        let op = self.compute(Piece::Embed, Phase::BackwardWeight, mb, chunk, 0, &wait, &[buf]);
-        self.e.free(Stream::Compute, &[op], buf);
+        let mut bufs = vec![buf];
+        bufs.extend(self.embed_grad.remove(&mb));
+        let op = self.compute(Piece::Embed, Phase::BackwardWeight, mb, chunk, 0, &wait, &bufs);
+        for b in bufs {
+            self.e.free(Stream::Compute, &[op], b);
+        }
         for u in units {
             self.unit_done(chunk, u, mb, op);
         }

@@ -40,10 +40,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             } else {
                 0
             };
-            // Under ZB the embedding's weight pass runs later from the saved output gradient.
-            let saved_grad = if p.schedule.splits_backward() { self.residual_bytes() } else { 0 };
-            let (buf, _) =
-                self.e.alloc(Stream::Compute, &[], BufClass::Activations, mask + saved_grad, format!("embed mb{mb}"));
+            let (buf, _) = self.e.alloc(Stream::Compute, &[], BufClass::Activations, mask, format!("embed mb{mb}"));
             self.embed_buf.insert(mb, buf);
             let mut bufs = vec![buf];
             bufs.extend(&pbufs);

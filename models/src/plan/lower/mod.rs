@@ -56,7 +56,7 @@ mod zero;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::accounting::memory::state_bytes_per_param;
+use crate::accounting::memory::{pass_workspace_bytes, state_bytes_per_param};
 use crate::accounting::states::scenario_layout;
 use crate::plan::cost::{optimizer_cost, piece_cost, vocab_parallel_cross_entropy};
 use crate::plan::grid::RankGrid;
@@ -258,6 +258,8 @@ struct StageLowering<'p, 'a> {
     wgrad: BTreeMap<(u32, u32), BufId>,
     /// mb → embedding / head buffers (only chunk 0 embeds, only the last chunk has the head).
     embed_buf: BTreeMap<u32, BufId>,
+    /// Split backward: the embedding's output gradient, from the input pass to the W pass.
+    embed_grad: BTreeMap<u32, BufId>,
     head_buf: BTreeMap<u32, BufId>,
     /// (MTP layer, mb) → a multi-token-prediction head's buffer.
     mtp_head_buf: BTreeMap<(u32, u32), BufId>,
@@ -315,6 +317,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
             recompute: BTreeMap::new(),
             wgrad: BTreeMap::new(),
             embed_buf: BTreeMap::new(),
+            embed_grad: BTreeMap::new(),
             head_buf: BTreeMap::new(),
             mtp_head_buf: BTreeMap::new(),
             unit_bucket,
@@ -379,6 +382,17 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         if self.sp { full / p.tp as u64 } else { full }
     }
 
+    /// The tensors a pass hands between its pieces, from its start to its last compute
+    /// ([`crate::accounting::memory::pass_workspace_bytes`]); none for a pass that has none.
+    fn pass_workspace(&mut self, pass: Pass, chunk: u32, mb: u32) -> Option<BufId> {
+        let s = self.s();
+        let p = &s.parallel;
+        let bytes = pass_workspace_bytes(&s.model, p.micro_batch, s.training.storage_dtype(), p.tp, self.sp, pass)
+            / p.cp.max(1) as u64;
+        (bytes > 0)
+            .then(|| self.e.alloc(Stream::Compute, &[], BufClass::Workspace, bytes, format!("work c{chunk} mb{mb}")).0)
+    }
+
     /// Bytes of a full (b·s·h) activation tensor: the S of a tensor-parallel collective
     /// (b·(s/cp)·h under context parallelism).
     fn tensor_bytes(&self) -> u64 {
@@ -402,11 +416,16 @@ impl<'p, 'a> StageLowering<'p, 'a> {
         let mut starts = Vec::with_capacity(table.len() + 1);
         for slot in &table {
             starts.push(self.e.ops.len());
+            let work = self.pass_workspace(slot.pass, slot.chunk, slot.mb);
             match slot.pass {
                 Pass::Forward => self.forward(slot.chunk, slot.mb),
                 Pass::Backward => self.backward(slot.chunk, slot.mb, false),
                 Pass::BackwardInput => self.backward(slot.chunk, slot.mb, true),
                 Pass::BackwardWeight => self.backward_weight(slot.chunk, slot.mb),
+            }
+            if let Some(buf) = work {
+                let last = self.last_compute.expect("a pass computes");
+                self.e.free(Stream::Compute, &[last], buf);
             }
         }
         // DeepSpeed's in-series pipeline: the last slot's deferred send ends that slot.

@@ -11,7 +11,7 @@
 //! | `grads-fp32` | gradients kept in fp32 where the plan's framework keeps fewer bytes: the kernels accumulate weight gradients over microbatches in fp32 (Megatron-LM's main gradients, 4 B, which that plan predicts), so under Strata's ZeRO-paper layout (2 B, reduced in bf16) a chunk's gradients and ZeRO-2/3's full-gradient buckets hold 2 B more per element | ≥ 0 |
 //! | `plan-sizes` | the executor's block for every other plan buffer, less the plan's bytes: saved state carved at 256 B offsets (`saved`), the head's logits kept in bf16 where the plan counts Megatron-LM's fp32 copy for the loss (`head_buffer_bytes`; tiny GPT: 13,312 B against 20,480 B a microbatch), ZeRO shards of exactly the owned part where the plan rounds each bucket's shard up | either |
 //! | `comm-scratch` | the shared-GPU communicator's scratch (`shared`; NCCL's buffers are outside the pool) | ≥ 0 |
-//! | `workspace` | tensors between pieces (`pieces`' workspace, kept output gradients, reduced partial sums, gathered loss statistics, received messages) | ≥ 0 |
+//! | `workspace` | tensors between pieces (`pieces`' workspace, kept output gradients, reduced partial sums, gathered loss statistics, received messages); the plan predicts a pass's share in its `work c… mb…` buffer, which binds no block, so that share shows here and again, negated, in `plan-peak-offset` | ≥ 0 |
 //! | `batch` | the step's token ids and per-token losses | ≥ 0 |
 //! | `grad-norm` | the gradient norm's partial sums | ≥ 0 |
 //! | `messages-in-flight` | pipeline messages copied into the receiver's pool, not yet received | ≥ 0 |
@@ -26,10 +26,10 @@
 //!
 //! | split | in use | plan | the difference |
 //! |---|---|---|---|
-//! | dp2 ZeRO-1 | 3,013,632 | 2,336,512 | grads-fp32 434,944 + comm-scratch 402,176 (the reduce-scatter's) + pool-rounding 1,024 + batch 768 − plan-peak-offset 161,792 |
-//! | dp2 ZeRO-2 | 3,935,744 | 2,923,392 | grads-fp32 1,021,824 (the shard and two microbatches' full-gradient buckets) − plan-sizes 11,264 + pool-rounding 2,048 + batch 768 − plan-peak-offset 1,024 |
-//! | dp2 ZeRO-3 | 2,830,336 | 2,313,728 | grads-fp32 550,144 − plan-peak-offset 36,096 − plan-sizes 3,072 + pool-rounding 2,816 + workspace 2,048 + batch 768 |
-//! | tp2·pp2 | 1,179,136 | 1,169,280 | workspace 12,288 − plan-sizes 3,584 − plan-peak-offset 2,048 + pool-rounding 1,664 + batch 1,536 |
+//! | dp2 ZeRO-1 | 3,013,632 | 2,344,704 | grads-fp32 434,944 + comm-scratch 402,176 (the reduce-scatter's) + pool-rounding 1,024 + batch 768 − plan-peak-offset 169,984 |
+//! | dp2 ZeRO-2 | 3,935,744 | 2,927,488 | grads-fp32 1,021,824 (the shard and two microbatches' full-gradient buckets) − plan-sizes 11,264 + pool-rounding 2,048 + batch 768 − plan-peak-offset 5,120 |
+//! | dp2 ZeRO-3 | 2,830,336 | 2,317,824 | grads-fp32 550,144 − plan-peak-offset 40,192 − plan-sizes 3,072 + pool-rounding 2,816 + workspace 2,048 + batch 768 |
+//! | tp2·pp2 | 1,179,136 | 1,179,520 | workspace 12,288 − plan-peak-offset 12,288 − plan-sizes 3,584 + pool-rounding 1,664 + batch 1,536 |
 //!
 //! Before this accounting the pool rounded every request over 1 MiB to a 2 MiB class (it
 //! took PyTorch's segment rounding for its block rounding): 792,064 B more in use under

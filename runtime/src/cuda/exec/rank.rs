@@ -535,6 +535,9 @@ impl<D: Device> GpuRank<D> {
             // pool's high-water mark measures, so the plan's buffer needs no storage here.
             // (A split backward, which would keep them longer, is refused up front.)
             BufKey::WeightGrad { .. } => None,
+            // A pass's tensors between pieces: workspace blocks of the pieces, measured by
+            // the pool's high-water mark, as the output gradients above.
+            BufKey::Work { .. } => None,
             // A pipeline message: one (T, h) bf16 tensor, the rank's rows of it under
             // sequence parallelism (`multi` moves it).
             BufKey::Msg { .. } => Some(self.take(name, self.msg_bytes() as u64)?),

@@ -30,6 +30,7 @@ fn the_device_check_scenario_is_a_plan_this_executor_runs() {
                         | BufKey::Head { .. }
                         | BufKey::Embed { .. }
                         | BufKey::WeightGrad { .. }
+                        | BufKey::Work { .. }
                 ),
                 "{}",
                 a.name
