@@ -97,11 +97,13 @@ fn peaks_are_measured_on_every_step_even_untraced() {
 #[test]
 fn the_tensors_between_pieces_are_the_plans_pass_workspace() {
     // The plan holds each pass's in-flight tensors as its "work" buffer (2·T·h; 2·T·h +
-    // T·h/t under sequence parallelism, which gathers inputs and their gradients whole):
-    // the measured workspace and the whole peak follow it, with and without sequence
-    // parallelism, under 1F1B and under ZB-H1's split passes.
+    // T·h/t under sequence parallelism, which gathers inputs and their gradients whole;
+    // 3·T·h under full recomputation): the measured workspace and the whole peak follow
+    // it, with and without sequence parallelism and recomputation, under 1F1B and under
+    // ZB-H1's split passes.
     for split in [
         &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"][..],
+        &["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.recompute=\"full\""][..],
         &["parallel.tp=4", "parallel.pp=2", "parallel.dp=1", "parallel.sequence_parallel=true"][..],
         &[
             "parallel.tp=2",
@@ -122,9 +124,11 @@ fn the_tensors_between_pieces_are_the_plans_pass_workspace() {
                 m.rank
             );
             // The plan's buffers are envelopes (a layer's output gradients from the start of
-            // its backward, a pass's workspace from the pass's start): the prediction may lead
-            // the measurement by a little, more where a split backward's peak falls mid-pass.
-            let bound = 0.03;
+            // its backward, a recomputed layer's activations from the start of its
+            // recomputation, a pass's workspace from the pass's start): the prediction may
+            // lead the measurement, on this tiny model by up to 3.7% (full recomputation,
+            // stage 0).
+            let bound = 0.04;
             let err = (p.measured_bytes as f64 / p.predicted_bytes as f64 - 1.0).abs();
             println!("  peak measured {} B, predicted {} B", p.measured_bytes, p.predicted_bytes);
             assert!(

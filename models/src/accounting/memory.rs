@@ -165,20 +165,25 @@ pub fn piece_weight_grad_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp
 /// - backward: the residual gradient (T_l), a piece's partial input gradient before its
 ///   tensor-parallel reduction (T) and, under sequence parallelism, the piece's saved input
 ///   gathered again for its weight gradient (T; Megatron-LM gathers it into its global
-///   memory buffer, `LinearWithGradAccumulationAndAsyncCommunication.backward`);
+///   memory buffer, `LinearWithGradAccumulationAndAsyncCommunication.backward`); under full
+///   recomputation at least the residual gradient beside the recomputed forward's own
+///   (T_l + T_l + T);
 /// - a split backward's input pass: the residual gradient and the partial input gradient
-///   (T_l + T); its weight pass: the re-gathered input under sequence parallelism (T), else
-///   nothing.
+///   (T_l + T), or the recomputation's as above; its weight pass: the re-gathered input
+///   under sequence parallelism (T), else nothing.
 ///
 /// The lowering holds this per pass ("work c… mb…", from the pass's start to its last
 /// compute); the CPU executor measures the pass's in-flight tensors under it.
-pub fn pass_workspace_bytes(m: &ModelSpec, micro_batch: u32, dtype: Dtype, tp: u32, sp: bool, pass: Pass) -> u64 {
-    let whole = micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * dtype.bytes();
-    let part = if sp { whole / tp.max(1) as u64 } else { whole };
+pub fn pass_workspace_bytes(m: &ModelSpec, p: &ParallelConfig, dtype: Dtype, pass: Pass) -> u64 {
+    let sp = p.sequence_parallel;
+    let whole = p.micro_batch as u64 * m.seq_len as u64 * m.hidden as u64 * dtype.bytes();
+    let part = if sp { whole / p.tp.max(1) as u64 } else { whole };
     let regathered = if sp { whole } else { 0 };
+    let recomputed = if p.recompute == Recompute::Full { part + part + whole } else { 0 };
     match pass {
-        Pass::Forward | Pass::BackwardInput => part + whole,
-        Pass::Backward => part + whole + regathered,
+        Pass::Forward => part + whole,
+        Pass::BackwardInput => (part + whole).max(recomputed),
+        Pass::Backward => (part + whole + regathered).max(recomputed),
         Pass::BackwardWeight => regathered,
     }
 }
@@ -354,7 +359,7 @@ pub fn stage_memory(s: &Scenario) -> Vec<StageMemory> {
     });
     // The pass's tensors between pieces, at the backward's (the activation peak's) size.
     let pass = if p.schedule.splits_backward() { Pass::BackwardInput } else { Pass::Backward };
-    let workspace = pass_workspace_bytes(m, b, dtype, p.tp, p.sequence_parallel, pass) as f64 / c;
+    let workspace = pass_workspace_bytes(m, p, dtype, pass) as f64 / c;
     stage_params(m, p)
         .into_iter()
         .map(|sp| {

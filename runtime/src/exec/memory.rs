@@ -85,8 +85,14 @@ impl RankExec {
                 } else {
                     0
                 };
+                // As for `Act`: the output gradients kept in them are `WeightGrad`'s.
+                let wgrad = if self.live_keys.contains(&BufKey::WeightGrad { layer, mb }) {
+                    a.map_or(0, |a| a.weight_grad_bytes() as u64)
+                } else {
+                    0
+                };
                 let moe = self.moe.get(&(layer, mb)).filter(|m| m.recomputed).map_or(0, |m| m.bytes());
-                acts_bytes(a) - probs + moe
+                acts_bytes(a) - probs - wgrad + moe
             }
             BufKey::Scores { layer, mb } => {
                 let a = self.rc_acts.get(&(layer, mb)).or_else(|| self.acts.get(&(layer, mb)));

@@ -387,8 +387,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     fn pass_workspace(&mut self, pass: Pass, chunk: u32, mb: u32) -> Option<BufId> {
         let s = self.s();
         let p = &s.parallel;
-        let bytes = pass_workspace_bytes(&s.model, p.micro_batch, s.training.storage_dtype(), p.tp, self.sp, pass)
-            / p.cp.max(1) as u64;
+        let bytes = pass_workspace_bytes(&s.model, p, s.training.storage_dtype(), pass) / p.cp.max(1) as u64;
         (bytes > 0)
             .then(|| self.e.alloc(Stream::Compute, &[], BufClass::Workspace, bytes, format!("work c{chunk} mb{mb}")).0)
     }
