@@ -111,7 +111,7 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     }
 
     /// A tp rank's bytes of a whole sequence, rounded up, held by each of the cp ranks.
-    fn per_cp_rank(&self, bytes: f64) -> u64 {
+    pub(super) fn per_cp_rank(&self, bytes: f64) -> u64 {
         bytes.ceil() as u64 / self.s().parallel.cp as u64
     }
 

@@ -386,8 +386,8 @@ impl<'p, 'a> StageLowering<'p, 'a> {
     /// ([`crate::accounting::memory::pass_workspace_bytes`]); none for a pass that has none.
     fn pass_workspace(&mut self, pass: Pass, chunk: u32, mb: u32) -> Option<BufId> {
         let s = self.s();
-        let p = &s.parallel;
-        let bytes = pass_workspace_bytes(&s.model, p, s.training.storage_dtype(), pass) / p.cp.max(1) as u64;
+        let bytes =
+            self.per_cp_rank(pass_workspace_bytes(&s.model, &s.parallel, s.training.storage_dtype(), pass) as f64);
         (bytes > 0)
             .then(|| self.e.alloc(Stream::Compute, &[], BufClass::Workspace, bytes, format!("work c{chunk} mb{mb}")).0)
     }
